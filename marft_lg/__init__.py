@@ -1,0 +1,57 @@
+"""marft_lg: train the agents of a LangGraph app with Multi-Agent Reinforcement Fine-Tuning.
+
+The public surface is re-exported here and imported lazily, so `import marft_lg` stays cheap
+(torch and transformers load only when a name that needs them is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # serving
+    "ChatRequest": "marft_lg.serving.types",
+    "Completion": "marft_lg.serving.types",
+    "Team": "marft_lg.serving.team",
+    "AdapterRegistry": "marft_lg.serving.registry",
+    "resolve_model": "marft_lg.serving.models",
+    # graph + tracing
+    "TeamChatModel": "marft_lg.graph.chat_model",
+    "wrap": "marft_lg.graph.wrap",
+    "record_feedback": "marft_lg.tracing.feedback",
+    # trajectories
+    "TrajectoryDataset": "marft_lg.trajectories.dataset",
+    "Episode": "marft_lg.trajectories.dataset",
+    "Scenario": "marft_lg.trajectories.scenarios",
+    "ScenarioSet": "marft_lg.trajectories.scenarios",
+    "mine": "marft_lg.trajectories.mining",
+    # rewards
+    "CompositeReward": "marft_lg.rewards.composite",
+    "RewardComponent": "marft_lg.rewards.base",
+    # training
+    "MARFTConfig": "marft_lg.training.config",
+    "MARFTTrainer": "marft_lg.training.trainer",
+    # evaluation
+    "shadow_compare": "marft_lg.evaluation.shadow",
+    "PromotionGate": "marft_lg.evaluation.gate",
+    # jobs
+    "RetrainJob": "marft_lg.jobs.config",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'marft_lg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

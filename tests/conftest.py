@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny random models with the embedded tokenizer, and thread limits for 2-core CI."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (seconds to build, ~7 MB)."""
+    from marft_lg.serving.models import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir() -> str:
+    """The real SmolLM2-135M-Instruct, converted once and cached (integration tests only)."""
+    from marft_lg.serving.models import resolve_model
+
+    return str(resolve_model("embedded:smollm2-135m-instruct"))

@@ -1,0 +1,208 @@
+"""Comparison report: Markdown + HTML with PNG plots in the run directory, and a rich terminal summary."""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from marft_lg.evaluation.agent_metrics import AGENT_METRICS, HIGHER_IS_BETTER
+from marft_lg.evaluation.comparison import ComparisonResult
+from marft_lg.evaluation.gate import GateDecision
+from marft_lg.evaluation.stats import PairedCI
+
+
+def _f(v: Any, spec: str = "+.3f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return format(v, spec)
+
+
+def _ci(ci: PairedCI) -> str:
+    return f"{_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}]"
+
+
+def _rows(result: ComparisonResult) -> list[tuple[str, float, PairedCI]]:
+    """(name, baseline mean, CI) for the team reward and each component."""
+    rows = [("team reward", result.side_mean("baseline", "reward"), result.team)]
+    rows += [(name, result.side_mean("baseline", name), ci) for name, ci in result.components.items()]
+    return rows
+
+
+def plot_component_deltas(result: ComparisonResult, path: Path) -> Path:
+    """Horizontal error bars: mean paired delta and CI for the team reward and each component."""
+    import matplotlib.pyplot as plt
+
+    rows = _rows(result)
+    fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(rows) + 1.2))
+    for i, (_name, _, ci) in enumerate(rows):
+        mean = 0.0 if math.isnan(ci.mean) else ci.mean
+        lo, hi = (mean, mean) if not ci.defined else (ci.low, ci.high)
+        color = "tab:green" if ci.defined and lo > 0 else ("tab:red" if ci.defined and hi < 0 else "tab:gray")
+        ax.errorbar(mean, i, xerr=[[mean - lo], [hi - mean]], fmt="o", color=color, capsize=4)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"candidate - baseline ({result.team.confidence:.0%} bootstrap CI)")
+    ax.set_title("Reward deltas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_agent_deltas(result: ComparisonResult, path: Path) -> Path:
+    """One panel per metric, one bar per agent: mean paired delta with its CI."""
+    import matplotlib.pyplot as plt
+
+    agents = sorted(result.agents)
+    metrics = list(AGENT_METRICS)
+    ncols = 4
+    nrows = math.ceil(len(metrics) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.6 * nrows + 0.4), squeeze=False)
+    for k, metric in enumerate(metrics):
+        ax = axes[k // ncols][k % ncols]
+        means, errs, colors = [], [[], []], []
+        for a in agents:
+            ci = result.agents[a][metric]
+            m = 0.0 if math.isnan(ci.mean) else ci.mean
+            lo, hi = (m, m) if not ci.defined else (ci.low, ci.high)
+            means.append(m)
+            errs[0].append(m - lo)
+            errs[1].append(hi - m)
+            good = m >= 0 if metric in HIGHER_IS_BETTER else m <= 0
+            colors.append("tab:green" if good else "tab:red")
+        ax.bar(range(len(agents)), means, yerr=errs, color=colors, capsize=3)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(agents)), agents, rotation=30, ha="right", fontsize=8)
+        ax.set_title(metric, fontsize=9)
+    for k in range(len(metrics), nrows * ncols):
+        axes[k // ncols][k % ncols].axis("off")
+    fig.suptitle("Per-agent deltas (candidate - baseline)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_step_distributions(result: ComparisonResult, path: Path) -> Path:
+    """Histogram of steps per episode, baseline against candidate."""
+    import matplotlib.pyplot as plt
+
+    b = result.baseline.episodes["steps"].astype(int).tolist()
+    c = result.candidate.episodes["steps"].astype(int).tolist()
+    top = max(b + c + [1])
+    bins = [x - 0.5 for x in range(0, top + 2)]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.hist(b, bins=bins, alpha=0.6, label="baseline")
+    ax.hist(c, bins=bins, alpha=0.6, label="candidate")
+    ax.set_xlabel("agent steps per episode")
+    ax.set_ylabel("episodes")
+    ax.legend()
+    ax.set_title("Step-count distribution")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _tables(result: ComparisonResult, decision: GateDecision | None) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) for every table the report shows; shared by Markdown, HTML and terminal."""
+    out = []
+    rows = [[name, _f(base, ".3f"), _ci(ci), str(ci.n)] for name, base, ci in _rows(result)]
+    out.append(("Team reward and components", ["quantity", "baseline mean", "delta [CI]", "pairs"], rows))
+    agent_rows = []
+    for agent in sorted(result.agents):
+        agent_rows.append([agent] + [_ci(result.agents[agent][m]) for m in AGENT_METRICS])
+    out.append(("Per-agent deltas", ["agent", *AGENT_METRICS], agent_rows))
+    epi = [[m, _f(result.side_mean("baseline", m), ".3f"), _f(result.side_mean("candidate", m), ".3f"), _ci(ci)]
+           for m, ci in result.episode_metrics.items()]
+    epi.append(["cost ratio (tokens)", "", "", _f(result.cost_ratio(), ".3f")])
+    out.append(("Episode metrics", ["metric", "baseline", "candidate", "delta [CI]"], epi))
+    if result.drift:
+        out.append(("Policy drift (mean per-token KL, baseline || candidate)", ["agent", "KL", "tokens", "prompts"],
+                    [[a, _f(d.get("kl"), ".4g"), str(d.get("n_tokens")), str(d.get("n_prompts"))]
+                     for a, d in sorted(result.drift.items())]))
+    if decision is not None:
+        out.append(("Gate checks", ["check", "passed", "value", "threshold", "detail"],
+                    [[c.name, "yes" if c.passed else "NO", _f(c.value, ".4g"), _f(c.threshold, ".4g"), c.detail]
+                     for c in decision.checks]))
+    return out
+
+
+def _header(result: ComparisonResult, decision: GateDecision | None) -> list[str]:
+    meta = result.meta
+    lines = [f"baseline: {meta.get('baseline', 'baseline')}", f"candidate: {meta.get('candidate', 'candidate')}",
+             f"paired units: {result.n_pairs}"]
+    if any(result.unmatched.values()):
+        lines.append(f"unmatched units: {result.unmatched}")
+    if decision is not None:
+        verdict = "PROMOTE" if decision.promote else "REJECT"
+        lines.append(f"gate decision: {verdict}" + ("" if decision.promote else f" ({len(decision.reasons)} failed checks)"))
+    return lines
+
+
+def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDecision | None = None) -> dict[str, Path]:
+    """Write report.md, report.html and plots/*.png into `run_dir`; returns their paths by name."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(run_dir)
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    images = {
+        "components": plot_component_deltas(result, plots / "component_deltas.png"),
+        "agents": plot_agent_deltas(result, plots / "agent_deltas.png"),
+        "steps": plot_step_distributions(result, plots / "step_distribution.png"),
+    }
+    tables = _tables(result, decision)
+    header = _header(result, decision)
+
+    md = ["# Shadow comparison", "", *[f"- {line}" for line in header], ""]
+    if decision is not None and decision.reasons:
+        md += ["## Why the gate rejected", "", *[f"- {r}" for r in decision.reasons], ""]
+    for title, cols, rows in tables:
+        md += [f"## {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+        md.append("")
+    md += ["## Plots", ""] + [f"![{k}](plots/{p.name})" for k, p in images.items()] + [""]
+    md_path = out / "report.md"
+    md_path.write_text("\n".join(md))
+
+    esc = html.escape
+    body = ["<h1>Shadow comparison</h1>", "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in header) + "</ul>"]
+    if decision is not None and decision.reasons:
+        body.append("<h2>Why the gate rejected</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in decision.reasons) + "</ul>")
+    for title, cols, rows in tables:
+        body.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
+                    + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+    body.append("<h2>Plots</h2>" + "".join(f'<p><img src="plots/{p.name}" alt="{k}"></p>' for k, p in images.items()))
+    style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}th{background:#f3f3f3}")
+    html_path = out / "report.html"
+    html_path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Shadow comparison</title>"
+                         f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+    return {"markdown": md_path, "html": html_path, **images}
+
+
+def print_summary(result: ComparisonResult, decision: GateDecision | None = None, console: Any = None) -> None:
+    """Print the report's tables (without per-check details) to the terminal with rich."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for line in _header(result, decision):
+        console.print(line)
+    for title, cols, rows in _tables(result, decision):
+        table = Table(title=title, show_lines=False)
+        for c in cols:
+            table.add_column(c, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    if decision is not None:
+        verdict = "[bold green]PROMOTE[/]" if decision.promote else "[bold red]REJECT[/]"
+        console.print(f"gate: {verdict}")
+        for r in decision.reasons:
+            console.print(f"  - {r}")

@@ -1,0 +1,46 @@
+import io
+
+from eval_factory import FormatAndAnswerReward, team_run
+from rich.console import Console
+
+from marft_lg.evaluation.comparison import compare_datasets
+from marft_lg.evaluation.gate import PromotionGate
+from marft_lg.evaluation.report import print_summary, write_report
+
+SIDS = [f"s{i}" for i in range(6)]
+SCEN = {s: {"scenario_id": s, "reference": "1"} for s in SIDS}
+
+
+def _result():
+    base = team_run("b", SIDS, {s: "ANSWER: 1" for s in SIDS})
+    cand = team_run("c", SIDS, {s: "no format" for s in SIDS}, loops=2)
+    res = compare_datasets(base, cand, FormatAndAnswerReward(), scenarios=SCEN,
+                           meta={"baseline": {"writer": "v1"}, "candidate": {"writer": "v2"}})
+    res.drift = {"writer": {"kl": 0.25, "n_tokens": 40, "n_prompts": 4}}
+    return res
+
+
+def test_report_files_plots_and_reasons(tmp_path):
+    res = _result()
+    decision = PromotionGate().evaluate(res)
+    paths = write_report(res, tmp_path, decision)
+    for key in ("components", "agents", "steps"):
+        data = paths[key].read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+    md = paths["markdown"].read_text()
+    assert "gate decision: REJECT" in md and "## Why the gate rejected" in md
+    assert "| format |" in md and "plots/component_deltas.png" in md
+    assert "| writer | 0.25 | 40 | 4 |" in md
+    for reason in decision.reasons:
+        assert reason in md
+    page = paths["html"].read_text()
+    assert "<table>" in page and 'src="plots/agent_deltas.png"' in page
+    assert page.count("<li>") >= len(decision.reasons) + 3
+
+
+def test_terminal_summary_lists_decision():
+    res = _result()
+    buf = io.StringIO()
+    print_summary(res, PromotionGate().evaluate(res), console=Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "REJECT" in out and "team reward" in out and "Per-agent deltas" in out

@@ -1,0 +1,87 @@
+"""Which agent's policy moved: mean per-token KL between two adapter versions of each agent.
+
+Both versions score the same prompts and the same completions (the baseline's own recorded ones),
+so the number says how differently the candidate would act where the baseline acted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from marft_lg.trajectories.dataset import TrajectoryDataset
+
+BASE_ADAPTER = "__base__"  # peft's name for "adapters disabled" in mixed-adapter batches
+
+
+def mean_token_kl(
+    model: Any,
+    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    adapter_a: str | None,
+    adapter_b: str | None,
+) -> tuple[float, int]:
+    """Token-weighted mean of KL(p_a || p_b) over the completion positions of (prompt, completion) samples.
+
+    `model` is a peft.PeftModel holding both adapters (None = base model). Returns (mean KL, tokens).
+    """
+    import torch
+
+    total, count = 0.0, 0
+    names = [adapter_a or BASE_ADAPTER, adapter_b or BASE_ADAPTER]
+    with torch.no_grad():
+        for prompt, completion in samples:
+            if not prompt or not completion:
+                continue
+            ids = torch.tensor([list(prompt) + list(completion)] * 2, dtype=torch.long)
+            kwargs = {"adapter_names": names} if hasattr(model, "peft_config") else {}
+            logits = model(input_ids=ids, **kwargs).logits.float()
+            # position t predicts token t+1: completion tokens are predicted from len(prompt)-1 on
+            start = len(prompt) - 1
+            lp = torch.log_softmax(logits[:, start: start + len(completion)], dim=-1)
+            kl = (lp[0].exp() * (lp[0] - lp[1])).sum(-1)
+            total += float(kl.sum())
+            count += int(kl.numel())
+    return (total / count if count else float("nan")), count
+
+
+def _samples_for(dataset: TrajectoryDataset, role: str, tokenizer: Any, encode: Any, limit: int) -> list[tuple[list[int], list[int]]]:
+    acts = dataset.actions[dataset.actions["agent"] == role].head(limit)
+    out = []
+    for a in acts.to_dict("records"):
+        prompt, completion = a.get("prompt_token_ids"), a.get("completion_token_ids")
+        if prompt is None or len(prompt) == 0:
+            prompt = encode(a["messages"])
+        if completion is None or len(completion) == 0:
+            completion = tokenizer.encode(a.get("completion") or "", add_special_tokens=False)
+        out.append(([int(t) for t in prompt], [int(t) for t in completion]))
+    return out
+
+
+def policy_drift(
+    team: Any,
+    baseline: Mapping[str, str],
+    candidate: Mapping[str, str],
+    dataset: TrajectoryDataset,
+    *,
+    max_prompts: int = 8,
+) -> dict[str, dict[str, Any]]:
+    """Per role: mean per-token KL(baseline || candidate) on up to `max_prompts` of that role's actions
+    in `dataset` (usually the baseline's replay). Needs an in-process (hf) engine; {} otherwise."""
+    if not hasattr(team.engine, "exclusive"):
+        return {}
+    from marft_lg.serving.types import ChatRequest
+
+    def encode(messages: list[dict[str, Any]]) -> list[int]:
+        return team.engine.encode(ChatRequest(messages=messages))
+
+    out: dict[str, dict[str, Any]] = {}
+    for role in team.agents():
+        if role not in baseline or role not in candidate:
+            continue
+        samples = _samples_for(dataset, role, team.tokenizer, encode, max_prompts)
+        name_a, name_b = team.adapter_name(role, baseline[role]), team.adapter_name(role, candidate[role])
+        with team.exclusive() as model:
+            kl, n_tokens = mean_token_kl(model, samples, name_a, name_b)
+        out[role] = {"kl": kl, "n_tokens": n_tokens, "n_prompts": len(samples),
+                     "baseline": name_a.split("@", 1)[-1], "candidate": name_b.split("@", 1)[-1]}
+    return out

@@ -1,0 +1,228 @@
+"""One retraining run: lock -> mine since the watermark -> train -> shadow compare -> promote or reject
+-> record -> advance the watermark.
+
+The work itself is done by a `RetrainStages` object (the real one calls mining, the MARFT trainer,
+shadow compare and the adapter registry; tests inject crashing or slow ones). Crash safety comes
+from the order of effects, not from cleanup code:
+- candidates are written as new registry versions; what serves changes only through the
+  registry's atomic `live` alias flip in `promote`, the last stage;
+- the watermark moves in the same SQLite transaction that records the run's success;
+- a run killed at any point leaves its `running` record and its lock file; the next run finds the
+  lock stale, marks that record `crashed` and redoes the same window.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import socket
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from marft_lg.jobs import store as st
+from marft_lg.jobs.config import RetrainJob
+from marft_lg.jobs.lock import LockHeld, RunLock
+from marft_lg.jobs.store import JobStore, RunRecord
+from marft_lg.jobs.watermark import Window, format_time, select_window, window_for
+from marft_lg.trajectories.dataset import TrajectoryDataset
+
+
+@dataclass
+class RunContext:
+    """What every stage gets: the job, this run's id and private folder, its window, a logger."""
+
+    job: RetrainJob
+    run_id: str
+    run_dir: Path
+    window: Window
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Comparison:
+    """Outcome of the shadow comparison plus the gate's decision."""
+
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    report_path: str | None = None
+
+
+@runtime_checkable
+class RetrainStages(Protocol):
+    """The swappable work of a run. Only `promote` may change what serves."""
+
+    def live_versions(self, ctx: RunContext) -> dict[str, str]:
+        """The `{role: version}` serving now: the baseline and the starting point of training."""
+
+    def mine(self, ctx: RunContext, since: datetime | None) -> TrajectoryDataset:
+        """Episodes from the job's trace sources whose spans are at or after `since` (None = all)."""
+
+    def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
+        """Train from `baseline` on `dataset`; save candidates as NEW registry versions; return them."""
+
+    def compare(self, ctx: RunContext, baseline: dict[str, str], candidate: dict[str, str]) -> Comparison:
+        """Shadow-compare candidate vs baseline and apply the promotion gate."""
+
+    def promote(self, ctx: RunContext, candidate: dict[str, str], reason: str) -> dict[str, str]:
+        """Atomically point `live` at the candidate; return the new live map."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM arrived during a run (the run is recorded `interrupted`, its lock released)."""
+
+
+@dataclass
+class RunResult:
+    """What `run_once` did, for the CLI and the scheduler."""
+
+    status: str
+    message: str
+    record: RunRecord | None = None
+    crashed: list[RunRecord] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (st.PROMOTED, st.REJECTED, st.SKIPPED)
+
+
+def load_stages(job: RetrainJob) -> RetrainStages:
+    """Instantiate `job.stages` (`module:Class`, constructed with the job)."""
+    module_name, _, attr = job.stages.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"job {job.name!r}: cannot load stages {job.stages!r} ({exc})") from exc
+    return factory(job)
+
+
+def new_run_id(job: RetrainJob, now: datetime) -> str:
+    return f"{job.name}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+
+
+def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datetime | None = None,
+             log: Callable[[str], None] = print, handle_sigterm: bool = False) -> RunResult:
+    """Run the job once. Raises `LockHeld` when another live run holds the job's lock.
+
+    `now` fixes the run's clock (the window end is `now - settle_s`); `handle_sigterm` turns
+    SIGTERM into a recorded `interrupted` run (use it in a process that owns its signals).
+    """
+    now = now or datetime.now(UTC)
+    store = JobStore(job.store_path)
+    run_id = new_run_id(job, now)
+    lock = RunLock(job.lock_path, stale_after_s=job.lock_stale_after_s, run_id=run_id)
+    lock.acquire()
+    try:
+        if lock.broken is not None:
+            log(f"found a stale lock from {lock.broken.describe()}: that run did not finish")
+        crashed = store.mark_crashed(job.name, "run stopped without finishing; detected by the next run")
+        for r in crashed:
+            log(f"run {r.run_id} was left 'running' and is now marked 'crashed'; its window will be redone")
+        stages = stages or load_stages(job)
+        try:
+            result = _run_locked(job, store, stages, run_id, now, log, handle_sigterm)
+        finally:
+            close = getattr(stages, "close", None)
+            if callable(close):
+                close()
+        result.crashed = crashed
+        return result
+    finally:
+        lock.release()
+
+
+def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id: str, now: datetime,
+                log: Callable[[str], None], handle_sigterm: bool) -> RunResult:
+    run_dir = Path(job.output_dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store.start_run(run_id, job.name, pid=os.getpid(), hostname=socket.gethostname(), run_dir=str(run_dir))
+    window = window_for(store.watermark(job.name), now, settle_s=job.settle_s, initial=job.initial_watermark)
+    store.update_run(run_id, window_start=format_time(window.start) if window.start else None,
+                     window_end=format_time(window.end))
+    ctx = RunContext(job=job, run_id=run_id, run_dir=run_dir, window=window, log=log)
+    previous = _install_sigterm() if handle_sigterm else None
+    try:
+        return _stages(ctx, store, stages)
+    except Interrupted:
+        message = "interrupted by SIGTERM; live adapters and watermark unchanged"
+        record = store.finish_run(run_id, st.INTERRUPTED, message=message)
+        return RunResult(st.INTERRUPTED, message, record)
+    except Exception as exc:
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+        message = f"{type(exc).__name__}: {exc} (traceback in {run_dir / 'error.txt'}); live adapters and watermark unchanged"
+        record = store.finish_run(run_id, st.FAILED, message=message)
+        return RunResult(st.FAILED, message, record)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages) -> RunResult:
+    job, run_id, window = ctx.job, ctx.run_id, ctx.window
+    if window.empty:
+        message = f"nothing to do: the window {window.describe()} is empty (watermark is ahead of now - settle_s)"
+        return RunResult(st.SKIPPED, message, store.finish_run(run_id, st.SKIPPED, message=message, n_episodes=0))
+
+    ctx.log(f"[{run_id}] mining {window.describe()}")
+    mined = stages.mine(ctx, window.mine_since(job.max_episode_s))
+    dataset = select_window(mined, window)
+    n = len(dataset)
+    store.update_run(run_id, n_episodes=n)
+    if n < job.min_new_episodes:
+        message = (f"skipped: {n} new episode(s) in the window, fewer than min_new_episodes={job.min_new_episodes}; "
+                   "watermark unchanged, they count toward the next run")
+        return RunResult(st.SKIPPED, message, store.finish_run(run_id, st.SKIPPED, message=message))
+    dataset.to_parquet(ctx.run_dir / "dataset")
+
+    baseline = stages.live_versions(ctx)
+    store.update_run(run_id, baseline=baseline)
+    ctx.log(f"[{run_id}] training on {n} episode(s) from live {baseline}")
+    candidate = stages.train(ctx, dataset, baseline)
+    store.update_run(run_id, candidate=candidate)
+
+    ctx.log(f"[{run_id}] shadow compare {baseline} -> {candidate}")
+    comparison = stages.compare(ctx, baseline, candidate)
+    metrics = {**comparison.metrics, "gate_passed": comparison.passed, "gate_reasons": comparison.reasons}
+    store.update_run(run_id, metrics=metrics, report_path=comparison.report_path)
+
+    watermark = format_time(window.end)
+    live_now = stages.live_versions(ctx) if comparison.passed else baseline
+    if comparison.passed and live_now != baseline:
+        comparison.passed = False
+        comparison.reasons.append(f"live changed during the run ({baseline} -> {live_now}); not promoting over it")
+    if comparison.passed:
+        live_after = stages.promote(ctx, candidate, reason=f"retrain run {run_id}: gate passed")
+        message = f"promoted {candidate} (was {baseline})"
+        record = store.finish_run(run_id, st.PROMOTED, advance_watermark_to=watermark, message=message,
+                                  live_after=live_after)
+        return RunResult(st.PROMOTED, message, record)
+    why = "; ".join(comparison.reasons) or "gate failed"
+    message = f"rejected: {why}; live stays {live_now}"
+    record = store.finish_run(run_id, st.REJECTED, message=message, live_after=live_now, metrics={**metrics, "gate_reasons": comparison.reasons, "gate_passed": False},
+                              advance_watermark_to=watermark if job.advance_on_reject else None)
+    return RunResult(st.REJECTED, message, record)
+
+
+def _install_sigterm():
+    def on_term(signum, frame):
+        raise Interrupted()
+
+    return signal.signal(signal.SIGTERM, on_term)
+
+
+__all__ = [
+    "Comparison",
+    "Interrupted",
+    "LockHeld",
+    "RetrainStages",
+    "RunContext",
+    "RunResult",
+    "load_stages",
+    "run_once",
+]

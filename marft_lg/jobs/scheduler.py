@@ -1,0 +1,273 @@
+"""`marft-lg schedule`: APScheduler 3 with a cron trigger and a SQLite job store.
+
+The scheduler entry (its trigger and next fire time) is persisted in the job's SQLite file, so a
+run that fell due while the scheduler was down still starts on restart when it is at most
+`misfire_grace_s` late (several missed runs coalesce into one). Each fire runs `marft-lg retrain`
+in a child process: a crash or OOM there never takes the scheduler down, and memory is returned.
+SIGTERM/SIGINT: no new runs start, the running child gets SIGTERM (it records `interrupted` and
+releases its lock), and the scheduler exits once it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from apscheduler.job import Job
+from apscheduler.jobstores.base import BaseJobStore, ConflictingIdError, JobLookupError
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.util import datetime_to_utc_timestamp, utc_timestamp_to_datetime
+
+from marft_lg.jobs.config import RetrainJob
+
+
+def cron_trigger(expression: str, timezone: str = "UTC") -> CronTrigger:
+    """5-field crontab (`min hour dom month dow`), or 6 fields with seconds first (for short test schedules)."""
+    fields = expression.split()
+    try:
+        if len(fields) == 5:
+            return CronTrigger.from_crontab(expression, timezone=timezone)
+        if len(fields) == 6:
+            second, minute, hour, day, month, dow = fields
+            return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month,
+                               day_of_week=dow, timezone=timezone)
+    except ValueError as exc:
+        raise ValueError(f"invalid cron expression {expression!r} (job setting `schedule`): {exc}") from exc
+    raise ValueError(
+        f"cron expression {expression!r} has {len(fields)} fields; use 5 (min hour dom month dow) "
+        "or 6 (sec min hour dom month dow)"
+    )
+
+
+class SQLiteJobStore(BaseJobStore):
+    """APScheduler job store in a SQLite table (stdlib `sqlite3`; same layout as APScheduler's SQLAlchemy store)."""
+
+    def __init__(self, path: str | Path, tablename: str = "apscheduler_jobs"):
+        super().__init__()
+        self.path = Path(path)
+        self.table = tablename
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30.0)
+        try:
+            with db:  # commits, or rolls back on error
+                yield db
+        finally:
+            db.close()
+
+    def start(self, scheduler, alias):
+        super().start(scheduler, alias)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
+                       "(id TEXT PRIMARY KEY, next_run_time REAL, job_state BLOB NOT NULL)")
+            db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_next ON {self.table} (next_run_time)")
+
+    def lookup_job(self, job_id):
+        with self._db() as db:
+            row = db.execute(f"SELECT job_state FROM {self.table} WHERE id = ?", (job_id,)).fetchone()
+        return self._reconstitute(row[0]) if row else None
+
+    def get_due_jobs(self, now):
+        return self._jobs("WHERE next_run_time <= ?", (datetime_to_utc_timestamp(now),))
+
+    def get_next_run_time(self):
+        with self._db() as db:
+            row = db.execute(f"SELECT MIN(next_run_time) FROM {self.table} WHERE next_run_time IS NOT NULL").fetchone()
+        return utc_timestamp_to_datetime(row[0]) if row and row[0] is not None else None
+
+    def get_all_jobs(self):
+        jobs = self._jobs("", ())
+        self._fix_paused_jobs_sorting(jobs)
+        return jobs
+
+    def add_job(self, job):
+        try:
+            with self._db() as db:
+                db.execute(f"INSERT INTO {self.table} (id, next_run_time, job_state) VALUES (?,?,?)",
+                           (job.id, datetime_to_utc_timestamp(job.next_run_time), self._state(job)))
+        except sqlite3.IntegrityError:
+            raise ConflictingIdError(job.id) from None
+
+    def update_job(self, job):
+        with self._db() as db:
+            cur = db.execute(f"UPDATE {self.table} SET next_run_time = ?, job_state = ? WHERE id = ?",
+                             (datetime_to_utc_timestamp(job.next_run_time), self._state(job), job.id))
+        if cur.rowcount == 0:
+            raise JobLookupError(job.id)
+
+    def remove_job(self, job_id):
+        with self._db() as db:
+            cur = db.execute(f"DELETE FROM {self.table} WHERE id = ?", (job_id,))
+        if cur.rowcount == 0:
+            raise JobLookupError(job_id)
+
+    def remove_all_jobs(self):
+        with self._db() as db:
+            db.execute(f"DELETE FROM {self.table}")
+
+    @staticmethod
+    def _state(job: Job) -> bytes:
+        return pickle.dumps(job.__getstate__(), pickle.HIGHEST_PROTOCOL)
+
+    def _reconstitute(self, state: bytes) -> Job:
+        data = pickle.loads(state)  # our own table, written by `_state`
+        data["jobstore"] = self
+        job = Job.__new__(Job)
+        job.__setstate__(data)
+        job._scheduler = self._scheduler
+        job._jobstore_alias = self._alias
+        return job
+
+    def _jobs(self, where: str, params: tuple) -> list[Job]:
+        with self._db() as db:
+            rows = db.execute(f"SELECT id, job_state FROM {self.table} {where} ORDER BY next_run_time", params).fetchall()
+        jobs, broken = [], []
+        for job_id, state in rows:
+            try:
+                jobs.append(self._reconstitute(state))
+            except Exception:
+                self._logger.exception("cannot restore scheduled job %r; removing it", job_id)
+                broken.append(job_id)
+        for job_id in broken:
+            self.remove_job(job_id)
+        return jobs
+
+
+# Scheduler entries persist a textual reference to `_fire` plus the job name; `_fire` finds the
+# live RetrainScheduler for that name here (a runner object itself cannot be pickled).
+_ACTIVE: dict[str, RetrainScheduler] = {}
+
+
+def _fire(job_name: str) -> None:
+    sched = _ACTIVE.get(job_name)
+    if sched is not None:
+        sched.fire()
+
+
+class SubprocessRunner:
+    """Runs `marft-lg retrain --job PATH` as a child process; `terminate()` forwards SIGTERM to it."""
+
+    def __init__(self, job_path: str | Path, *, grace_s: float = 300.0):
+        self.job_path = str(job_path)
+        self.grace_s = grace_s
+        self._child: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self.returncodes: list[int] = []
+
+    def __call__(self) -> int:
+        with self._lock:
+            self._child = subprocess.Popen([sys.executable, "-m", "marft_lg.cli", "retrain", "--job", self.job_path])
+        child = self._child
+        rc = child.wait()
+        with self._lock:
+            self._child = None
+        self.returncodes.append(rc)
+        return rc
+
+    def terminate(self) -> None:
+        with self._lock:
+            child = self._child
+        if child is None:
+            return
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(self.grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+class RetrainScheduler:
+    """One job's cron schedule on APScheduler's BackgroundScheduler with a `SQLiteJobStore`.
+
+    `runner` does one run (default: a `SubprocessRunner` for `job_path`); at most one runs at a time.
+    """
+
+    def __init__(self, job: RetrainJob, *, job_path: str | Path | None = None,
+                 runner: Callable[[], Any] | None = None, log: Callable[[str], None] = print):
+        if runner is None and job_path is None:
+            raise ValueError("RetrainScheduler needs job_path (for the default subprocess runner) or a runner")
+        self.job = job
+        self.runner = runner or SubprocessRunner(job_path)
+        self.log = log
+        self.trigger = cron_trigger(job.schedule, job.timezone)
+        self.scheduler = BackgroundScheduler(
+            jobstores={"default": SQLiteJobStore(job.store_path)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": job.misfire_grace_s},
+            timezone=job.timezone,
+        )
+        self._stopping = threading.Event()
+        self.fired = 0
+
+    def start(self) -> None:
+        """Start in the background; keeps a persisted entry (and its due time) when the schedule is unchanged."""
+        if _ACTIVE.get(self.job.name) not in (None, self):
+            raise RuntimeError(f"a scheduler for job {self.job.name!r} is already running in this process")
+        _ACTIVE[self.job.name] = self
+        self.scheduler.start(paused=True)
+        existing = self.scheduler.get_job(self.job.name)
+        if existing is None or str(existing.trigger) != str(self.trigger):
+            self.scheduler.add_job("marft_lg.jobs.scheduler:_fire", trigger=self.trigger, args=[self.job.name],
+                                   id=self.job.name, name=f"retrain {self.job.name}", replace_existing=True)
+        self.scheduler.resume()
+        self.log(f"scheduled retrain job {self.job.name!r} ({self.job.schedule} {self.job.timezone}); "
+                 f"next run {self.next_run_time()}")
+
+    def next_run_time(self) -> datetime | None:
+        entry = self.scheduler.get_job(self.job.name)
+        return None if entry is None else entry.next_run_time
+
+    def fire(self) -> None:
+        if self._stopping.is_set():
+            return
+        self.fired += 1
+        self.log(f"retrain job {self.job.name!r}: starting run")
+        try:
+            outcome = self.runner()
+        except Exception as exc:  # a failed run must not stop the schedule
+            self.log(f"retrain job {self.job.name!r}: run raised {type(exc).__name__}: {exc}")
+            return
+        self.log(f"retrain job {self.job.name!r}: run finished ({outcome}); next run {self.next_run_time()}")
+
+    def wakeup(self) -> None:
+        """Re-check due runs now (after a clock change)."""
+        self.scheduler.wakeup()
+
+    def stop(self) -> None:
+        """No new runs; ask a running one to stop (SIGTERM) and wait for it; then shut down."""
+        self._stopping.set()
+        if self.scheduler.running:
+            self.scheduler.pause()
+        terminate = getattr(self.runner, "terminate", None)
+        if callable(terminate):
+            terminate()
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+        if _ACTIVE.get(self.job.name) is self:
+            del _ACTIVE[self.job.name]
+
+    def serve_forever(self) -> None:
+        """Start, block until SIGTERM or SIGINT, then `stop()` gracefully."""
+        done = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not done.wait(1.0):
+                pass
+            self.log("stopping: no new runs; waiting for a running one to finish")
+            self.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

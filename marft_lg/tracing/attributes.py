@@ -65,6 +65,15 @@ MARFT_MIRROR_PAIR_ID = "marft.mirror.pair_id"
 MARFT_MIRROR_SIDE = "marft.mirror.side"  # "live" | "shadow"
 MARFT_OUTCOME = "marft.outcome"  # JSON: final graph output (opt-out like messages)
 FEEDBACK_SPAN_NAME = "marft.feedback"
+# Added by graph+tracing (additions only):
+MARFT_ADAPTER_NAME = "marft.adapter.name"  # engine agent whose adapter answered; absent/"" = base model
+MARFT_CALL_INDEX = "marft.call.index"  # n-th LLM call of this agent task (0-based), part of the seed derivation
+MARFT_FEEDBACK_COMMENT = "marft.feedback.comment"
+MARFT_FEEDBACK_TIME = "marft.feedback.time"  # ISO-8601 UTC time the feedback was given
+MARFT_EPISODE_SIDE_STATUS = "marft.mirror.shadow_status"  # on shadow roots: "ok" | "error" | "timeout"
+# AIMessage.response_metadata key under which TeamChatModel puts the engine's Completion fields
+# (prompt_token_ids, completion_token_ids, logprobs, adapter_version, agent, model, seed, latency_s).
+RESPONSE_METADATA_KEY = "marft"
 
 _INT_PREFIX = "i32:"
 _FLOAT_PREFIX = "f32:"

@@ -1,0 +1,352 @@
+"""`TeamChatModel`: a LangChain chat model that sends each call to the adapter of the agent that made it.
+
+The agent of a call is the LangGraph node that issued it (``langgraph_node`` in the run metadata,
+namespaced ``"outer|inner"`` inside subgraphs), mapped through ``node_roles``. The model talks to a
+`Team` / any `ChatEngine` in-process, or to an OpenAI-compatible server (``marft-lg serve`` or
+vLLM) through `OpenAIEngineClient`. Token ids, log-probs and the adapter version the engine
+returned ride along in ``AIMessage.response_metadata["marft"]`` so the tracer records exactly them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.exceptions import OutputParserException
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from marft_lg.graph import routing
+from marft_lg.graph.tool_calls import OPEN, parse_tool_calls, render_tool_call, tools_instruction
+from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY
+from marft_lg.tracing.messages import content_text, message_to_dict
+from marft_lg.tracing.recorder import UNRESOLVED_MODEL, agent_path
+
+
+class UnmappedNodeError(ValueError):
+    """A call came from a node that has no agent role while ``unmapped="error"``."""
+
+
+class TeamChatModel(BaseChatModel):
+    """Chat model over a Team (in-process) or an OpenAI-compatible server, routed per LangGraph node.
+
+    Parameters: `team` (a `ChatEngine`) or `base_url` (+ `api_key`); `node_roles` ``{node: role}``
+    (a node not in the table whose name is an engine agent uses that agent); `unmapped`: what calls
+    from nodes without a role do: ``"base"`` (base model, adapters off) or ``"error"``; `versions`
+    pins ``{role: ref}`` (or one alias for all roles); sampling defaults; `seed` for calls made
+    outside a wrapped episode (inside one, seeds derive from the episode seed, node and call index).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    team: Any = Field(default=None, exclude=True)
+    base_url: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
+    node_roles: dict[str, str] | None = None
+    unmapped: Literal["base", "error"] = "base"
+    versions: dict[str, str] | str | None = None
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] | None = None
+    seed: int | None = None
+    model_name: str | None = None
+
+    _client: Any = PrivateAttr(default=None)
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def _llm_type(self) -> str:
+        return "marft-team"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self._model_label(None), "base_url": self.base_url, "temperature": self.temperature,
+                "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def _model_label(self, engine: Any) -> str:
+        if self.model_name:
+            return self.model_name
+        engine = engine or self.team
+        return str(getattr(engine, "model_name", None) or self.base_url or UNRESOLVED_MODEL)
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "ls_provider": "marft_lg",
+            "ls_model_name": self._model_label(None),
+            "ls_model_type": "chat",
+            "ls_temperature": kwargs.get("temperature", self.temperature),
+            "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
+        }
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
+        return params
+
+    # -- routing -------------------------------------------------------------------------------
+    def _engine(self, route: routing.EpisodeRoute | None) -> Any:
+        if route is not None and route.engine_override is not None:
+            return route.engine_override
+        if route is not None and route.team is not None:
+            return route.team
+        if self.team is not None:
+            return self.team
+        if self.base_url:
+            if self._client is None:
+                from marft_lg.serving.client import OpenAIEngineClient
+
+                self._client = OpenAIEngineClient(self.base_url, api_key=self.api_key)
+            return self._client
+        raise ValueError(
+            "TeamChatModel has no engine: pass team=Team(...) or base_url='http://127.0.0.1:8000/v1', "
+            "or run the graph through marft_lg.wrap(graph, team=...)"
+        )
+
+    def _resolve_agent(self, engine: Any, route: routing.EpisodeRoute | None, md: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(role of the action, engine agent that answers or None for the base model)."""
+        node = md.get("langgraph_node")
+        path = agent_path(md.get("langgraph_checkpoint_ns"), node) if node is not None else None
+        table = {**(self.node_roles or {}), **((route.node_roles if route else None) or {})}
+        try:
+            known = list(engine.agents())
+        except Exception:  # noqa: BLE001 - an engine that cannot list agents accepts any
+            known = None
+        role = None
+        if path is not None:
+            bare = path.rsplit("|", 1)[-1]
+            if path in table or bare in table:
+                role = table.get(path, table.get(bare))
+                if known is not None and role not in known:
+                    raise UnmappedNodeError(
+                        f"node_roles maps node {path!r} to role {role!r}, but the engine serves only {known}; "
+                        "fix node_roles or add the role to the Team"
+                    )
+                return role, role
+            for candidate in (path, bare):
+                if known is None or candidate in known:
+                    return candidate, candidate
+        if self.unmapped == "error":
+            where = f"node {path!r}" if path else "a call made outside any LangGraph node"
+            raise UnmappedNodeError(
+                f"{where} has no agent role (node_roles={table or {}}, engine agents={known}); map it with "
+                "node_roles={node: role} or use unmapped='base' to answer with the base model"
+            )
+        return path, None
+
+    def _request(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[Any, ChatRequest, dict[str, Any]]:
+        md = dict(getattr(run_manager, "metadata", None) or {})
+        route = routing.lookup(md)
+        engine = self._engine(route)
+        role, agent = self._resolve_agent(engine, route, md)
+        version = None
+        if agent is not None:
+            version = route.version_for(agent) if route is not None and route.versions is not None else None
+            version = version or routing.pinned_version(self.versions, agent)
+        seed, call_index = kwargs.get("seed"), None
+        if route is not None:
+            task_key = f"{md.get('langgraph_checkpoint_ns', '')}"
+            call_index = route.next_call_index(task_key)
+            if seed is None and route.seed is not None:
+                place = f"{agent_path(md.get('langgraph_checkpoint_ns'), md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
+                seed = routing.derive_seed(route.seed, place, call_index)
+        if seed is None:
+            seed = self.seed
+        chat = self._chat_messages(messages, kwargs)
+        request = ChatRequest(
+            messages=chat,
+            agent=agent,
+            version=version,
+            max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            top_p=float(kwargs.get("top_p", self.top_p)),
+            stop=stop or kwargs.get("stop") or self.stop,
+            seed=seed,
+        )
+        info = {"role": role, "call_index": call_index, "tools": kwargs.get("tools"),
+                "response_format": kwargs.get("response_format"), "engine": engine}
+        return engine, request, info
+
+    @staticmethod
+    def _chat_messages(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        chat = []
+        for m in messages:
+            d = message_to_dict(m)
+            if d.get("tool_calls") and OPEN not in (d.get("content") or ""):
+                rendered = "\n".join(render_tool_call(tc["name"], tc.get("args")) for tc in d["tool_calls"])
+                d["content"] = f"{d['content']}\n{rendered}".strip()
+            d.pop("tool_calls", None)
+            d.pop("name", None)
+            chat.append(d)
+        extra = []
+        if kwargs.get("tools"):
+            extra.append(tools_instruction(kwargs["tools"], kwargs.get("tool_choice")))
+        fmt = kwargs.get("response_format")
+        if fmt:
+            schema = fmt.get("schema") if isinstance(fmt, dict) else None
+            extra.append(
+                "Answer with one JSON object only, no other text"
+                + (f", matching this JSON schema: {json.dumps(schema, ensure_ascii=False)}" if schema else ".")
+            )
+        if extra:
+            text = "\n\n".join(extra)
+            if chat and chat[0]["role"] == "system":
+                chat[0] = {**chat[0], "content": f"{chat[0]['content']}\n\n{text}".strip()}
+            else:
+                chat.insert(0, {"role": "system", "content": text})
+        return chat
+
+    def _message(self, completion: Completion, info: dict[str, Any], chunk: bool = False) -> AIMessage:
+        tools = info.get("tools") or []
+        names = [t.get("function", t).get("name") for t in tools]
+        valid, invalid = parse_tool_calls(completion.text, names) if tools else ([], [])
+        meta = {
+            "prompt_token_ids": list(completion.prompt_token_ids),
+            "completion_token_ids": list(completion.completion_token_ids),
+            "logprobs": list(completion.logprobs) if completion.logprobs is not None else None,
+            "adapter_version": completion.adapter_version,
+            "agent": completion.agent,
+            "role": info.get("role"),
+            "model": completion.model or self._model_label(info.get("engine")),
+            "seed": info.get("seed"),
+            "call_index": info.get("call_index"),
+            "latency_s": completion.latency_s,
+            "finish_reason": completion.finish_reason,
+        }
+        if invalid:
+            meta["tool_call_errors"] = [tc["error"] for tc in invalid]
+        response_metadata = {
+            RESPONSE_METADATA_KEY: meta,
+            "model_name": meta["model"],
+            "finish_reason": completion.finish_reason,
+            "model_provider": "marft_lg",
+        }
+        usage = {"input_tokens": completion.input_tokens, "output_tokens": completion.output_tokens,
+                 "total_tokens": completion.input_tokens + completion.output_tokens}
+        if chunk:
+            chunks = [
+                {"name": tc["name"], "args": json.dumps(tc["args"]), "id": tc["id"], "index": i, "type": "tool_call_chunk"}
+                for i, tc in enumerate(valid)
+            ]
+            chunks += [
+                {"name": tc["name"], "args": tc["args"], "id": tc["id"], "index": len(valid) + i, "type": "tool_call_chunk"}
+                for i, tc in enumerate(invalid)
+            ]
+            return AIMessageChunk(content=completion.text, response_metadata=response_metadata,
+                                  usage_metadata=usage, tool_call_chunks=chunks)
+        return AIMessage(content=completion.text, response_metadata=response_metadata, usage_metadata=usage,
+                         tool_calls=valid, invalid_tool_calls=invalid)
+
+    # -- generation ------------------------------------------------------------------------------
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        engine, request, info = self._request(messages, stop, run_manager, kwargs)
+        info["seed"] = request.seed
+        completion = engine.chat([request])[0]
+        return ChatResult(generations=[ChatGeneration(message=self._message(completion, info))])
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        engine, request, info = self._request(messages, stop, run_manager, kwargs)
+        info["seed"] = request.seed
+        completion = (await engine.achat([request]))[0]
+        return ChatResult(generations=[ChatGeneration(message=self._message(completion, info))])
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        """The engines answer whole completions: one chunk carrying the full text and metadata."""
+        engine, request, info = self._request(messages, stop, run_manager, kwargs)
+        info["seed"] = request.seed
+        completion = engine.chat([request])[0]
+        chunk = ChatGenerationChunk(message=self._message(completion, info, chunk=True))
+        if run_manager is not None:
+            run_manager.on_llm_new_token(completion.text, chunk=chunk)
+        yield chunk
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        engine, request, info = self._request(messages, stop, run_manager, kwargs)
+        info["seed"] = request.seed
+        completion = (await engine.achat([request]))[0]
+        chunk = ChatGenerationChunk(message=self._message(completion, info, chunk=True))
+        if run_manager is not None:
+            await run_manager.on_llm_new_token(completion.text, chunk=chunk)
+        yield chunk
+
+    # -- tools and structured output --------------------------------------------------------
+    def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
+                   tool_choice: str | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools; the model is shown their schemas and the ``<tool_call>`` format (see `tool_calls`)."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if isinstance(tool_choice, dict):
+            tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("name")
+        if tool_choice is True:
+            tool_choice = "any"
+        return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(self, schema: dict[str, Any] | type, *, include_raw: bool = False,
+                               method: Literal["json_schema", "json_mode", "function_calling"] = "json_schema",
+                               **kwargs: Any) -> Runnable[LanguageModelInput, Any]:
+        """Answers parsed into `schema` (pydantic class, TypedDict or JSON schema).
+
+        ``json_schema`` (default) asks for one JSON object matching the schema and parses the first
+        JSON object in the answer; ``function_calling`` uses `bind_tools` with a forced tool call.
+        A parse failure raises `OutputParserException` (or is returned under ``parsing_error``
+        with ``include_raw=True``).
+        """
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+        json_schema = convert_to_json_schema(schema) if method == "json_schema" else None
+        llm = self.bind(response_format={"type": method, "schema": json_schema},
+                        ls_structured_output_format={"kwargs": {"method": method}, "schema": json_schema})
+        is_pydantic = isinstance(schema, type) and hasattr(schema, "model_validate")
+
+        def parse(message: BaseMessage) -> Any:
+            text = content_text(message.content)
+            data = extract_json(text)
+            if not is_pydantic:
+                return data
+            try:
+                return schema.model_validate(data)
+            except ValueError as exc:
+                raise OutputParserException(
+                    f"the model's JSON does not match {schema.__name__}: {exc}", llm_output=text
+                ) from exc
+
+        if not include_raw:
+            return llm | RunnableLambda(parse, name="parse_structured_output")
+
+        def parse_with_raw(message: BaseMessage) -> dict[str, Any]:
+            try:
+                return {"raw": message, "parsed": parse(message), "parsing_error": None}
+            except Exception as exc:  # noqa: BLE001 - handed back to the caller, as LangChain does
+                return {"raw": message, "parsed": None, "parsing_error": exc}
+
+        return llm | RunnableLambda(parse_with_raw, name="parse_structured_output")
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON object (or array) in `text`; raises `OutputParserException` with the text otherwise."""
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch in "{[":
+            try:
+                value, _ = decoder.raw_decode(text, i)
+                return value
+            except json.JSONDecodeError:
+                continue
+    snippet = text if len(text) < 200 else text[:200] + "..."
+    raise OutputParserException(f"no JSON object found in the model's answer: {snippet!r}", llm_output=text)

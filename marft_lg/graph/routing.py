@@ -1,0 +1,77 @@
+"""Per-episode routing state shared by `wrap` and `TeamChatModel`, and the per-call seed derivation.
+
+`wrap` registers an `EpisodeRoute` under the episode id and puts the id into the run metadata
+(``marft_episode_id``); `TeamChatModel` finds it from its run manager's metadata. Keeping the
+object out of the metadata keeps third-party tracers (which serialise metadata) unaffected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+METADATA_KEY = "marft_episode_id"
+
+
+@dataclass
+class EpisodeRoute:
+    """Where the LLM calls of one episode go: team, node->role table, version pins, seed, overrides."""
+
+    episode_id: str
+    team: Any = None  # a ChatEngine (Team) for TeamChatModel calls without their own engine
+    node_roles: dict[str, str] | None = None
+    versions: dict[str, str] | str | None = None
+    seed: int | None = None
+    engine_override: Any = None  # shadow mirroring: a candidate engine that answers every call
+    _counters: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_call_index(self, task_key: str) -> int:
+        """0, 1, 2, ... for successive calls made inside one task (a task runs its calls in order)."""
+        with self._lock:
+            index = self._counters.get(task_key, 0)
+            self._counters[task_key] = index + 1
+            return index
+
+    def version_for(self, role: str | None) -> str | None:
+        return pinned_version(self.versions, role)
+
+
+def pinned_version(versions: Mapping[str, str] | str | None, role: str | None) -> str | None:
+    """``{role: ref}`` -> that role's ref; a plain string (an alias such as "candidate") pins every role."""
+    if role is None or versions is None:
+        return None
+    if isinstance(versions, str):
+        return versions
+    return versions.get(role)
+
+
+def derive_seed(episode_seed: int, key: str, call_index: int) -> int:
+    """A stable 31-bit seed for one call from the episode seed, the call's place and its index."""
+    digest = hashlib.blake2b(f"{episode_seed}|{key}|{call_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+_routes: dict[str, EpisodeRoute] = {}
+_routes_lock = threading.Lock()
+
+
+def register(route: EpisodeRoute) -> None:
+    with _routes_lock:
+        _routes[route.episode_id] = route
+
+
+def unregister(episode_id: str) -> None:
+    with _routes_lock:
+        _routes.pop(episode_id, None)
+
+
+def lookup(metadata: Mapping[str, Any] | None) -> EpisodeRoute | None:
+    """The route of the episode a run belongs to, from its callback metadata."""
+    if not metadata:
+        return None
+    episode_id = metadata.get(METADATA_KEY)
+    return _routes.get(episode_id) if episode_id is not None else None

@@ -1,0 +1,86 @@
+"""Read OTLP/JSON-lines trace files back into flat span dicts (used by tests, compare and mining)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _value(v: dict[str, Any]) -> Any:
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    if "kvlistValue" in v:
+        return attributes(v["kvlistValue"].get("values", []))
+    if "bytesValue" in v:
+        return base64.b64decode(v["bytesValue"])
+    return None
+
+
+def attributes(kvs: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
+    """OTLP ``KeyValue`` list -> plain dict."""
+    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs or []}
+
+
+def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files and directories (``*.jsonl`` inside, sorted) into a list of files."""
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob("*.jsonl")) if p.is_dir() else [p])
+    return out
+
+
+def iter_spans(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterator[dict[str, Any]]:
+    """Yield every span as ``{trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes,
+    status_code, status_message, events, resource, file, line}``; a bad line raises with file and line."""
+    for path in trace_files(paths):
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    request = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{lineno}: not a JSON line ({exc}); a partial write? remove the line") from exc
+                for rs in request.get("resourceSpans", []):
+                    resource = attributes(rs.get("resource", {}).get("attributes"))
+                    for ss in rs.get("scopeSpans", []):
+                        for s in ss.get("spans", []):
+                            status = s.get("status") or {}
+                            yield {
+                                "trace_id": s.get("traceId", ""),
+                                "span_id": s.get("spanId", ""),
+                                "parent_span_id": s.get("parentSpanId") or None,
+                                "name": s.get("name", ""),
+                                "kind": int(s.get("kind", 0)),
+                                "start_ns": int(s.get("startTimeUnixNano", 0)),
+                                "end_ns": int(s.get("endTimeUnixNano", 0)),
+                                "attributes": attributes(s.get("attributes")),
+                                "status_code": int(status.get("code", 0)),
+                                "status_message": status.get("message", ""),
+                                "events": [
+                                    {"name": e.get("name"), "attributes": attributes(e.get("attributes"))}
+                                    for e in s.get("events", [])
+                                ],
+                                "resource": resource,
+                                "file": str(path),
+                                "line": lineno,
+                            }
+
+
+def read_spans(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """All spans in the given files/directories, sorted by start time."""
+    return sorted(iter_spans(paths), key=lambda s: (s["start_ns"], s["end_ns"]))

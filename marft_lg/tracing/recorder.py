@@ -1,0 +1,411 @@
+"""A LangChain callback handler that turns one graph run into OpenTelemetry spans.
+
+It sees every chat model, tool and chain callback of the run (whatever the chat model class), so
+apps that call `ChatOpenAI` against `marft-lg serve` are traced as well as `TeamChatModel` ones:
+``invoke_workflow`` (root, made by `EpisodeRecorder.start`) > ``invoke_agent {node}`` per LangGraph
+task > ``chat {model}`` per LLM call / ``execute_tool {tool}`` per tool call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from marft_lg.tracing import attributes as A
+from marft_lg.tracing.messages import (
+    content_text,
+    messages_to_dicts,
+    redact_messages,
+    redact_value,
+    to_jsonable,
+)
+
+UNRESOLVED_MODEL = "marft-team"  # TeamChatModel's label before it knows which engine answers
+_TASK_ID = re.compile(r":[^|]*")
+
+
+def agent_path(checkpoint_ns: str | None, node: str | None) -> str | None:
+    """``"research:<task>|writer:<task>"`` -> ``"research|writer"`` (the namespaced agent name)."""
+    if checkpoint_ns:
+        return _TASK_ID.sub("", checkpoint_ns)
+    return node
+
+
+def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None) -> str | None:
+    """Look up a namespaced node, then its bare name, in ``{node: role}``; default: the node path."""
+    if node_path is None:
+        return None
+    if node_roles:
+        if node_path in node_roles:
+            return node_roles[node_path]
+        bare = node_path.rsplit("|", 1)[-1]
+        if bare in node_roles:
+            return node_roles[bare]
+    return node_path
+
+
+@dataclass
+class EpisodeInfo:
+    """What every span of one episode carries, plus the capture settings."""
+
+    episode_id: str
+    scenario_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    conversation_id: str | None = None
+    node_roles: dict[str, str] | None = None
+    capture_messages: bool = True
+    redact: Callable[[str], str] | None = None
+    mirror_pair_id: str | None = None
+    mirror_side: str | None = None
+    workflow_name: str = "LangGraph"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=to_jsonable)
+
+
+def _first_generation(response: Any) -> Any:
+    try:
+        return response.generations[0][0]
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+def _is_control_flow(error: BaseException) -> bool:
+    """LangGraph interrupts / parent commands travel as exceptions but are not failures."""
+    try:
+        from langgraph.errors import GraphBubbleUp
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(error, GraphBubbleUp)
+
+
+class EpisodeRecorder(BaseCallbackHandler):
+    """Callback handler for one episode; thread-safe (parallel `Send` tasks call it from many threads)."""
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, tracer: trace.Tracer, info: EpisodeInfo, root: Span):
+        self.tracer = tracer
+        self.info = info
+        self.root = root
+        self._ctx_root = trace.set_span_in_context(root)
+        self._lock = threading.Lock()
+        self._parent: dict[UUID, Span] = {}  # run id -> span its children hang under
+        self._own: dict[UUID, Span] = {}  # run id -> span this recorder opened for it
+        self._tasks: dict[str, Span] = {}  # langgraph checkpoint ns -> invoke_agent span
+        self._t0: dict[UUID, float] = {}
+        self.n_chat = 0
+        self.n_errors = 0
+        self.finished = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    def start(cls, tracer: trace.Tracer, info: EpisodeInfo) -> EpisodeRecorder:
+        """Open the episode's ``invoke_workflow`` root span and return the recorder for its callbacks."""
+        attrs: dict[str, Any] = {
+            A.GEN_AI_OPERATION_NAME: A.OP_WORKFLOW,
+            A.GEN_AI_PROVIDER_NAME: "langgraph",
+            A.GEN_AI_AGENT_NAME: info.workflow_name,
+            A.MARFT_EPISODE_ID: info.episode_id,
+            A.GEN_AI_CONVERSATION_ID: info.conversation_id or info.episode_id,
+        }
+        if info.scenario_id is not None:
+            attrs[A.MARFT_SCENARIO_ID] = str(info.scenario_id)
+        if info.metadata:
+            attrs[A.MARFT_EPISODE_METADATA] = _json(info.metadata)
+        if info.mirror_pair_id:
+            attrs[A.MARFT_MIRROR_PAIR_ID] = info.mirror_pair_id
+            attrs[A.MARFT_MIRROR_SIDE] = info.mirror_side or "live"
+        root = tracer.start_span(f"{A.OP_WORKFLOW} {info.workflow_name}", kind=SpanKind.INTERNAL, attributes=attrs)
+        return cls(tracer, info, root)
+
+    def finish(self, *, error: BaseException | None = None, outcome: Any = None, has_outcome: bool = False) -> None:
+        """Close spans left open (error status when the run failed), then the root span (once)."""
+        with self._lock:
+            if self.finished:
+                return
+            self.finished = True
+            leftovers = list(self._own.items())
+            self._own.clear()
+        for _, span in reversed(leftovers):
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, f"episode failed: {type(error).__name__}"))
+            span.end()
+        if error is not None and not _is_control_flow(error):
+            self.root.record_exception(error)
+            self.root.set_attribute(A.ERROR_TYPE, type(error).__qualname__)
+            self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif error is None:
+            if has_outcome and self.info.capture_messages:
+                self.root.set_attribute(A.MARFT_OUTCOME, _json(redact_value(_plain(outcome), self.info.redact)))
+            self.root.set_status(Status(StatusCode.OK))
+        self.root.end()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _parent_span(self, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> Span:
+        span = self._parent.get(parent_run_id) if parent_run_id is not None else None
+        if span is None and metadata:
+            span = self._tasks.get(metadata.get("langgraph_checkpoint_ns", ""))
+        return span or self.root
+
+    def _graph_attrs(self, md: Mapping[str, Any]) -> dict[str, Any]:
+        attrs: dict[str, Any] = {A.MARFT_EPISODE_ID: self.info.episode_id}
+        node = md.get("langgraph_node")
+        if node is None:
+            return attrs
+        ns = md.get("langgraph_checkpoint_ns") or ""
+        path = agent_path(ns, node)
+        attrs[A.GEN_AI_AGENT_NAME] = path
+        attrs[A.MARFT_AGENT_NODE] = path
+        attrs[A.MARFT_AGENT_ROLE] = resolve_role(path, self.info.node_roles)
+        if md.get("langgraph_step") is not None:
+            attrs[A.MARFT_LANGGRAPH_STEP] = int(md["langgraph_step"])
+        if md.get("langgraph_triggers") is not None:
+            attrs[A.MARFT_LANGGRAPH_TRIGGERS] = json.dumps(list(md["langgraph_triggers"]))
+        if ns:
+            attrs[A.MARFT_LANGGRAPH_CHECKPOINT_NS] = ns
+            last = ns.rsplit("|", 1)[-1]
+            if ":" in last:
+                attrs[A.MARFT_LANGGRAPH_TASK_ID] = last.split(":", 1)[1]
+        return attrs
+
+    def _open(self, run_id: UUID, name: str, parent: Span, kind: SpanKind, attrs: dict[str, Any]) -> Span:
+        span = self.tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind, attributes=attrs)
+        with self._lock:
+            self._own[run_id] = span
+            self._parent[run_id] = span
+        return span
+
+    def _close(self, run_id: UUID, error: BaseException | None = None) -> Span | None:
+        with self._lock:
+            span = self._own.pop(run_id, None)
+            self._parent.pop(run_id, None)
+            self._t0.pop(run_id, None)
+        if span is None:
+            return None
+        if error is not None and not _is_control_flow(error):
+            self.n_errors += 1
+            span.record_exception(error)
+            span.set_attribute(A.ERROR_TYPE, type(error).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif error is None:
+            span.set_status(Status(StatusCode.OK))
+        span.end()
+        return span
+
+    # -- chains: the graph and its node tasks -----------------------------------------------
+    def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        md = metadata or {}
+        node = md.get("langgraph_node")
+        ns = md.get("langgraph_checkpoint_ns") or ""
+        name = kwargs.get("name")
+        is_task = (
+            node is not None
+            and name == node
+            and not str(node).startswith("__")
+            and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
+            and ns not in self._tasks
+        )
+        parent = self._parent_span(parent_run_id, None)
+        if not is_task:
+            with self._lock:
+                self._parent[run_id] = parent
+            return
+        attrs = self._graph_attrs(md)
+        attrs[A.GEN_AI_OPERATION_NAME] = A.OP_AGENT
+        span = self._open(run_id, f"{A.OP_AGENT} {attrs[A.MARFT_AGENT_NODE]}", parent, SpanKind.INTERNAL, attrs)
+        with self._lock:
+            self._tasks[ns] = span
+
+    def on_chain_end(self, outputs, *, run_id, **kwargs):
+        if run_id in self._own:
+            self._close(run_id)
+        else:
+            with self._lock:
+                self._parent.pop(run_id, None)
+
+    def on_chain_error(self, error, *, run_id, **kwargs):
+        if run_id in self._own:
+            self._close(run_id, error)
+        else:
+            with self._lock:
+                self._parent.pop(run_id, None)
+
+    # -- chat model calls ---------------------------------------------------------------------
+    def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        md = metadata or {}
+        params = kwargs.get("invocation_params") or {}
+        model = (
+            md.get("ls_model_name")
+            or params.get("model")
+            or params.get("model_name")
+            or kwargs.get("name")
+            or (serialized or {}).get("name")
+            or "unknown"
+        )
+        attrs = self._graph_attrs(md)
+        attrs[A.GEN_AI_OPERATION_NAME] = A.OP_CHAT
+        attrs[A.GEN_AI_PROVIDER_NAME] = str(md.get("ls_provider") or params.get("_type") or "langchain")
+        attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
+        attrs[A.GEN_AI_CONVERSATION_ID] = self.info.conversation_id or self.info.episode_id
+        for key, attr in (
+            ("temperature", A.GEN_AI_REQUEST_TEMPERATURE),
+            ("top_p", A.GEN_AI_REQUEST_TOP_P),
+            ("max_tokens", A.GEN_AI_REQUEST_MAX_TOKENS),
+            ("seed", A.GEN_AI_REQUEST_SEED),
+        ):
+            value = params.get(key, md.get(f"ls_{key}"))
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attrs[attr] = value
+        stop = params.get("stop") or md.get("ls_stop")
+        if stop:
+            attrs[A.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop] if isinstance(stop, str) else [str(s) for s in stop]
+        if self.info.capture_messages and messages:
+            chat = redact_messages(messages_to_dicts(messages[0]), self.info.redact)
+            attrs[A.GEN_AI_INPUT_MESSAGES] = A.to_genai_messages(chat)
+        parent = self._parent_span(parent_run_id, md)
+        self._open(run_id, f"{A.OP_CHAT} {model}", parent, SpanKind.CLIENT, attrs)
+        with self._lock:
+            self._t0[run_id] = time.perf_counter()
+            self.n_chat += 1
+
+    def on_llm_start(self, serialized, prompts, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        msgs = [[{"role": "user", "content": p}] for p in prompts[:1]]
+        self.on_chat_model_start(
+            serialized, msgs, run_id=run_id, parent_run_id=parent_run_id, tags=tags, metadata=metadata, **kwargs
+        )
+
+    def on_llm_end(self, response, *, run_id, **kwargs):
+        span = self._own.get(run_id)
+        if span is None:
+            return
+        t0 = self._t0.get(run_id)
+        gen = _first_generation(response)
+        message = getattr(gen, "message", None)
+        rmeta = dict(getattr(message, "response_metadata", None) or {})
+        meta = rmeta.get(A.RESPONSE_METADATA_KEY) or {}
+        attrs: dict[str, Any] = {}
+        if t0 is not None:
+            attrs[A.MARFT_LATENCY_S] = time.perf_counter() - t0
+        text = content_text(message.content) if message is not None else str(getattr(gen, "text", "") or "")
+        tool_calls = [
+            {"id": tc.get("id"), "name": tc.get("name"), "args": tc.get("args")}
+            for tc in (getattr(message, "tool_calls", None) or [])
+        ]
+        invalid = [
+            {"id": tc.get("id"), "name": tc.get("name"), "args": tc.get("args"), "error": tc.get("error")}
+            for tc in (getattr(message, "invalid_tool_calls", None) or [])
+        ]
+        if tool_calls or invalid:
+            attrs[A.MARFT_TOOL_CALLS] = _json(redact_value(tool_calls + invalid, self.info.redact))
+        if self.info.capture_messages:
+            out = {"role": "assistant", "content": text}
+            if tool_calls:
+                out["tool_calls"] = tool_calls
+            attrs[A.GEN_AI_OUTPUT_MESSAGES] = A.to_genai_messages(redact_messages([out], self.info.redact))
+        prompt_ids = meta.get("prompt_token_ids")
+        completion_ids = meta.get("completion_token_ids")
+        logprobs = meta.get("logprobs")
+        if logprobs is None:
+            logprobs = _openai_logprobs(rmeta.get("logprobs"))
+        if prompt_ids is not None:
+            attrs[A.MARFT_PROMPT_TOKEN_IDS] = A.encode_ints(prompt_ids)
+        if completion_ids is not None:
+            attrs[A.MARFT_COMPLETION_TOKEN_IDS] = A.encode_ints(completion_ids)
+        if logprobs is not None:
+            attrs[A.MARFT_COMPLETION_LOGPROBS] = A.encode_floats(logprobs)
+        if meta.get("adapter_version") is not None:
+            attrs[A.MARFT_ADAPTER_VERSION] = str(meta["adapter_version"])
+        if "agent" in meta:
+            attrs[A.MARFT_ADAPTER_NAME] = meta.get("agent") or ""
+        if meta.get("role"):
+            attrs[A.MARFT_AGENT_ROLE] = meta["role"]
+        if meta.get("seed") is not None:
+            attrs[A.GEN_AI_REQUEST_SEED] = int(meta["seed"])
+        if meta.get("call_index") is not None:
+            attrs[A.MARFT_CALL_INDEX] = int(meta["call_index"])
+        model = meta.get("model") or rmeta.get("model_name") or rmeta.get("model")
+        if model:
+            attrs[A.GEN_AI_RESPONSE_MODEL] = str(model)
+            if meta and span.name == f"{A.OP_CHAT} {UNRESOLVED_MODEL}":
+                # TeamChatModel learns its engine (hence the model) only when the call runs.
+                attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
+                span.update_name(f"{A.OP_CHAT} {model}")
+        finish = meta.get("finish_reason") or rmeta.get("finish_reason") or (getattr(gen, "generation_info", None) or {}).get(
+            "finish_reason"
+        )
+        if finish:
+            attrs[A.GEN_AI_RESPONSE_FINISH_REASONS] = [str(finish)]
+        usage = getattr(message, "usage_metadata", None) or {}
+        n_in = usage.get("input_tokens", len(prompt_ids) if prompt_ids is not None else None)
+        n_out = usage.get("output_tokens", len(completion_ids) if completion_ids is not None else None)
+        if n_in is not None:
+            attrs[A.GEN_AI_USAGE_INPUT_TOKENS] = int(n_in)
+        if n_out is not None:
+            attrs[A.GEN_AI_USAGE_OUTPUT_TOKENS] = int(n_out)
+        span.set_attributes(attrs)
+        self._close(run_id)
+
+    def on_llm_error(self, error, *, run_id, **kwargs):
+        self._close(run_id, error)
+
+    # -- tools --------------------------------------------------------------------------------
+    def on_tool_start(self, serialized, input_str, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        md = metadata or {}
+        tool = kwargs.get("name") or (serialized or {}).get("name") or "tool"
+        attrs = self._graph_attrs(md)
+        attrs[A.GEN_AI_OPERATION_NAME] = A.OP_TOOL
+        attrs[A.GEN_AI_TOOL_NAME] = str(tool)
+        if kwargs.get("tool_call_id"):
+            attrs[A.GEN_AI_TOOL_CALL_ID] = str(kwargs["tool_call_id"])
+        if self.info.capture_messages:
+            args = kwargs.get("inputs")
+            attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(redact_value(args if args is not None else input_str, self.info.redact))
+        self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), SpanKind.INTERNAL, attrs)
+
+    def on_tool_end(self, output, *, run_id, **kwargs):
+        span = self._own.get(run_id)
+        if span is None:
+            return
+        if self.info.capture_messages:
+            result = content_text(output.content) if hasattr(output, "content") else output
+            span.set_attribute(A.GEN_AI_TOOL_CALL_RESULT, _json(redact_value(_plain(result), self.info.redact)))
+        if getattr(output, "status", None) == "error":
+            span.set_status(Status(StatusCode.ERROR, "tool returned an error result"))
+            span.set_attribute(A.ERROR_TYPE, "ToolError")
+            with self._lock:
+                self._own.pop(run_id, None)
+                self._parent.pop(run_id, None)
+            span.end()
+            return
+        self._close(run_id)
+
+    def on_tool_error(self, error, *, run_id, **kwargs):
+        self._close(run_id, error)
+
+
+def _plain(value: Any) -> Any:
+    """A graph output -> JSON-compatible data (messages become chat dicts)."""
+    return json.loads(_json(value))
+
+
+def _openai_logprobs(value: Any) -> list[float] | None:
+    """OpenAI-style ``{"content": [{"token","logprob"}, ...]}`` -> list of log-probs."""
+    if isinstance(value, dict) and isinstance(value.get("content"), list):
+        try:
+            return [float(t["logprob"]) for t in value["content"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None

@@ -27,6 +27,8 @@ class ChatRequest:
     top_p: float = 1.0
     stop: list[str] | None = None
     seed: int | None = None
+    top_logprobs: int = 0
+    ignore_eos: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,423 @@
+"""The embedded engine: ONE transformers base model with N peft LoRA adapters, in-process.
+
+A background thread gathers concurrent requests into one left-padded batch (mixed adapters go
+through peft's ``adapter_names=``), then runs its own KV-cached sampling loop. Owning the loop is
+what gives exact per-request seeds (each request draws from its own generator, whatever the batch),
+stop strings, finished rows dropped from the cache, and the log-prob of every sampled token under
+the unprocessed model distribution — the numbers the trainer needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
+from marft_lg.serving.lora import LoraSettings, check_adapter_dir
+from marft_lg.serving.types import ChatRequest, Completion
+
+log = logging.getLogger(__name__)
+BASE = "__base__"  # peft's name for "no adapter" inside a mixed batch
+
+
+@dataclass
+class _Item:
+    request: ChatRequest
+    adapter: str | None
+    prompt_ids: list[int]
+    future: Future
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+def _message_text(content: Any) -> str:
+    """OpenAI content (a string or a list of parts) -> plain text for the chat template."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                raise ValueError(f"unsupported message content part {part!r}: only text parts are served")
+        return "".join(parts)
+    raise ValueError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalise_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check chat messages and flatten text parts; a ValueError names the first bad message."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role', got {m!r:.200}")
+        try:
+            msg = {**m, "content": _message_text(m.get("content"))}
+        except ValueError as e:
+            raise ValueError(f"messages[{i}]: {e}") from None
+        out.append(msg)
+    return out
+
+
+def _check_request(req: ChatRequest) -> None:
+    if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
+    if not 0.0 <= float(req.temperature) <= 100.0:
+        raise ValueError(f"temperature must be in [0, 100], got {req.temperature!r}")
+    if not 0.0 < float(req.top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
+    if not 0 <= int(req.top_logprobs) <= 20:
+        raise ValueError(f"top_logprobs must be in [0, 20], got {req.top_logprobs!r}")
+    if req.stop is not None and not all(isinstance(s, str) and s for s in req.stop):
+        raise ValueError(f"stop must be a list of non-empty strings, got {req.stop!r}")
+
+
+class HFEngine:
+    """transformers + peft engine: one base model in memory whatever the number of adapters.
+
+    `model` is the base model until the first adapter is added, then the one `peft.PeftModel`.
+    `exclusive()` pauses serving so a trainer can update that same model in-process.
+    """
+
+    def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 32,
+                 batch_wait_s: float = 0.005, max_context: int | None = None, seed: int = 0):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.model_name = model_name or self.model_dir.name
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.config = self.model.config
+        self._max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = {int(t) for t in [*eos, self.tokenizer.eos_token_id] if t is not None}
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids))
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self._seeds = random.Random(seed)
+        self._lock = threading.RLock()  # held for a whole batch, and by exclusive()
+        self._step_lock = threading.RLock()  # held for one forward pass, and while adapters change
+        self._exclusive_owner: int | None = None
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._start_lock = threading.Lock()
+        self.stats = {"batches": 0, "requests": 0, "largest_batch": 0, "generated_tokens": 0}
+
+    # ---- adapters ------------------------------------------------------------------------------
+    @property
+    def is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def loaded_adapters(self) -> list[str]:
+        return sorted(self.model.peft_config) if self.is_peft else []
+
+    def add_adapter(self, name: str, settings: LoraSettings | None = None, *, seed: int = 0) -> None:
+        """A freshly initialised, trainable adapter named `name` (no-op if it exists)."""
+        import torch
+        from peft import get_peft_model
+
+        cfg = (settings or LoraSettings()).to_peft()
+        with self._adapter_lock():
+            if name in self.loaded_adapters():
+                return
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                if self.is_peft:
+                    self.model.add_adapter(name, cfg)
+                else:
+                    self.model = get_peft_model(self.model, cfg, adapter_name=name)
+            self.model.eval()
+
+    def load_adapter(self, name: str, path: str | Path, *, trainable: bool = True) -> None:
+        """Load a PEFT directory (safetensors only) as adapter `name`; loading a loaded name is a no-op."""
+        from peft import PeftModel
+
+        path = check_adapter_dir(path)
+        with self._adapter_lock():
+            if name in self.loaded_adapters():
+                return
+            if self.is_peft:
+                self.model.load_adapter(str(path), adapter_name=name, is_trainable=trainable)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=trainable)
+            self.model.eval()
+
+    def unload_adapter(self, name: str) -> None:
+        """Delete an adapter's weights between two decode steps; the caller ensures no request uses it."""
+        with self._adapter_lock():
+            if name not in self.loaded_adapters():
+                raise UnknownAgentError(name, self.loaded_adapters(), what="adapter")
+            self.model.delete_adapter(name)
+
+    @contextmanager
+    def _adapter_lock(self) -> Iterator[None]:
+        """Adapters change between two decode steps of a running batch (its rows keep their adapters).
+
+        Wrapping the plain base model into a PeftModel changes what a running batch calls, so that
+        first adapter waits for the batch to end.
+        """
+        if self.is_peft:
+            with self._step_lock:
+                yield
+        else:
+            with self._lock, self._step_lock:
+                yield
+
+    def max_context(self) -> int:
+        return self._max_context
+
+    @contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """Pause serving (after the running batch) while the caller updates the model in this thread."""
+        with self._lock:
+            self._exclusive_owner = threading.get_ident()
+            try:
+                yield self.model
+            finally:
+                self._exclusive_owner = None
+
+    # ---- requests ------------------------------------------------------------------------------
+    def encode(self, req: ChatRequest) -> list[int]:
+        """The prompt token ids of a request (chat template with the generation prompt)."""
+        ids = self.tokenizer.apply_chat_template(
+            normalise_messages(req.messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return [int(t) for t in ids]
+
+    def submit(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Future]:
+        """Queue requests for the batching loop; each future resolves to a `Completion`.
+
+        Validation (unknown adapter, bad parameters, prompt too long) raises here, before anything is queued.
+        """
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        if self._exclusive_owner == threading.get_ident():
+            raise RuntimeError("cannot generate inside exclusive(): serving is paused by this very thread")
+        if len(requests) != len(adapter_names):
+            raise ValueError(f"{len(requests)} requests but {len(adapter_names)} adapter names")
+        loaded = set(self.loaded_adapters())
+        items = []
+        for req, name in zip(requests, adapter_names, strict=True):
+            if name is not None and name not in loaded:
+                raise UnknownAgentError(name, sorted(loaded), what="adapter")
+            _check_request(req)
+            ids = self.encode(req)
+            if len(ids) + req.max_tokens > self._max_context:
+                raise ContextLengthError(len(ids), req.max_tokens, self._max_context, req.agent)
+            items.append(_Item(req, name, ids, Future()))
+        self._ensure_thread()
+        for it in items:
+            self._queue.put(it)
+        return [it.future for it in items]
+
+    def generate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
+        return [f.result() for f in self.submit(requests, adapter_names)]
+
+    async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
+        futures = self.submit(requests, adapter_names)
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+        while True:
+            try:
+                it = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if it is not None and not it.future.done():
+                it.future.set_exception(RuntimeError("engine closed before the request ran"))
+
+    # ---- batching loop -------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="marft-hf-engine", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.perf_counter() + self.batch_wait_s
+            stop = False
+            while len(batch) < self.max_batch_size:
+                try:
+                    it = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
+                except queue.Empty:
+                    break
+                if it is None:
+                    stop = True
+                    break
+                batch.append(it)
+            live = [it for it in batch if it.future.set_running_or_notify_cancel()]
+            if live:
+                try:
+                    with self._lock:
+                        results = self._run_batch(live)
+                    for it, res in zip(live, results, strict=True):
+                        it.future.set_result(res)
+                except BaseException as e:  # noqa: BLE001 - every waiting caller must hear about it
+                    log.exception("batch of %d requests failed", len(live))
+                    for it in live:
+                        if not it.future.done():
+                            it.future.set_exception(e)
+            if stop:
+                return
+
+    def _run_batch(self, items: list[_Item]) -> list[Completion]:
+        import torch
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                return self._sample(items)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, items: list[_Item]) -> list[Completion]:
+        import torch
+        from transformers import DynamicCache
+
+        n = len(items)
+        width = max(len(it.prompt_ids) for it in items)
+        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, it in enumerate(items):
+            input_ids[i, width - len(it.prompt_ids):] = torch.tensor(it.prompt_ids)
+            mask[i, width - len(it.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        gens = []
+        for it in items:
+            g = torch.Generator()
+            g.manual_seed(it.request.seed if it.request.seed is not None else self._seeds.getrandbits(63))
+            gens.append(g)
+        temps = torch.tensor([float(it.request.temperature) for it in items])
+        top_ps = torch.tensor([float(it.request.top_p) for it in items])
+        tokens: list[list[int]] = [[] for _ in items]
+        lps: list[list[float]] = [[] for _ in items]
+        tops: list[list[dict[int, float]]] = [[] for _ in items]
+        finish = ["length"] * n
+        stop_at: list[int | None] = [None] * n
+        peft_kwargs = {}
+        if self.is_peft:
+            peft_kwargs["adapter_names"] = [it.adapter or BASE for it in items]
+
+        cache = DynamicCache(config=self.config)
+        model = self.model
+        with self._step_lock:
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        use_cache=True, logits_to_keep=1, **peft_kwargs)
+        rows = list(range(n))  # batch row -> item index
+        last_pos = positions[:, -1]
+        while True:
+            logits = out.logits[:, -1, :].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = self._choose(logits, temps[rows], top_ps[rows], [gens[r] for r in rows])
+            chosen_lp = logp.gather(1, chosen[:, None])[:, 0]
+            keep = []
+            for j, r in enumerate(rows):
+                it, tok = items[r], int(chosen[j])
+                tokens[r].append(tok)
+                lps[r].append(float(chosen_lp[j]))
+                if it.request.top_logprobs:
+                    v, ix = logp[j].topk(int(it.request.top_logprobs))
+                    tops[r].append({int(a): float(b) for a, b in zip(ix, v, strict=True)})
+                if tok in self.eos_token_ids and not it.request.ignore_eos:
+                    finish[r] = "stop"
+                elif it.request.stop and (cut := self._stop_index(tokens[r], it.request.stop)) is not None:
+                    finish[r], stop_at[r] = "stop", cut
+                elif len(tokens[r]) >= it.request.max_tokens:
+                    finish[r] = "length"
+                else:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(rows):
+                idx = torch.tensor(keep)
+                cache.batch_select_indices(idx)
+                mask, last_pos, chosen = mask[idx], last_pos[idx], chosen[idx]
+                rows = [rows[j] for j in keep]
+                if self.is_peft:
+                    peft_kwargs["adapter_names"] = [peft_kwargs["adapter_names"][j] for j in keep]
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            last_pos = last_pos + 1
+            with self._step_lock:
+                out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_pos[:, None],
+                            past_key_values=cache, use_cache=True, **peft_kwargs)
+
+        self.stats["batches"] += 1
+        self.stats["requests"] += n
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], n)
+        self.stats["generated_tokens"] += sum(len(t) for t in tokens)
+        now = time.perf_counter()
+        results = []
+        for i, it in enumerate(items):
+            text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
+            if stop_at[i] is not None:
+                text = text[: stop_at[i]]
+            extra: dict[str, Any] = {}
+            if it.request.top_logprobs:
+                extra["top_logprobs"] = tops[i]
+            results.append(Completion(
+                text=text, prompt_token_ids=list(it.prompt_ids), completion_token_ids=tokens[i], logprobs=lps[i],
+                finish_reason=finish[i], agent=it.request.agent, model=self.model_name,
+                latency_s=now - it.submitted, extra=extra,
+            ))
+        return results
+
+    def _stop_index(self, tokens: list[int], stops: list[str]) -> int | None:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        hits = [i for s in stops if (i := text.find(s)) >= 0]
+        return min(hits) if hits else None
+
+    @staticmethod
+    def _choose(logits, temps, top_ps, gens):
+        """One token per row: greedy where temperature is 0, else top-p sampling by inverse CDF.
+
+        Each row draws one uniform number from its own generator, so a seeded request samples the
+        same tokens whatever else shares its batch.
+        """
+        import torch
+
+        greedy = temps <= 0
+        chosen = logits.argmax(dim=-1)
+        if bool(greedy.all()):
+            return chosen
+        u = torch.cat([torch.rand(1, generator=g) for g in gens])
+        probs = torch.softmax(logits / temps.clamp(min=1e-5)[:, None], dim=-1)
+        if bool((top_ps < 1).any()):
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            cum = sorted_p.cumsum(dim=-1)
+            sorted_p = sorted_p.masked_fill((cum - sorted_p) >= top_ps[:, None], 0.0)
+            cdf = sorted_p.cumsum(dim=-1)
+            pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp(max=cdf.shape[-1] - 1)
+            sampled = order.gather(1, pick)[:, 0]
+        else:
+            cdf = probs.cumsum(dim=-1)
+            sampled = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0].clamp(max=cdf.shape[-1] - 1)
+        return torch.where(greedy, chosen, sampled)

@@ -1,0 +1,43 @@
+"""Errors of the serving layer. Each message says what was wrong and what to do about it.
+
+The OpenAI-compatible server maps them to HTTP codes: `ContextLengthError` and `AdapterMismatchError`
+-> 400, `UnknownAgentError` -> 404.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base class of every error raised by `marft_lg.serving`."""
+
+
+class ContextLengthError(ServingError, ValueError):
+    """A prompt (plus the tokens asked for) does not fit the model's context; nothing is truncated."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_context: int, agent: str | None = None):
+        self.prompt_tokens, self.max_tokens, self.max_context = prompt_tokens, max_tokens, max_context
+        who = f" for agent {agent!r}" if agent else ""
+        super().__init__(
+            f"this model's maximum context length is {max_context} tokens, but the request{who} has "
+            f"{prompt_tokens} prompt tokens and asks for {max_tokens} more ({prompt_tokens + max_tokens}); "
+            f"shorten the messages or lower max_tokens"
+        )
+
+
+class UnknownAgentError(ServingError, KeyError):
+    """A role, version or adapter name the engine does not serve; the message lists the known ones."""
+
+    def __init__(self, name: str, known: list[str], what: str = "agent"):
+        self.name, self.known = name, sorted(known)
+        super().__init__(f"unknown {what} {name!r}; known: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return self.args[0]
+
+
+class AdapterMismatchError(ServingError, ValueError):
+    """An adapter trained for another base model (fingerprints differ), or not a safe PEFT directory."""
+
+
+class RegistryError(ServingError, ValueError):
+    """A bad registry request: unknown version or alias, unsafe name, or a corrupt version directory."""

@@ -1,0 +1,262 @@
+"""A team of agents served from ONE base model: one LoRA adapter per role (or one shared adapter).
+
+`Team` maps each role to the adapter it currently serves (named ``"<role>@<version>"``), counts
+in-flight requests per adapter and makes hot swaps safe on any engine: `load_version` loads the new
+adapter beside the old one, switches the role's pointer, and unloads the old adapter only once the
+last request using it has finished.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from marft_lg.serving.errors import RegistryError, UnknownAgentError
+from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
+from marft_lg.serving.models import DEFAULT_MODEL, model_fingerprint, resolve_model
+from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.types import ChatRequest, Completion
+
+FRESH = "init"  # the version name of a freshly initialised adapter
+SHARED = "shared"  # the registry role of the one adapter all roles use with shared_adapter=True
+_UNSET: Any = object()
+
+
+class Team:
+    """One base model + one LoRA adapter per agent role, behind a batched, thread-safe `chat`.
+
+    versions: "live" (or any alias) takes each role's version from the registry alias, roles the
+    alias lacks start fresh; None starts every role fresh; ``{role: ref}`` pins versions (refs the
+    registry cannot resolve are an error). Default: "live" with a registry, None without.
+    """
+
+    def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, agents: list[str] | tuple[str, ...] = (), *,
+                 engine: str | Any = "hf", shared_adapter: bool = False,
+                 registry: AdapterRegistry | str | os.PathLike | None = None,
+                 versions: str | dict[str, str] | None = _UNSET, lora: LoraSettings | None = None, seed: int = 0,
+                 model_name: str | None = None, engine_options: dict[str, Any] | None = None):
+        agents = list(agents)
+        if not agents:
+            raise ValueError("a Team needs at least one agent role, e.g. agents=['planner', 'writer']")
+        for role in agents:
+            if not isinstance(role, str) or not role or "@" in role or "." in role or "/" in role:
+                raise ValueError(f"invalid agent role {role!r}: no '@', '.' or '/' and not empty")
+        if len(set(agents)) != len(agents):
+            raise ValueError(f"duplicate agent roles in {agents}")
+        self._agents = agents
+        self.shared_adapter = shared_adapter
+        self.lora = lora or LoraSettings()
+        self.seed = seed
+        self.model_dir = resolve_model(model)
+        self.fingerprint = model_fingerprint(self.model_dir)
+        self.model_name = model_name or (str(model) if str(model).startswith("embedded:") else self.model_dir.name)
+        self.registry = registry if isinstance(registry, AdapterRegistry) or registry is None else AdapterRegistry(registry)
+        self.engine = self._make_engine(engine, engine_options or {})
+        self._lock = threading.RLock()
+        self._current: dict[str, str] = {}  # slot -> adapter name
+        self._inflight: Counter[str] = Counter()
+        self._retired: set[str] = set()
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        if versions is _UNSET:
+            versions = "live" if self.registry is not None else None
+        try:
+            self._load_initial(versions)
+        except BaseException:
+            self.engine.close()
+            raise
+
+    # ---- construction --------------------------------------------------------------------------
+    def _make_engine(self, engine: str | Any, options: dict[str, Any]):
+        if not isinstance(engine, str):
+            return engine
+        if engine == "hf":
+            from marft_lg.serving.engine_hf import HFEngine
+
+            return HFEngine(self.model_dir, model_name=self.model_name, seed=self.seed, **options)
+        if engine == "vllm":
+            from marft_lg.serving.engine_vllm import VLLMEngine
+
+            return VLLMEngine(self.model_dir, **options)
+        raise ValueError(f"unknown engine {engine!r}; use 'hf' (embedded transformers + peft) or 'vllm'")
+
+    def _slot(self, role: str) -> str:
+        if role not in self._agents:
+            raise UnknownAgentError(role, self._agents)
+        return SHARED if self.shared_adapter else role
+
+    def slots(self) -> list[str]:
+        """The adapter slots: the roles, or just ``"shared"`` with a shared adapter."""
+        return [SHARED] if self.shared_adapter else list(self._agents)
+
+    def _load_initial(self, versions: str | dict[str, str] | None) -> None:
+        for slot in self.slots():
+            ref: str | None = None
+            if isinstance(versions, dict):
+                refs = {versions[r] for r in self._agents if r in versions} if slot == SHARED else set()
+                ref = versions.get(slot) or (refs.pop() if len(refs) == 1 else None)
+                if slot == SHARED and len(refs) > 1:
+                    raise ValueError(f"shared_adapter=True but versions pins different refs {versions}")
+            elif isinstance(versions, str):
+                if self.registry is None:
+                    raise RegistryError(f"versions={versions!r} needs a registry (registry=DIR)")
+                ref = self.registry.alias(versions).get(slot)
+            if ref is None or ref == FRESH:
+                self._add_fresh(slot)
+            else:
+                self._current[slot] = self._ensure_loaded(slot, ref)
+
+    def _add_fresh(self, slot: str) -> None:
+        name = f"{slot}@{FRESH}"
+        seed = self.seed + self.slots().index(slot)
+        if hasattr(self.engine, "add_adapter"):
+            self.engine.add_adapter(name, self.lora, seed=seed)
+        else:
+            if self._tmp is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="marft-fresh-")
+            out = write_fresh_adapter(self.model_dir, self.lora, Path(self._tmp.name) / slot, seed=seed)
+            self.engine.load_adapter(name, out)
+        self._current[slot] = name
+
+    def _ensure_loaded(self, slot: str, ref: str) -> str:
+        """Load `slot` at `ref` from the registry if needed; returns its adapter name."""
+        if ref == FRESH:
+            name = f"{slot}@{FRESH}"
+            if name not in self.engine.loaded_adapters():
+                raise RegistryError(f"the fresh adapter of {slot!r} is no longer loaded; pick a registry version")
+            return name
+        if self.registry is None:
+            raise RegistryError(f"version {ref!r} of {slot!r} asked for, but this Team has no registry")
+        version = self.registry.resolve(slot, ref)
+        name = f"{slot}@{version}"
+        if name not in self.engine.loaded_adapters():
+            self.engine.load_adapter(name, self.registry.check_base(slot, version, self.fingerprint))
+        return name
+
+    # ---- serving -------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def agents(self) -> list[str]:
+        return list(self._agents)
+
+    def versions(self) -> dict[str, str]:
+        """The version each role serves now (``"init"`` for a fresh adapter)."""
+        with self._lock:
+            return {r: self._current[self._slot(r)].split("@", 1)[1] for r in self._agents}
+
+    def adapter_name(self, role: str, version: str | None = None) -> str:
+        """The engine's adapter name for `role` (its current one, or `version` loaded on demand)."""
+        with self._lock:
+            slot = self._slot(role)
+            return self._current[slot] if version is None else self._ensure_loaded(slot, version)
+
+    def _acquire(self, requests: list[ChatRequest]) -> list[str | None]:
+        with self._lock:
+            names = [None if r.agent is None else self.adapter_name(r.agent, r.version) for r in requests]
+            self._inflight.update(n for n in names if n is not None)
+            return names
+
+    def _release(self, names: list[str | None]) -> None:
+        with self._lock:
+            self._inflight.subtract(n for n in names if n is not None)
+            for name in [n for n in self._retired if self._inflight[n] <= 0]:
+                self._unload(name)
+
+    def _unload(self, name: str) -> None:
+        self._retired.discard(name)
+        self._inflight.pop(name, None)
+        if name not in self._current.values() and name in self.engine.loaded_adapters():
+            self.engine.unload_adapter(name)
+
+    def _label(self, completions: list[Completion], requests: list[ChatRequest], names: list[str | None]):
+        for c, r, n in zip(completions, requests, names, strict=True):
+            c.agent = r.agent
+            c.adapter_version = None if n is None else n.split("@", 1)[1]
+            c.model = self.model_name
+        return completions
+
+    def chat(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Answer requests (any mix of roles and versions) in one batch; safe from many threads."""
+        names = self._acquire(requests)
+        try:
+            return self._label(self.engine.generate(requests, names), requests, names)
+        finally:
+            self._release(names)
+
+    async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
+        """Async `chat`; concurrent callers share batches."""
+        names = self._acquire(requests)
+        try:
+            return self._label(await self.engine.agenerate(requests, names), requests, names)
+        finally:
+            self._release(names)
+
+    def load_version(self, role: str, ref: str) -> str:
+        """Hot swap: serve `ref` for `role` from now on; in-flight requests finish on the old weights.
+
+        With a shared adapter every role switches. Returns the concrete version served.
+        """
+        slot = self._slot(role)
+        name = self._ensure_loaded(slot, ref)
+        with self._lock:
+            old = self._current[slot]
+            self._current[slot] = name
+            if old != name:
+                self._retired.add(old)
+                if self._inflight[old] <= 0:
+                    self._unload(old)
+        return name.split("@", 1)[1]
+
+    def unload_version(self, role: str, ref: str) -> None:
+        """Drop a pinned (non-current) version once no request uses it."""
+        slot = self._slot(role)
+        version = ref if ref == FRESH else (self.registry.resolve(slot, ref) if self.registry else ref)
+        name = f"{slot}@{version}"
+        with self._lock:
+            if name in self._current.values():
+                raise RegistryError(f"{name} is what {role!r} serves now; load another version first")
+            if name not in self.engine.loaded_adapters():
+                raise UnknownAgentError(name, self.engine.loaded_adapters(), what="adapter")
+            self._retired.add(name)
+            if self._inflight[name] <= 0:
+                self._unload(name)
+
+    def save_version(self, role: str, *, parent: str | None = None, run_id: str | None = None,
+                     metrics: dict[str, float] | None = None) -> str:
+        """Write the weights `role` serves now as a new registry version (hf engine); returns ``"v<k>"``."""
+        if self.registry is None:
+            raise RegistryError("save_version needs a registry (Team(registry=DIR))")
+        name = self.adapter_name(role)
+        version = name.split("@", 1)[1]
+        if parent is None and version != FRESH:
+            parent = version
+        with self.exclusive():
+            return self.registry.save(self._slot(role), self.engine.model, adapter_name=name,
+                                      base_fingerprint=self.fingerprint, parent=parent, run_id=run_id, metrics=metrics)
+
+    @contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """Pause serving while the caller updates the model in-process (hf engine); yields the PeftModel."""
+        if not hasattr(self.engine, "exclusive"):
+            raise RuntimeError(f"engine {type(self.engine).__name__} holds no in-process model to update")
+        with self.engine.exclusive() as model:
+            yield model
+
+    def close(self) -> None:
+        self.engine.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Team:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

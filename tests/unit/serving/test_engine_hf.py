@@ -1,0 +1,179 @@
+"""HFEngine on a tiny random Llama: batching, seeds, stops, log-probs, context errors, exclusive()."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from marft_lg.serving.engine_hf import HFEngine
+from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
+from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.types import ChatRequest
+
+MSG = [{"role": "user", "content": "Plan a short trip."}]
+LONGER = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Write two lines about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    torch.set_num_threads(1)
+    eng = HFEngine(tiny_model_dir, batch_wait_s=0.02)
+    eng.add_adapter("ad1", LoraSettings(r=4, init=False), seed=1)  # random B: adapters differ from the base
+    eng.add_adapter("ad2", LoraSettings(r=4, init=False), seed=2)
+    yield eng
+    eng.close()
+
+
+def _recompute(engine, prompt_ids, completion_ids, adapter):
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=ids, adapter_names=[adapter or "__base__"]).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1)
+    return logp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0], logp
+
+
+def test_returned_logprobs_match_a_recomputation(engine):
+    reqs = [ChatRequest(MSG, max_tokens=12, seed=3, ignore_eos=True),
+            ChatRequest(LONGER, max_tokens=7, seed=4, temperature=0.7, top_p=0.9, ignore_eos=True),
+            ChatRequest(MSG, max_tokens=5, seed=5, ignore_eos=True)]
+    outs = engine.generate(reqs, ["ad1", "ad2", None])
+    for c, req, adapter in zip(outs, reqs, ["ad1", "ad2", None], strict=True):
+        assert c.prompt_token_ids == engine.encode(req)
+        expected, _ = _recompute(engine, c.prompt_token_ids, c.completion_token_ids, adapter)
+        assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+    assert [len(c.completion_token_ids) for c in outs] == [12, 7, 5]
+    assert all(c.finish_reason == "length" for c in outs)
+
+
+def test_adapters_change_the_distribution(engine):
+    req = ChatRequest(MSG, max_tokens=4, temperature=0, ignore_eos=True)
+    a, b, base = engine.generate([req, req, req], ["ad1", "ad2", None])
+    assert a.prompt_token_ids == b.prompt_token_ids == base.prompt_token_ids
+    assert len({tuple(a.logprobs), tuple(b.logprobs), tuple(base.logprobs)}) == 3
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(engine):
+    req = ChatRequest(MSG, agent=None, max_tokens=10, seed=1234, ignore_eos=True)
+    alone = engine.generate([req], ["ad1"])[0]
+    batch = engine.generate(
+        [ChatRequest(LONGER, max_tokens=3, seed=1), req, ChatRequest(MSG, max_tokens=12, seed=9)], ["ad2", "ad1", None]
+    )
+    assert batch[1].completion_token_ids == alone.completion_token_ids
+    assert batch[1].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    other = engine.generate([ChatRequest(MSG, max_tokens=10, seed=4321, ignore_eos=True)], ["ad1"])[0]
+    assert other.completion_token_ids != alone.completion_token_ids
+
+
+def test_greedy_and_tiny_top_p_pick_the_most_likely_token(engine):
+    greedy = engine.generate([ChatRequest(MSG, max_tokens=6, temperature=0, ignore_eos=True)], ["ad1"])[0]
+    _, logp = _recompute(engine, greedy.prompt_token_ids, greedy.completion_token_ids, "ad1")
+    assert greedy.completion_token_ids == logp.argmax(-1).tolist()
+    nucleus = engine.generate([ChatRequest(MSG, max_tokens=6, top_p=1e-6, seed=7, ignore_eos=True)], ["ad1"])[0]
+    assert nucleus.completion_token_ids == greedy.completion_token_ids
+
+
+def test_stop_strings_cut_the_text_and_end_generation(engine):
+    full = engine.generate([ChatRequest(MSG, max_tokens=16, seed=11, ignore_eos=True)], ["ad1"])[0]
+    k = next(i for i in range(3, 16) if engine.tokenizer.decode([full.completion_token_ids[i]]).strip())
+    stop = engine.tokenizer.decode([full.completion_token_ids[k]]).strip()
+    cut = engine.generate([ChatRequest(MSG, max_tokens=16, seed=11, ignore_eos=True, stop=[stop])], ["ad1"])[0]
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text
+    assert cut.text == full.text[: full.text.find(stop)]
+    n = len(cut.completion_token_ids)
+    assert n <= k + 1 and cut.completion_token_ids == full.completion_token_ids[:n]
+
+
+def test_eos_ends_with_stop_and_keeps_the_eos_token(engine, monkeypatch):
+    greedy = engine.generate([ChatRequest(MSG, max_tokens=3, temperature=0, ignore_eos=True)], ["ad2"])[0]
+    monkeypatch.setattr(engine, "eos_token_ids", {greedy.completion_token_ids[1]})
+    out = engine.generate([ChatRequest(MSG, max_tokens=3, temperature=0)], ["ad2"])[0]
+    assert out.finish_reason == "stop"
+    assert out.completion_token_ids == greedy.completion_token_ids[:2]
+    assert len(out.logprobs) == 2
+
+
+def test_concurrent_callers_are_batched(engine):
+    before = dict(engine.stats)
+    results: list = [None] * 8
+    barrier = threading.Barrier(8)
+
+    def call(i):
+        barrier.wait()
+        results[i] = engine.generate([ChatRequest(MSG, max_tokens=4, seed=i)], ["ad1" if i % 2 else "ad2"])[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r is not None and len(r.completion_token_ids) >= 1 for r in results)
+    assert engine.stats["requests"] - before["requests"] == 8
+    assert engine.stats["batches"] - before["batches"] < 8
+    assert engine.stats["largest_batch"] > 1
+
+
+def test_agenerate_batches_concurrent_coroutines(engine):
+    async def main():
+        return await asyncio.gather(*(engine.agenerate([ChatRequest(MSG, max_tokens=3, seed=i)], ["ad1"]) for i in range(4)))
+
+    before = engine.stats["batches"]
+    outs = asyncio.run(main())
+    assert [len(o) for o in outs] == [1, 1, 1, 1]
+    assert engine.stats["batches"] - before < 4
+
+
+def test_prompt_longer_than_context_is_refused_not_truncated(engine):
+    long = [{"role": "user", "content": "word " * 2100}]
+    with pytest.raises(ContextLengthError, match="maximum context length is 2048"):
+        engine.generate([ChatRequest(long, max_tokens=1)], ["ad1"])
+    n = len(engine.encode(ChatRequest(MSG)))
+    with pytest.raises(ContextLengthError):
+        engine.generate([ChatRequest(MSG, max_tokens=2048 - n + 1)], ["ad1"])
+
+
+def test_bad_requests_are_refused_before_queueing(engine):
+    with pytest.raises(UnknownAgentError, match="known: ad1, ad2"):
+        engine.generate([ChatRequest(MSG)], ["nope"])
+    for bad in (ChatRequest(MSG, max_tokens=0), ChatRequest(MSG, top_p=0.0), ChatRequest(MSG, stop=[""]),
+                ChatRequest([{"content": "no role"}]), ChatRequest([])):
+        with pytest.raises(ValueError):
+            engine.generate([bad], ["ad1"])
+
+
+def test_exclusive_pauses_serving_and_refuses_reentry(engine):
+    with engine.exclusive() as model:
+        assert model is engine.model
+        with pytest.raises(RuntimeError, match="inside exclusive"):
+            engine.generate([ChatRequest(MSG, max_tokens=2)], ["ad1"])
+        fut = None
+
+        def submit():
+            nonlocal fut
+            fut = engine.submit([ChatRequest(MSG, max_tokens=2, seed=1)], ["ad1"])[0]
+
+        t = threading.Thread(target=submit)
+        t.start()
+        t.join(10)
+        time.sleep(0.3)
+        assert fut is not None and not fut.done()
+    assert len(fut.result(timeout=60).completion_token_ids) >= 1
+
+
+def test_adapters_load_and_unload_between_steps(engine, tmp_path):
+    from marft_lg.serving.lora import save_adapter
+
+    save_adapter(engine.model, "ad1", tmp_path / "a-copy")
+    engine.load_adapter("ad3", tmp_path / "a-copy")
+    engine.load_adapter("ad3", tmp_path / "a-copy")  # idempotent
+    req = ChatRequest(MSG, max_tokens=5, seed=2, ignore_eos=True)
+    x, y = engine.generate([req, req], ["ad1", "ad3"])
+    assert x.completion_token_ids == y.completion_token_ids
+    engine.unload_adapter("ad3")
+    assert "ad3" not in engine.loaded_adapters()
+    with pytest.raises(UnknownAgentError):
+        engine.generate([req], ["ad3"])

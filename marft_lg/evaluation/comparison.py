@@ -21,7 +21,7 @@ from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, ag
 from marft_lg.evaluation.stats import PairedCI, bootstrap_ci
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
-_NON_COMPONENT_COLUMNS = frozenset({"episode_id", "reward", "scored", "error", "scenario_id"})
+_NON_COMPONENT_COLUMNS = frozenset({"episode_id", "reward", "scored", "error", "vetoed", "scenario_id"})
 
 
 class Scorer(Protocol):

@@ -1,0 +1,259 @@
+"""Shadow comparison: the same scenarios (or the same mirrored live inputs) through two teams.
+
+`shadow_compare` replays every scenario through the baseline and the candidate version maps of
+one wrapped graph, with the same seed for each paired run, mines the traces both sides wrote and
+compares them (`comparison.compare_datasets`). `compare_mirrored` does the same for the live/shadow
+pairs that `wrap(..., shadow=..., sample_rate=...)` recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from marft_lg.evaluation.comparison import ComparisonResult, Scorer, compare_datasets
+from marft_lg.trajectories.dataset import EPISODE_COLUMNS, TrajectoryDataset
+from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
+
+logger = logging.getLogger("marft_lg.evaluation")
+
+VersionSpec = str | Mapping[str, str]
+FRESH = "init"  # the version name of a freshly initialised adapter (marft_lg.serving.team.FRESH)
+
+
+def derive_seed(seed: int, scenario_id: str, sample: int) -> int:
+    """A stable per-(scenario, sample) seed shared by the paired baseline and candidate runs."""
+    digest = hashlib.sha256(f"{seed}:{scenario_id}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def resolve_versions(spec: VersionSpec, registry: Any, roles: Iterable[str] | None = None) -> dict[str, str]:
+    """An alias name or a ``{role: ref}`` map -> concrete ``{role: "v<k>"}`` through the registry."""
+    if isinstance(spec, str):
+        if registry is None:
+            raise ValueError(f"version alias {spec!r} needs an adapter registry; pass a {{role: version}} map instead")
+        mapping = registry.alias(spec)
+        if not mapping:
+            known = sorted(registry.aliases()) if hasattr(registry, "aliases") else []
+            raise ValueError(f"alias {spec!r} is not set in registry {getattr(registry, 'root', '?')}; "
+                             f"known aliases: {known or '(none)'}")
+        return {r: v for r, v in mapping.items() if roles is None or r in set(roles)}
+    out = {}
+    for role, ref in spec.items():
+        out[role] = ref if registry is None or ref == FRESH else registry.resolve(role, ref)
+    return out
+
+
+def _team_of(app: Any) -> Any:
+    return getattr(app, "team", None)
+
+
+def _registry_of(app: Any) -> Any:
+    team = _team_of(app)
+    return getattr(team, "registry", None) if team is not None else None
+
+
+def _trace_dir(app: Any) -> Path:
+    for attr in ("trace_dir", "_trace_dir"):
+        value = getattr(app, attr, None)
+        if value is not None:
+            return Path(value)
+    raise ValueError(f"cannot tell where {type(app).__name__} writes its traces; pass collect=lambda ids: "
+                     f"TrajectoryDataset(...) to shadow_compare, or use marft_lg.graph.wrap(..., trace_dir=DIR)")
+
+
+def mine_app_episodes(app: Any, episode_ids: list[str]) -> TrajectoryDataset:
+    """Mine the app's trace directory and keep the given episodes."""
+    from marft_lg.trajectories.mining import mine
+
+    if hasattr(app, "flush"):
+        app.flush()
+    return mine(_trace_dir(app)).select(episode_ids)
+
+
+def with_missing_as_errors(dataset: TrajectoryDataset, expected: Mapping[str, str]) -> TrajectoryDataset:
+    """Add an ``error`` episode without actions for every expected episode id (-> scenario id) that
+    left no trajectory (it crashed before its first LLM call), so a crash counts against its side."""
+    missing = [e for e in expected if e not in set(dataset.episodes["episode_id"])]
+    if not missing:
+        return dataset
+    now = pd.Timestamp.now(tz="UTC")
+    rows = pd.DataFrame([{"episode_id": e, "scenario_id": expected[e], "start_time": now, "end_time": now,
+                          "n_actions": 0, "agents": [], "status": "error", "outcome": None, "feedback": {},
+                          "metadata": {"marft.compare.missing": True}} for e in missing], columns=list(EPISODE_COLUMNS))
+    episodes = rows if dataset.episodes.empty else pd.concat([dataset.episodes, rows], ignore_index=True)
+    return TrajectoryDataset(episodes=episodes, actions=dataset.actions)
+
+
+def _progress(enabled: bool):
+    from contextlib import nullcontext
+
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import Progress
+
+    return Progress(transient=True)
+
+
+def shadow_compare(
+    app: Any,
+    baseline: VersionSpec,
+    candidate: VersionSpec,
+    scenarios: ScenarioSet | Iterable[Scenario],
+    reward: Scorer,
+    samples_per_scenario: int = 1,
+    seed: int = 0,
+    *,
+    formats: Mapping[str, str] | None = None,
+    drift: bool = True,
+    drift_prompts: int = 8,
+    collect: Callable[[list[str]], TrajectoryDataset] | None = None,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    run_id: str | None = None,
+    progress: bool = True,
+) -> ComparisonResult:
+    """Replay every scenario `samples_per_scenario` times through both version maps and compare.
+
+    `app` is a `WrappedGraph` (its `invoke(..., episode_id=, scenario_id=, seed=, versions=)` pins
+    adapter versions per call); `baseline`/`candidate` are alias names (``"live"``) or
+    ``{role: ref}`` maps. Paired runs share a seed. `collect(episode_ids)` overrides how the
+    episodes are read back (default: mine the app's trace directory).
+    """
+    if samples_per_scenario < 1:
+        raise ValueError(f"samples_per_scenario must be >= 1; got {samples_per_scenario}")
+    scenario_list = list(scenarios)
+    if not scenario_list:
+        raise ValueError("no scenarios to compare on; give a scenario file with at least one scenario")
+    team, registry = _team_of(app), _registry_of(app)
+    roles = team.agents() if team is not None and hasattr(team, "agents") else None
+    base_map = resolve_versions(baseline, registry, roles)
+    cand_map = {**base_map, **resolve_versions(candidate, registry, roles)}
+    run_id = run_id or f"cmp-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+    expected: dict[str, dict[str, str]] = {"baseline": {}, "candidate": {}}
+    failures = {"baseline": 0, "candidate": 0}
+    total = len(scenario_list) * samples_per_scenario * 2
+    with _progress(progress) as bar:
+        task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
+        for scen in scenario_list:
+            for j in range(samples_per_scenario):
+                s = derive_seed(seed, scen.scenario_id, j)
+                for side, versions in (("baseline", base_map), ("candidate", cand_map)):
+                    eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
+                    expected[side][eid] = scen.scenario_id
+                    try:
+                        app.invoke(scen.inputs, episode_id=eid, scenario_id=scen.scenario_id, seed=s,
+                                   versions=dict(versions),
+                                   metadata={"marft.compare.run": run_id, "marft.compare.side": side,
+                                             "marft.compare.sample": j})
+                    except Exception as exc:  # a crash is a result to count, not a reason to stop
+                        failures[side] += 1
+                        logger.warning("shadow compare: %s run of scenario %s (sample %d) failed: %s: %s",
+                                       side, scen.scenario_id, j, type(exc).__name__, exc)
+                    if bar is not None:
+                        bar.advance(task)
+
+    collect = collect or (lambda ids: mine_app_episodes(app, ids))
+    datasets = {}
+    for side in ("baseline", "candidate"):
+        ds = collect(list(expected[side]))
+        datasets[side] = with_missing_as_errors(ds, expected[side])
+    by_id = {s.scenario_id: s.to_dict() for s in scenario_list}
+    meta = {"run_id": run_id, "baseline": base_map, "candidate": cand_map, "seed": seed,
+            "samples_per_scenario": samples_per_scenario, "scenarios": len(scenario_list),
+            "baseline_spec": baseline if isinstance(baseline, str) else dict(baseline),
+            "candidate_spec": candidate if isinstance(candidate, str) else dict(candidate),
+            "invoke_failures": failures, "mode": "replay"}
+    result = compare_datasets(datasets["baseline"], datasets["candidate"], reward, scenarios=by_id,
+                              formats=formats, confidence=confidence, n_resamples=n_resamples, seed=seed, meta=meta)
+    if drift and team is not None and hasattr(team, "engine"):
+        from marft_lg.evaluation.drift import policy_drift
+
+        try:
+            result.drift = policy_drift(team, base_map, cand_map, datasets["baseline"], max_prompts=drift_prompts)
+        except RuntimeError as exc:
+            logger.warning("shadow compare: policy drift not computed: %s", exc)
+    return result
+
+
+# ---- mirrored live traffic ------------------------------------------------------------------
+
+_PAIR_KEYS = ("marft.mirror.pair_id", "mirror_pair_id", "pair_id")
+_SIDE_KEYS = ("marft.mirror.side", "mirror_side", "side")
+
+
+def mirror_pairs(trace_paths: Any) -> dict[str, tuple[str, str]]:
+    """episode id -> (pair id, side) for every episode root tagged as half of a mirrored pair."""
+    from marft_lg.tracing import attributes as A
+    from marft_lg.trajectories.otlp import iter_raw_spans
+    from marft_lg.trajectories.quarantine import Quarantine
+
+    out: dict[str, tuple[str, str]] = {}
+    with Quarantine(None) as q:
+        for raw in iter_raw_spans(trace_paths, q):
+            pair = raw.attributes.get(A.MARFT_MIRROR_PAIR_ID)
+            eid = raw.attributes.get(A.MARFT_EPISODE_ID)
+            if pair and eid:
+                out[str(eid)] = (str(pair), str(raw.attributes.get(A.MARFT_MIRROR_SIDE) or "live"))
+    return out
+
+
+def split_mirrored(dataset: TrajectoryDataset, pairs: Mapping[str, tuple[str, str]] | None = None
+                   ) -> tuple[TrajectoryDataset, TrajectoryDataset, dict[str, str], dict[str, str]]:
+    """(live, shadow, live units, shadow units): the mirrored episodes of `dataset` by side, each
+    mapped to its pair id. Pair tags come from `pairs` or from the episodes' metadata."""
+    tags = dict(pairs or {})
+    for eid, meta in zip(dataset.episodes["episode_id"], dataset.episodes["metadata"], strict=True):
+        if eid in tags or not isinstance(meta, Mapping):
+            continue
+        pair = next((meta[k] for k in _PAIR_KEYS if meta.get(k)), None)
+        if pair:
+            tags[eid] = (str(pair), str(next((meta[k] for k in _SIDE_KEYS if meta.get(k)), "live")))
+    units = {"live": {}, "shadow": {}}
+    for eid, (pair, side) in tags.items():
+        units["shadow" if side == "shadow" else "live"][eid] = pair
+    live = with_missing_as_errors(dataset.select(list(units["live"])), units["live"])
+    shadow = with_missing_as_errors(dataset.select(list(units["shadow"])), units["shadow"])
+    return live, shadow, units["live"], units["shadow"]
+
+
+def compare_mirrored(
+    trace_dir: str | Path,
+    reward: Scorer,
+    *,
+    scenarios: ScenarioSet | None = None,
+    formats: Mapping[str, str] | None = None,
+    since: Any = None,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> ComparisonResult:
+    """Compare the live and shadow halves of every mirrored pair found under `trace_dir`
+    (baseline = what users got, candidate = the shadow team)."""
+    from marft_lg.trajectories.mining import mine
+
+    dataset = mine(trace_dir, since=since)
+    live, shadow, live_units, shadow_units = split_mirrored(dataset, mirror_pairs(trace_dir))
+    if not live_units and not shadow_units:
+        raise ValueError(f"no mirrored pairs in {trace_dir}: spans carry no 'marft.mirror.pair_id'; record them with "
+                         f"wrap(graph, team=..., shadow=CANDIDATE, sample_rate=P)")
+    versions: dict[str, dict[str, set[str]]] = {"live": {}, "shadow": {}}
+    for side, ds in (("live", live), ("shadow", shadow)):
+        for agent, version in zip(ds.actions["agent"], ds.actions["adapter_version"], strict=True):
+            versions[side].setdefault(agent, set()).add(str(version))
+    meta = {"mode": "mirrored", "trace_dir": str(trace_dir),
+            "baseline": {a: sorted(v) for a, v in versions["live"].items()},
+            "candidate": {a: sorted(v) for a, v in versions["shadow"].items()},
+            "pairs_tagged": len(set(live_units.values()) | set(shadow_units.values()))}
+    by_id = scenarios.by_id() if scenarios is not None else None
+    return compare_datasets(live, shadow, reward, scenarios=by_id, baseline_units=live_units,
+                            candidate_units=shadow_units, formats=formats, confidence=confidence,
+                            n_resamples=n_resamples, seed=seed, meta=meta)

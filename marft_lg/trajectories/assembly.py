@@ -1,0 +1,238 @@
+"""Flex-MG assembly: spans -> episodes -> ordered agent actions with tools and dependencies.
+
+- episode: all traces sharing marft_lg's episode id, else a conversation/thread/session id, else one trace;
+- action: one LLM call; its agent is the LangGraph node / `gen_ai.agent.name` on the call or on the
+  nearest enclosing span that names one; actions are ordered by start time;
+- tools: a tool span is attached to the latest earlier action of the same node run (task) that
+  requested it (matched by call id, then by name);
+- `depends_on` (the paper's dependency function D): earlier actions of the same node run, the
+  final action of each node run in the previous LangGraph super-step (what triggered this node),
+  and every earlier action whose completion text appears in this action's prompt.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from marft_lg.tracing.attributes import decode_floats, decode_ints
+from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
+from marft_lg.trajectories.quarantine import Quarantine
+
+MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
+
+
+def episode_key(spans: list[SpanInfo]) -> str:
+    """The episode a trace belongs to: own episode id > conversation/session id > trace id."""
+    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
+    for s in ordered:
+        if s.episode_id:
+            return s.episode_id
+    for s in ordered:
+        if s.session:
+            return str(s.session)
+    return ordered[0].trace_id
+
+
+def group_episodes(spans: Iterable[SpanInfo]) -> tuple[dict[str, list[SpanInfo]], list[SpanInfo]]:
+    """Split into {episode key: spans} and the feedback spans (joined to episodes later)."""
+    traces: dict[str, list[SpanInfo]] = defaultdict(list)
+    feedback: list[SpanInfo] = []
+    for s in spans:
+        (feedback if s.kind == FEEDBACK else traces[s.trace_id]).append(s)
+    episodes: dict[str, list[SpanInfo]] = defaultdict(list)
+    for trace_id in sorted(traces):
+        episodes[episode_key(traces[trace_id])].extend(traces[trace_id])
+    return episodes, feedback
+
+
+def repair_parents(spans: list[SpanInfo], stats: dict[str, int]) -> None:
+    """Re-attach spans whose parent never arrived to their trace's root (or make them roots)."""
+    by_trace: dict[str, dict[str, SpanInfo]] = defaultdict(dict)
+    for s in spans:
+        by_trace[s.trace_id][s.span_id] = s
+    for members in by_trace.values():
+        roots = sorted((s for s in members.values() if s.parent_id is None), key=lambda s: (s.start_ns, s.span_id))
+        root = roots[0] if roots else None
+        for s in members.values():
+            if s.parent_id is not None and s.parent_id not in members:
+                stats["repaired_parents"] = stats.get("repaired_parents", 0) + 1
+                s.parent_id = root.span_id if root is not None and root is not s else None
+
+
+class _Tree:
+    def __init__(self, spans: list[SpanInfo]):
+        self.by_id = {(s.trace_id, s.span_id): s for s in spans}
+
+    def ancestors(self, s: SpanInfo) -> Iterable[SpanInfo]:
+        seen = 0
+        cur = self.by_id.get((s.trace_id, s.parent_id)) if s.parent_id else None
+        while cur is not None and seen < 256:  # guard against parent cycles in damaged input
+            yield cur
+            seen += 1
+            cur = self.by_id.get((cur.trace_id, cur.parent_id)) if cur.parent_id else None
+
+    def agent_of(self, s: SpanInfo) -> str | None:
+        if s.agent:
+            return s.agent
+        for a in self.ancestors(s):
+            if a.agent and a.kind in (AGENT, LLM, TOOL):
+                return a.agent
+        return None
+
+    def task_of(self, s: SpanInfo) -> str:
+        if s.task:
+            return s.task
+        for a in self.ancestors(s):
+            if a.task:
+                return a.task
+            if a.kind == AGENT:
+                return a.span_id
+        return s.parent_id or s.span_id
+
+    def step_of(self, s: SpanInfo) -> int | None:
+        if s.step is not None:
+            return s.step
+        for a in self.ancestors(s):
+            if a.step is not None:
+                return a.step
+        return None
+
+
+def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
+                     stats: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """One episode's row and its action rows; None when it holds no LLM call."""
+    repair_parents(spans, stats)
+    tree = _Tree(spans)
+    calls = sorted((s for s in spans if s.kind == LLM), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    if not calls:
+        stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
+        return None
+    tasks = [tree.task_of(c) for c in calls]
+    steps = [tree.step_of(c) for c in calls]
+    actions: list[dict[str, Any]] = []
+    for order, c in enumerate(calls):
+        actions.append({
+            "episode_id": key,
+            "order": order,
+            "step": steps[order],
+            "agent": tree.agent_of(c) or "unknown",
+            "span_id": c.span_id,
+            "messages": c.messages or [],
+            "completion": c.completion or "",
+            "prompt_token_ids": _decode(decode_ints, c.prompt_token_ids),
+            "completion_token_ids": _decode(decode_ints, c.completion_token_ids),
+            "completion_logprobs": _decode(decode_floats, c.completion_logprobs),
+            "depends_on": [],
+            "tool_calls": [dict(tc, result=None, error=None) for tc in (c.tool_calls or [])],
+            "tool_errors": 0,
+            "input_tokens": c.input_tokens,
+            "output_tokens": c.output_tokens,
+            "latency_s": c.latency_s if c.latency_s is not None else (c.end_ns - c.start_ns) / 1e9,
+            "model": c.model,
+            "adapter_version": c.adapter_version,
+            "trace_id": c.trace_id,
+        })
+    _attach_tools(spans, calls, tasks, actions, tree, quarantine)
+    _dependencies(calls, tasks, steps, actions)
+
+    start = min(s.start_ns for s in spans)
+    end = max(s.end_ns for s in spans)
+    workflows = sorted((s for s in spans if s.kind == WORKFLOW), key=lambda s: (s.end_ns, s.span_id))
+    agents: list[str] = []
+    for a in actions:
+        if a["agent"] not in agents:
+            agents.append(a["agent"])
+    metadata: dict[str, Any] = {}
+    for w in workflows:
+        metadata.update(w.metadata or {})
+    outcome = next((w.outcome for w in reversed(workflows) if w.outcome is not None), None)
+    scenario = next((s.scenario_id for s in sorted(spans, key=lambda s: (s.kind != WORKFLOW, s.start_ns, s.span_id))
+                     if s.scenario_id), None)
+    failed = any(s.error for s in workflows) or any(c.error for c in calls)
+    episode = {
+        "episode_id": key,
+        "scenario_id": scenario,
+        "start_time": start,
+        "end_time": end,
+        "n_actions": len(actions),
+        "agents": agents,
+        "status": "error" if failed else "ok",
+        "outcome": outcome,
+        "feedback": {},
+        "metadata": metadata,
+        "source_format": sorted({s.fmt for s in spans if s.kind == LLM})[0],
+        "trace_ids": sorted({s.trace_id for s in spans}),
+    }
+    return episode, actions
+
+
+def _decode(fn: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return fn(value)
+    except (ValueError, TypeError):
+        return None
+
+
+def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],
+                  tree: _Tree, quarantine: Quarantine) -> None:
+    tools = sorted((s for s in spans if s.kind == TOOL), key=lambda s: (s.start_ns, s.span_id))
+    for t in tools:
+        task = tree.task_of(t)
+        before = [i for i, c in enumerate(calls) if c.start_ns <= t.start_ns]
+        same_task = [i for i in before if tasks[i] == task]
+        requested = [i for i in before if any(tc.get("name") == t.tool_name or (t.tool_call_id and tc.get("id") == t.tool_call_id)
+                                              for tc in actions[i]["tool_calls"])]
+        pool = same_task or requested or before
+        if not pool:
+            quarantine.add("tool_without_action", t.source, trace_id=t.trace_id, span_id=t.span_id,
+                           detail=f"tool {t.tool_name!r} ran before any LLM call of its episode")
+            continue
+        idx = pool[-1]
+        entries = actions[idx]["tool_calls"]
+        entry = next((e for e in entries if t.tool_call_id and e.get("id") == t.tool_call_id), None)
+        if entry is None:
+            entry = next((e for e in entries if e.get("name") == t.tool_name and not e.get("_done")), None)
+        if entry is None:
+            entry = {"name": t.tool_name, "args": t.tool_args, "id": t.tool_call_id, "result": None, "error": None}
+            entries.append(entry)
+        entry["_done"] = True
+        if entry.get("args") is None:
+            entry["args"] = t.tool_args
+        entry["result"] = None if t.error else _plain(t.tool_result)
+        entry["error"] = (t.error_message or "error") if t.error else None
+    for a in actions:
+        for e in a["tool_calls"]:
+            e.pop("_done", None)
+        a["tool_errors"] = sum(1 for e in a["tool_calls"] if e.get("error"))
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    import json
+
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
+    prompts = [messages_text(a["messages"]) for a in actions]
+    quoted = [(a["completion"] or "").strip() for a in actions]
+    for i in range(len(actions)):
+        deps: set[int] = {j for j in range(i) if tasks[j] == tasks[i]}
+        if steps[i] is not None:
+            earlier = [steps[j] for j in range(i) if steps[j] is not None and steps[j] < steps[i]]
+            if earlier:
+                prev = max(earlier)
+                last_of_task: dict[str, int] = {}
+                for j in range(i):
+                    if steps[j] == prev:
+                        last_of_task[tasks[j]] = j
+                deps.update(last_of_task.values())
+        for j in range(i):
+            if len(quoted[j]) >= MIN_QUOTED_COMPLETION_CHARS and quoted[j] in prompts[i]:
+                deps.add(j)
+        actions[i]["depends_on"] = sorted(deps)

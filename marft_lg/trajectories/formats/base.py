@@ -1,0 +1,132 @@
+"""`SpanInfo`: one span as mining understands it, whatever instrumentor wrote it; helpers shared by formats."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from marft_lg.trajectories.otlp import RawSpan
+
+LLM, TOOL, AGENT, WORKFLOW, FEEDBACK, OTHER = "llm", "tool", "agent", "workflow", "feedback", "other"
+
+
+@dataclass(slots=True)
+class SpanInfo:
+    """The fields assembly needs, extracted once per span (the raw attribute dict is not kept)."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    source: str
+    fmt: str = "other"
+    kind: str = OTHER
+    error: bool = False
+    error_message: str | None = None
+    agent: str | None = None
+    episode_id: str | None = None  # explicit episode id (marft_lg's own spans)
+    session: str | None = None  # conversation / thread / session id shared across traces
+    scenario_id: str | None = None
+    step: int | None = None
+    triggers: list[str] | None = None
+    task: str | None = None  # one execution of a node (checkpoint ns / task id)
+    messages: list[dict[str, Any]] | None = None
+    completion: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # calls requested by this LLM completion
+    prompt_token_ids: Any = None
+    completion_token_ids: Any = None
+    completion_logprobs: Any = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_s: float | None = None
+    model: str | None = None
+    adapter_version: str | None = None
+    tool_name: str | None = None
+    tool_args: Any = None
+    tool_result: Any = None
+    tool_call_id: str | None = None
+    feedback_name: str | None = None
+    feedback_value: Any = None
+    outcome: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def base_info(raw: RawSpan, fmt: str) -> SpanInfo:
+    """The format-independent part of a span."""
+    return SpanInfo(trace_id=raw.trace_id, span_id=raw.span_id, parent_id=raw.parent_id, name=raw.name,
+                    start_ns=raw.start_ns, end_ns=raw.end_ns, source=raw.source, fmt=fmt, error=raw.error,
+                    error_message=error_message(raw) if raw.error else None)
+
+
+def error_message(raw: RawSpan) -> str:
+    """The best description of a span's error: exception event, status message, or error.type."""
+    for event in raw.events:
+        if event.get("name") == "exception":
+            a = event.get("attributes") or {}
+            kind, msg = a.get("exception.type"), a.get("exception.message")
+            if kind or msg:
+                return f"{kind}: {msg}" if kind and msg else str(kind or msg)
+    return raw.status_message or str(raw.attributes.get("error.type") or "error")
+
+
+def json_or(value: Any, default: Any = None) -> Any:
+    """Parse JSON text; non-JSON text and non-strings come back as they are (or `default` when None)."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def as_int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def as_list(value: Any) -> list[str] | None:
+    """A list attribute that may arrive as an OTLP array, a JSON list, or a Python tuple repr."""
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value]
+    text = str(value).strip()
+    parsed = json_or(text)
+    if isinstance(parsed, list):
+        return [str(v) for v in parsed]
+    if text.startswith("(") and text.endswith(")"):
+        return [p.strip().strip("'\"") for p in text[1:-1].split(",") if p.strip()]
+    return [text]
+
+
+def agent_from_checkpoint_ns(ns: str | None, node: str | None) -> str | None:
+    """LangGraph `checkpoint_ns` ('outer:<id>|inner:<id>') -> namespaced agent 'outer|inner'; else the node."""
+    if ns and "|" in ns:
+        return "|".join(seg.split(":", 1)[0] for seg in ns.split("|") if seg)
+    return node
+
+
+def tool_result_text(value: Any) -> Any:
+    """Unwrap serialised LangChain ToolMessages ({"output": {"kwargs": {"content": ...}}}) to their content."""
+    data = json_or(value)
+    for _ in range(3):
+        if not isinstance(data, dict):
+            break
+        if "content" in data and not isinstance(data["content"], dict):
+            return data["content"]
+        data = data.get("output", data.get("kwargs", data.get("data")))
+    return data
+
+
+def messages_text(messages: list[dict[str, Any]] | None) -> str:
+    """All message contents joined (what dependency detection searches earlier completions in)."""
+    if not messages:
+        return ""
+    return "\n".join(str(m.get("content") or "") for m in messages)

@@ -1,0 +1,124 @@
+"""Generic OpenTelemetry GenAI semantic conventions (`gen_ai.operation.name`, `gen_ai.input.messages`, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marft_lg.tracing.attributes import from_genai_messages
+from marft_lg.trajectories.formats.base import (
+    AGENT,
+    LLM,
+    OTHER,
+    TOOL,
+    WORKFLOW,
+    SpanInfo,
+    as_int,
+    base_info,
+    json_or,
+)
+from marft_lg.trajectories.otlp import RawSpan
+
+NAME = "genai"
+LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
+
+
+def detect(attrs: dict[str, Any]) -> bool:
+    return "gen_ai.operation.name" in attrs
+
+
+def parse(raw: RawSpan) -> SpanInfo:
+    info = base_info(raw, NAME)
+    fill(info, raw.attributes)
+    return info
+
+
+def fill(info: SpanInfo, a: dict[str, Any]) -> None:
+    """Fill `info` from GenAI semconv attributes (shared with the OpenLLMetry and own formats)."""
+    op = a.get("gen_ai.operation.name")
+    info.session = info.session or a.get("gen_ai.conversation.id")
+    if op in LLM_OPERATIONS:
+        info.kind = LLM
+        info.messages = input_messages(a)
+        info.completion, info.tool_calls = output_message(a)
+        info.input_tokens = as_int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
+        info.output_tokens = as_int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
+        model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
+        info.model = None if model in (None, "unknown") else str(model)
+        info.agent = info.agent or a.get("gen_ai.agent.name")
+    elif op == "execute_tool":
+        info.kind = TOOL
+        info.tool_name = a.get("gen_ai.tool.name") or info.name
+        info.tool_call_id = a.get("gen_ai.tool.call.id")
+        info.tool_args = json_or(a.get("gen_ai.tool.call.arguments"))
+        info.tool_result = a.get("gen_ai.tool.call.result")
+    elif op in ("invoke_agent", "create_agent"):
+        info.kind = AGENT
+        info.agent = a.get("gen_ai.agent.name") or info.name
+    elif op == "invoke_workflow":
+        info.kind = WORKFLOW
+    else:
+        info.kind = OTHER
+
+
+def input_messages(a: dict[str, Any]) -> list[dict[str, Any]]:
+    """Prompt in chat form from `gen_ai.input.messages` (+ `gen_ai.system_instructions`) or legacy `gen_ai.prompt.N.*`."""
+    messages: list[dict[str, Any]] = []
+    raw = a.get("gen_ai.input.messages")
+    if raw is not None:
+        try:
+            messages = from_genai_messages(raw)
+        except (ValueError, TypeError, AttributeError):
+            messages = [{"role": "user", "content": str(raw)}]
+    else:
+        messages = indexed_messages(a, "gen_ai.prompt.")
+    system = a.get("gen_ai.system_instructions")
+    if system is not None and not any(m.get("role") == "system" for m in messages):
+        parts = json_or(system)
+        if isinstance(parts, list):
+            text = "".join(str(p.get("content", "")) if isinstance(p, dict) else str(p) for p in parts)
+        else:
+            text = str(parts)
+        messages.insert(0, {"role": "system", "content": text})
+    return messages
+
+
+def output_message(a: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
+    """Completion text and the tool calls it requested."""
+    raw = a.get("gen_ai.output.messages")
+    if raw is not None:
+        try:
+            msgs = from_genai_messages(raw)
+        except (ValueError, TypeError, AttributeError):
+            return str(raw), None
+    else:
+        msgs = indexed_messages(a, "gen_ai.completion.")
+    if not msgs:
+        return "", None
+    last = msgs[-1]
+    return str(last.get("content") or ""), last.get("tool_calls") or None
+
+
+def indexed_messages(a: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """Legacy flattened messages: `<prefix>N.role`, `<prefix>N.content`, `<prefix>N.tool_calls.M.name|arguments|id`."""
+    by_index: dict[int, dict[str, Any]] = {}
+    n = len(prefix)
+    for key, value in a.items():
+        if not key.startswith(prefix):
+            continue
+        idx, _, field = key[n:].partition(".")
+        if not idx.isdigit():
+            continue
+        msg = by_index.setdefault(int(idx), {"role": "user", "content": ""})
+        if field in ("role", "content"):
+            msg[field] = value if field == "role" else str(value)
+        elif field == "tool_call_id":
+            msg["tool_call_id"] = value
+        elif field.startswith("tool_calls."):
+            t_idx, _, t_field = field[len("tool_calls."):].partition(".")
+            if t_idx.isdigit():
+                calls = msg.setdefault("tool_calls", [])
+                while len(calls) <= int(t_idx):
+                    calls.append({"id": None, "name": None, "args": None})
+                t_field = "args" if t_field == "arguments" else t_field
+                calls[int(t_idx)][t_field] = json_or(value) if t_field == "args" else value
+    return [by_index[i] for i in sorted(by_index)]

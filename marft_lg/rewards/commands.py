@@ -2,10 +2,51 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 
-def score() -> None:
-    """Not built yet."""
-    raise typer.Exit("marft-lg score: not implemented yet")
+def score(
+    dataset_dir: Path = typer.Argument(..., help="Directory written by `marft-lg mine --out` (episodes/actions parquet)."),
+    reward: Path = typer.Option(..., "--reward", "-r", help="Reward config YAML (weights, components, credit)."),
+    scenarios: Path | None = typer.Option(None, "--scenarios", "-s", help="Scenario set (JSONL or parquet)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write per-episode rewards: .parquet, .jsonl or .csv."),
+) -> None:
+    """Score a trajectory dataset with a composite reward; print a per-component summary."""
+    from rich.console import Console
+    from rich.table import Table
 
+    from marft_lg.rewards.composite import CompositeReward
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+    from marft_lg.trajectories.scenarios import ScenarioSet
+
+    console = Console(stderr=True)
+    try:
+        composite = CompositeReward.from_yaml(reward)
+        dataset = TrajectoryDataset.from_parquet(dataset_dir)
+        scenario_set = ScenarioSet.load(scenarios) if scenarios is not None else None
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    result = composite.score(dataset, scenario_set, progress=True)
+    try:
+        result.save(out)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    s = result.summary()
+    table = Table(title=f"{composite!r}")
+    for col in ("component", "weight", "mean", "errors"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for name, c in s["components"].items():
+        table.add_row(name, f"{c['weight']:g}", "-" if c["mean"] is None else f"{c['mean']:.4f}", str(c["errors"]))
+    mean = s["reward"]["mean"]
+    table.add_row("[bold]reward[/bold]", "", "-" if mean is None else f"{mean:.4f}", str(s["unscored"]))
+    console.print(table)
+    console.print(f"{s['episodes']} episodes: {s['scored']} scored, {s['unscored']} unscored, "
+                  f"{s['vetoed']} vetoed; credit={s['credit']}; written to {out}")
+    for example in s["error_examples"]:
+        console.print(f"[yellow]unscored:[/yellow] {example}")
+    if s["episodes"] and not s["scored"]:
+        raise typer.Exit(1)

@@ -1,0 +1,205 @@
+"""Outcome components: did the team answer correctly (TaskCompletion), how far did it get (GoalProgress),
+and what did a human or an external check say (Feedback)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from marft_lg.rewards.answers import MATCH_MODES, answers_match, candidate_answers
+from marft_lg.rewards.base import ComponentScore, RewardComponent, action_list, answer_order
+from marft_lg.rewards.registry import load_object, register_component
+from marft_lg.trajectories.dataset import Episode
+
+
+@register_component("task_completion")
+@dataclass
+class TaskCompletion(RewardComponent):
+    r"""1.0 when the answer matches the scenario's reference, else 0.0 (or a user check's score in [0, 1]).
+
+    The answer is the completion of the last action by an answer agent (the paper's `with_answer`
+    flag; None takes the composite's `answer_agents`, then the last action), or the episode outcome
+    when `source="outcome"`. Its ``\boxed{}`` content is compared when present, else the whole text
+    and, with `last_number_fallback`, its last number. `check` is ``fn(answer, reference, episode)``
+    (or ``"pkg.mod:fn"``) returning a bool or a float in [0, 1]; it replaces the built-in matching.
+    """
+
+    name = "task_completion"
+    range = (0.0, 1.0)
+
+    match: str = "auto"
+    check: str | Callable[..., Any] | None = None
+    source: str = "action"
+    outcome_key: str | None = None
+    answer_agents: list[str] | None = None
+    boxed: bool = True
+    last_number_fallback: bool = True
+    tolerance: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.match not in MATCH_MODES:
+            raise ValueError(f"task_completion: unknown match {self.match!r}; use one of {list(MATCH_MODES)}")
+        if self.source not in ("action", "outcome"):
+            raise ValueError(f"task_completion: source must be 'action' or 'outcome', got {self.source!r}")
+        self._check = load_object(self.check) if isinstance(self.check, str) else self.check
+
+    def __call__(self, episode: Episode) -> ComponentScore:
+        order = answer_order(episode, self.answer_agents)
+        if self.source == "outcome":
+            answer, attribute_to = outcome_text(episode, self.outcome_key), None
+        else:
+            answer = "" if order is None else str(_action_by_order(episode, order).get("completion") or "")
+            attribute_to = order
+        reference = _reference(episode)
+        if self._check is not None:
+            value = float(self._check(answer, reference, episode))
+        else:
+            if reference is None:
+                sid = episode.info.get("scenario_id")
+                raise ValueError(f"task_completion needs a reference answer: episode {episode.episode_id!r} "
+                                 f"(scenario {sid!r}) has none; pass scenarios with 'reference' set, put "
+                                 "'reference' in the episode metadata, or give task_completion a 'check' function")
+            candidates = candidate_answers(answer, boxed=self.boxed, last_number_fallback=self.last_number_fallback)
+            value = float(any(answers_match(c, reference, mode=self.match, tolerance=self.tolerance)
+                              for c in candidates))
+        return ComponentScore(value, {attribute_to: value} if attribute_to is not None else {})
+
+
+@register_component("goal_progress")
+@dataclass
+class GoalProgress(RewardComponent):
+    """Fraction of the scenario's checkpoints met; partial credit for runs that got part of the way.
+
+    A checkpoint is met when, anywhere in the episode: ``"tool:NAME"`` — tool NAME was called without
+    error; ``"agent:NAME"`` — agent NAME acted; ``"re:PATTERN"`` — the regex matches a completion,
+    a tool result or the outcome; anything else — that text appears (case-insensitively) there.
+    Each checkpoint's share goes to the first action that met it. `check` is
+    ``fn(checkpoint, episode) -> bool`` (or an import path) replacing the built-in rules.
+    """
+
+    name = "goal_progress"
+    range = (0.0, 1.0)
+
+    check: str | Callable[..., Any] | None = None
+    empty_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._check = load_object(self.check) if isinstance(self.check, str) else self.check
+
+    def __call__(self, episode: Episode) -> ComponentScore:
+        checkpoints = list((episode.scenario or {}).get("checkpoints") or [])
+        if episode.scenario is None:
+            raise ValueError(f"goal_progress needs the episode's scenario (checkpoints); episode "
+                             f"{episode.episode_id!r} has scenario {episode.info.get('scenario_id')!r} "
+                             "which was not given: pass --scenarios / scenarios=")
+        if not checkpoints:
+            return ComponentScore(float(self.empty_value))
+        share = 1.0 / len(checkpoints)
+        met, per_action = 0, {}
+        for cp in checkpoints:
+            if self._check is not None:
+                ok, order = bool(self._check(cp, episode)), None
+            else:
+                ok, order = _checkpoint_met(str(cp), episode)
+            if ok:
+                met += 1
+                if order is not None:
+                    per_action[order] = per_action.get(order, 0.0) + share
+        return ComponentScore(met * share, per_action)
+
+
+@register_component("feedback")
+@dataclass
+class Feedback(RewardComponent):
+    """The value recorded with `record_feedback(episode_id, key, value)` (e.g. a user's thumbs-up).
+
+    `low`/`high` declare its range; `default` is used when the episode has none (None: error).
+    """
+
+    name = "feedback"
+
+    key: str = "score"
+    low: float = 0.0
+    high: float = 1.0
+    default: float | None = None
+
+    @property
+    def range(self) -> tuple[float, float]:  # type: ignore[override]
+        return (self.low, self.high)
+
+    def __call__(self, episode: Episode) -> float:
+        fb = episode.info.get("feedback") or {}
+        if self.key in fb and fb[self.key] is not None:
+            return float(fb[self.key])
+        if self.default is None:
+            raise ValueError(f"feedback: episode {episode.episode_id!r} has no feedback {self.key!r} "
+                             f"(has {sorted(fb)}); set a 'default' to score episodes without it")
+        return float(self.default)
+
+
+def outcome_text(episode: Episode, key: str | None = None) -> str:
+    """The episode's final output as text: `key` of the outcome JSON, its last message, or the JSON itself."""
+    raw = episode.info.get("outcome")
+    if raw is None:
+        return ""
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return str(raw)
+    if key is not None:
+        for part in key.split("."):
+            data = data.get(part) if isinstance(data, dict) else None
+        return "" if data is None else (data if isinstance(data, str) else json.dumps(data))
+    if isinstance(data, str):
+        return data
+    if isinstance(data, dict) and isinstance(data.get("messages"), list) and data["messages"]:
+        last = data["messages"][-1]
+        return str(last.get("content", "")) if isinstance(last, dict) else str(last)
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _reference(episode: Episode) -> Any:
+    if episode.scenario is not None and episode.scenario.get("reference") is not None:
+        return episode.scenario["reference"]
+    meta = episode.info.get("metadata") or {}
+    return meta.get("reference") if isinstance(meta, dict) else None
+
+
+def _action_by_order(episode: Episode, order: int) -> dict[str, Any]:
+    return next(a for a in episode.actions if int(a["order"]) == order)
+
+
+def _checkpoint_met(cp: str, episode: Episode) -> tuple[bool, int | None]:
+    kind, _, arg = cp.partition(":")
+    if kind == "tool" and arg:
+        for a in episode.actions:
+            if any(tc.get("name") == arg and not tc.get("error") for tc in action_list(a.get("tool_calls"))):
+                return True, int(a["order"])
+        return False, None
+    if kind == "agent" and arg:
+        for a in episode.actions:
+            if a.get("agent") == arg:
+                return True, int(a["order"])
+        return False, None
+    if kind == "re" and arg:
+        found = re.compile(arg, re.IGNORECASE).search
+    else:
+        needle = cp.lower()
+
+        def found(text: str) -> bool:
+            return needle in text.lower()
+
+    for a in episode.actions:
+        texts = [str(a.get("completion") or "")]
+        texts += [str(tc.get("result") or "") for tc in action_list(a.get("tool_calls"))]
+        if any(found(t) for t in texts):
+            return True, int(a["order"])
+    if found(outcome_text(episode)):
+        return True, None
+    return False, None
+
+
+__all__ = ["Feedback", "GoalProgress", "TaskCompletion", "outcome_text"]

@@ -32,21 +32,54 @@ from marft_lg.jobs.config import RetrainJob
 
 
 def cron_trigger(expression: str, timezone: str = "UTC") -> CronTrigger:
-    """5-field crontab (`min hour dom month dow`), or 6 fields with seconds first (for short test schedules)."""
+    """Standard crontab (`min hour dom month dow`, Sunday = 0 or 7), or 6 fields with seconds first.
+
+    APScheduler numbers weekdays from Monday = 0, so numeric weekdays are translated to names.
+    """
     fields = expression.split()
+    if len(fields) not in (5, 6):
+        raise ValueError(
+            f"cron expression {expression!r} has {len(fields)} fields; use 5 (min hour dom month dow) "
+            "or 6 (sec min hour dom month dow)"
+        )
+    second, (minute, hour, day, month, dow) = (fields[0] if len(fields) == 6 else "0"), fields[-5:]
     try:
-        if len(fields) == 5:
-            return CronTrigger.from_crontab(expression, timezone=timezone)
-        if len(fields) == 6:
-            second, minute, hour, day, month, dow = fields
-            return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month,
-                               day_of_week=dow, timezone=timezone)
+        return CronTrigger(second=second, minute=minute, hour=hour, day=day, month=month,
+                           day_of_week=_crontab_weekdays(dow), timezone=timezone)
     except ValueError as exc:
         raise ValueError(f"invalid cron expression {expression!r} (job setting `schedule`): {exc}") from exc
-    raise ValueError(
-        f"cron expression {expression!r} has {len(fields)} fields; use 5 (min hour dom month dow) "
-        "or 6 (sec min hour dom month dow)"
-    )
+
+
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _crontab_weekdays(field: str) -> str:
+    """Crontab weekday field (0/7 = Sunday, names allowed) -> an explicit APScheduler name list."""
+    if field in ("*", "?"):
+        return "*"
+    days: set[int] = set()
+    for part in field.lower().split(","):
+        rng, _, step = part.partition("/")
+        if rng == "*":
+            lo, hi = 0, 6
+        else:
+            a, _, b = rng.partition("-")
+            lo = _day_number(a, field)
+            hi = _day_number(b, field) if b else (6 if step else lo)
+            if b and hi == 0 and lo > 0:
+                hi = 7
+        if hi < lo:
+            raise ValueError(f"invalid weekday range {part!r} in {field!r}")
+        days.update(d % 7 for d in range(lo, hi + 1, int(step) if step else 1))
+    return ",".join(_DAYS[d] for d in sorted(days))
+
+
+def _day_number(token: str, field: str) -> int:
+    if token.isdigit() and 0 <= int(token) <= 7:
+        return int(token)
+    if token[:3] in _DAYS:
+        return _DAYS.index(token[:3])
+    raise ValueError(f"invalid weekday {token!r} in {field!r} (use 0-7 or sun..sat)")
 
 
 class SQLiteJobStore(BaseJobStore):

@@ -152,6 +152,8 @@ def symbolic_equal(a: Any, b: Any) -> bool:
 
         if ea == eb:
             return True
+        if not (ea.free_symbols or eb.free_symbols):
+            return abs(complex(sympy.N(ea - eb))) < 1e-9
         diff = sympy.simplify(ea - eb)
         if diff == 0:
             return True

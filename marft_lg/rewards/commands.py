@@ -15,6 +15,7 @@ def score(
 ) -> None:
     """Score a trajectory dataset with a composite reward; print a per-component summary."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from marft_lg.rewards.composite import CompositeReward
@@ -27,26 +28,26 @@ def score(
         dataset = TrajectoryDataset.from_parquet(dataset_dir)
         scenario_set = ScenarioSet.load(scenarios) if scenarios is not None else None
     except (OSError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     result = composite.score(dataset, scenario_set, progress=True)
     try:
         result.save(out)
     except (OSError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     s = result.summary()
     table = Table(title=f"{composite!r}")
     for col in ("component", "weight", "mean", "errors"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for name, c in s["components"].items():
-        table.add_row(name, f"{c['weight']:g}", "-" if c["mean"] is None else f"{c['mean']:.4f}", str(c["errors"]))
+        table.add_row(escape(name), f"{c['weight']:g}", "-" if c["mean"] is None else f"{c['mean']:.4f}", str(c["errors"]))
     mean = s["reward"]["mean"]
     table.add_row("[bold]reward[/bold]", "", "-" if mean is None else f"{mean:.4f}", str(s["unscored"]))
     console.print(table)
     console.print(f"{s['episodes']} episodes: {s['scored']} scored, {s['unscored']} unscored, "
                   f"{s['vetoed']} vetoed; credit={s['credit']}; written to {out}")
     for example in s["error_examples"]:
-        console.print(f"[yellow]unscored:[/yellow] {example}")
+        console.print(f"[yellow]unscored:[/yellow] {escape(example)}", soft_wrap=True)
     if s["episodes"] and not s["scored"]:
         raise typer.Exit(1)

@@ -34,7 +34,7 @@ def parse(raw: RawSpan) -> SpanInfo:
     if raw.name == A.FEEDBACK_SPAN_NAME or A.MARFT_FEEDBACK_NAME in a:
         info.kind = FEEDBACK
         info.feedback_name = _str(a.get(A.MARFT_FEEDBACK_NAME))
-        info.feedback_value = json_or(a.get(A.MARFT_FEEDBACK_VALUE))
+        info.feedback_value = a.get(A.MARFT_FEEDBACK_VALUE)
         return info
     info.agent = _str(a.get(A.MARFT_AGENT_ROLE)) or _str(a.get(A.MARFT_AGENT_NODE))
     info.step = as_int(a.get(A.MARFT_LANGGRAPH_STEP))

@@ -51,3 +51,16 @@ def test_sample_tool_calls_attached_to_issuing_researcher(fmt):
 
 def test_samples_are_small():
     assert sum(p.stat().st_size for p in SAMPLES.glob("*.jsonl")) < 1_000_000
+
+
+def test_feedback_recorded_later_is_joined_to_the_own_sample(tmp_path):
+    from marft_lg.tracing.feedback import record_feedback
+
+    record_feedback("own-support-gift-card", "resolved", False, trace_dir=tmp_path)
+    record_feedback("own-support-gift-card", "csat", 2, trace_dir=tmp_path)
+    record_feedback("own-support-gift-card", "csat", 4, trace_dir=tmp_path)
+    dataset, report = mine_with_report([SAMPLES / "own.jsonl", tmp_path])
+    feedback = dataset.episodes.set_index("episode_id")["feedback"]
+    assert feedback["own-support-gift-card"] == {"resolved": False, "csat": 4}
+    assert feedback["own-support-urgent-password"] == {}
+    assert report.quarantined == {}

@@ -98,4 +98,4 @@ def own_episode(trace: int, episode_id: str, *, scenario_id: str = "s1", base: i
 
 def feedback_span(trace: int, sid: int, episode_id: str, name: str, val: Any, t: float) -> dict[str, Any]:
     return span(trace, sid, None, A.FEEDBACK_SPAN_NAME, t, t, {
-        A.MARFT_EPISODE_ID: episode_id, A.MARFT_FEEDBACK_NAME: name, A.MARFT_FEEDBACK_VALUE: json.dumps(val)})
+        A.MARFT_EPISODE_ID: episode_id, A.MARFT_FEEDBACK_NAME: name, A.MARFT_FEEDBACK_VALUE: val})

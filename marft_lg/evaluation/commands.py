@@ -2,20 +2,211 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
 import typer
 
 
-def compare() -> None:
-    """Not built yet."""
-    raise typer.Exit("marft-lg compare: not implemented yet")
+def _versions(spec: str) -> str | dict[str, str]:
+    """``live`` (an alias) or ``planner=v2,writer=latest`` (a map)."""
+    if "=" not in spec:
+        return spec.strip()
+    out = {}
+    for item in spec.split(","):
+        role, sep, ref = item.partition("=")
+        if not sep or not role.strip() or not ref.strip():
+            raise typer.BadParameter(f"{item!r}: use an alias name or role=ref[,role=ref...]")
+        out[role.strip()] = ref.strip()
+    return out
 
 
-def promote() -> None:
-    """Not built yet."""
-    raise typer.Exit("marft-lg promote: not implemented yet")
+def _formats(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        role, sep, pattern = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--format {item!r}: use ROLE=REGEX (or *=REGEX for every agent)")
+        out[role] = pattern
+    return out
 
 
-def rollback() -> None:
-    """Not built yet."""
-    raise typer.Exit("marft-lg rollback: not implemented yet")
+def load_object(spec: str) -> Any:
+    """``path/to/app.py:attr`` or ``package.module:attr`` -> the object."""
+    import importlib
+    import importlib.util
+    import sys
 
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not attr:
+        raise typer.BadParameter(f"--app {spec!r}: use FILE.py:NAME or module:NAME")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.exists():
+            raise typer.BadParameter(f"--app: {path} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(f"_marft_app_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_spec.name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    if not hasattr(module, attr):
+        raise typer.BadParameter(f"--app: {target} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def build_app(spec: str, team: Any, trace_dir: Path) -> Any:
+    """A WrappedGraph from --app: a WrappedGraph as is; a factory ``f(llm) -> graph`` is given a
+    TeamChatModel on `team`; a compiled graph is wrapped around `team`."""
+    from marft_lg.graph.chat_model import TeamChatModel
+    from marft_lg.graph.wrap import WrappedGraph, wrap
+
+    obj = load_object(spec)
+    if isinstance(obj, WrappedGraph):
+        return obj
+    graph = obj(TeamChatModel(team=team)) if callable(obj) and not hasattr(obj, "invoke") else obj
+    if isinstance(graph, WrappedGraph):
+        return graph
+    return wrap(graph, team=team, trace_dir=trace_dir)
+
+
+def _finish(result: Any, gate_path: Path | None, out: Path, console: Any) -> Any:
+    from marft_lg.evaluation.gate import PromotionGate
+    from marft_lg.evaluation.report import print_summary, write_report
+
+    gate = PromotionGate.from_yaml(gate_path) if gate_path else PromotionGate()
+    decision = gate.evaluate(result, context={"run_dir": str(out)})
+    result.save(out)
+    decision_path = decision.write(out / "decision.json")
+    paths = write_report(result, out, decision)
+    print_summary(result, decision, console)
+    console.print(f"report: {paths['markdown']}  {paths['html']}\ndecision: {decision_path}")
+    return decision
+
+
+def compare(
+    scenarios: Path | None = typer.Option(None, help="Scenario file (JSONL or parquet) to replay through both teams."),
+    baseline: str = typer.Option("live", help="Alias or role=ref,... of the team to compare against."),
+    candidate: str = typer.Option("candidate", help="Alias or role=ref,... of the team to try (unlisted roles keep the baseline's)."),
+    app: str | None = typer.Option(None, help="The LangGraph app: FILE.py:NAME or module:NAME (a WrappedGraph, a compiled graph, or a factory f(llm) -> graph)."),
+    reward: Path = typer.Option(..., help="Reward YAML (CompositeReward) scoring both sides."),
+    from_traces: Path | None = typer.Option(None, "--from-traces", help="Compare the live/shadow pairs mirrored into this trace dir instead of replaying."),
+    registry: Path | None = typer.Option(None, help="Adapter registry directory (resolves aliases, loads versions)."),
+    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model spec for the team."),
+    agents: str | None = typer.Option(None, help="Comma-separated agent roles (default: the registry's roles)."),
+    samples: int = typer.Option(1, help="Runs per scenario and side (paired runs share a seed)."),
+    seed: int = typer.Option(0, help="Seed of the paired runs and of the bootstrap."),
+    gate: Path | None = typer.Option(None, help="Promotion gate YAML (default: the built-in gate)."),
+    out: Path | None = typer.Option(None, help="Run directory for the report (default runs/compare-<time>)."),
+    format: list[str] | None = typer.Option(None, "--format", help="ROLE=REGEX its completions must match (repeatable; *=REGEX for all)."),
+    drift: bool = typer.Option(True, help="Measure per-agent policy drift (KL) between the two versions."),
+    promote_if_passed: bool = typer.Option(False, "--promote", help="Promote the candidate to live when the gate passes."),
+    server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
+) -> None:
+    """Shadow-compare a candidate team against the baseline, gate it, and write the report."""
+    from rich.console import Console
+
+    console = Console()
+    out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+
+    from marft_lg.rewards.composite import CompositeReward
+    from marft_lg.trajectories.scenarios import ScenarioSet
+
+    scorer = CompositeReward.from_yaml(reward)
+    scenario_set = ScenarioSet.load(scenarios) if scenarios else None
+    if from_traces is not None:
+        from marft_lg.evaluation.shadow import compare_mirrored
+
+        with console.status(f"mining mirrored pairs from {from_traces}"):
+            result = compare_mirrored(from_traces, scorer, scenarios=scenario_set, formats=_formats(format), seed=seed)
+        _finish(result, gate, out, console)
+        return
+    if scenario_set is None or app is None:
+        raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
+
+    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.team import Team
+
+    reg = AdapterRegistry(registry) if registry else None
+    roles = [a.strip() for a in agents.split(",") if a.strip()] if agents else (reg.roles() if reg else [])
+    if not roles:
+        raise typer.BadParameter("no agent roles: pass --agents planner,writer or a --registry that has versions")
+    with console.status(f"loading {model} for {', '.join(roles)}"):
+        team = Team(model, roles, registry=reg)
+    try:
+        wrapped = build_app(app, team, out / "traces")
+        result = shadow_compare(wrapped, _versions(baseline), _versions(candidate), scenario_set, scorer,
+                                samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift)
+        decision = _finish(result, gate, out, console)
+        if hasattr(wrapped, "close"):
+            wrapped.close()
+    finally:
+        team.close()
+    if promote_if_passed and decision.promote:
+        from marft_lg.evaluation.promotion import promote as do_promote
+
+        rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
+                         reason=f"gate passed ({out})")
+        console.print(f"promoted: live = {rec.after}" + (f"; {server} now serves {rec.swapped}" if server else ""))
+
+
+def promote(
+    registry: Path = typer.Option(..., help="Adapter registry directory."),
+    decision: Path | None = typer.Option(None, help="decision.json (or its run dir) from `marft-lg compare`; a rejection refuses."),
+    versions: str | None = typer.Option(None, help="Alias or role=ref,... to make live (default: the decision's candidate, else 'candidate')."),
+    alias: str = typer.Option("live", help="Alias to flip."),
+    server: str | None = typer.Option(None, help="Running server to hot-swap (POST /v1/load_lora_adapter)."),
+    api_key: str | None = typer.Option(None, envvar="MARFT_LG_API_KEY", help="Bearer key of the server."),
+    force: bool = typer.Option(False, help="Promote even though the gate rejected (recorded as forced)."),
+    reason: str = typer.Option("", help="Why (kept in the registry log and promotions.jsonl)."),
+) -> None:
+    """Flip the live alias to the candidate atomically and hot-swap the running server."""
+    from rich.console import Console
+
+    from marft_lg.evaluation.gate import GateDecision
+    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import promote as do_promote
+    from marft_lg.serving.registry import AdapterRegistry
+
+    console = Console()
+    reg = AdapterRegistry(registry)
+    gate_decision = GateDecision.read(decision) if decision else None
+    target: str | dict[str, str] = "candidate"
+    if versions:
+        target = _versions(versions)
+    elif gate_decision is not None and gate_decision.context.get("candidate"):
+        target = dict(gate_decision.context["candidate"])
+    run_dir = None if decision is None else (decision if decision.is_dir() else decision.parent)
+    try:
+        rec = do_promote(reg, target, alias=alias, decision=gate_decision, force=force, server_url=server,
+                         api_key=api_key, reason=reason, run_dir=run_dir)
+    except PromotionError as exc:
+        console.print(f"[red]not promoted:[/] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""))
+
+
+def rollback(
+    registry: Path = typer.Option(..., help="Adapter registry directory."),
+    alias: str = typer.Option("live", help="Alias to restore."),
+    server: str | None = typer.Option(None, help="Running server to hot-swap back."),
+    api_key: str | None = typer.Option(None, envvar="MARFT_LG_API_KEY", help="Bearer key of the server."),
+    reason: str = typer.Option("rollback", help="Why (kept in the registry log and promotions.jsonl)."),
+) -> None:
+    """Restore exactly the versions the alias served before its last change."""
+    from rich.console import Console
+
+    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import rollback as do_rollback
+    from marft_lg.serving.registry import AdapterRegistry
+
+    console = Console()
+    try:
+        rec = do_rollback(AdapterRegistry(registry), alias=alias, server_url=server, api_key=api_key, reason=reason)
+    except PromotionError as exc:
+        console.print(f"[red]not rolled back:[/] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""))

@@ -60,22 +60,25 @@ def _registry_of(app: Any) -> Any:
     return getattr(team, "registry", None) if team is not None else None
 
 
-def _trace_dir(app: Any) -> Path:
-    for attr in ("trace_dir", "_trace_dir"):
-        value = getattr(app, attr, None)
-        if value is not None:
-            return Path(value)
-    raise ValueError(f"cannot tell where {type(app).__name__} writes its traces; pass collect=lambda ids: "
-                     f"TrajectoryDataset(...) to shadow_compare, or use marft_lg.graph.wrap(..., trace_dir=DIR)")
+def _trace_paths(app: Any) -> list[Path]:
+    """Where a wrapped graph wrote its traces: its `trace_dir`, else the files its exporter wrote."""
+    value = getattr(app, "trace_dir", None)
+    if value is not None:
+        return [Path(value)]
+    files = [Path(f) for f in (getattr(app, "trace_files", None) or [])]
+    if files:
+        return files
+    raise ValueError(f"cannot tell where {type(app).__name__} writes its traces; wrap the graph with "
+                     f"marft_lg.graph.wrap(..., trace_dir=DIR) or pass collect=lambda ids: TrajectoryDataset(...)")
 
 
 def mine_app_episodes(app: Any, episode_ids: list[str]) -> TrajectoryDataset:
-    """Mine the app's trace directory and keep the given episodes."""
+    """Flush the app's exporter, mine the traces it wrote and keep the given episodes."""
     from marft_lg.trajectories.mining import mine
 
     if hasattr(app, "flush"):
         app.flush()
-    return mine(_trace_dir(app)).select(episode_ids)
+    return mine(_trace_paths(app)).select(episode_ids)
 
 
 def with_missing_as_errors(dataset: TrajectoryDataset, expected: Mapping[str, str]) -> TrajectoryDataset:

@@ -10,6 +10,8 @@ returned ride along in ``AIMessage.response_metadata["marft"]`` so the tracer re
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -19,6 +21,7 @@ from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
@@ -41,8 +44,9 @@ class TeamChatModel(BaseChatModel):
     Parameters: `team` (a `ChatEngine`) or `base_url` (+ `api_key`); `node_roles` ``{node: role}``
     (a node not in the table whose name is an engine agent uses that agent); `unmapped`: what calls
     from nodes without a role do: ``"base"`` (base model, adapters off) or ``"error"``; `versions`
-    pins ``{role: ref}`` (or one alias for all roles); sampling defaults; `seed` for calls made
-    outside a wrapped episode (inside one, seeds derive from the episode seed, node and call index).
+    pins ``{role: ref}`` (or one alias for all roles); sampling defaults. Seeds: each call gets
+    ``derive_seed(episode seed, node place, call index)`` where the episode seed is the wrapped
+    invocation's `seed`, else this model's `seed`; so a seeded run is reproducible, wrapped or not.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -61,6 +65,17 @@ class TeamChatModel(BaseChatModel):
     model_name: str | None = None
 
     _client: Any = PrivateAttr(default=None)
+    _counters: OrderedDict = PrivateAttr(default_factory=OrderedDict)
+    _counters_lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    def _next_call_index(self, task_ns: str) -> int:
+        """Call index within one LangGraph task when no wrapped episode tracks it (bounded memory)."""
+        with self._counters_lock:
+            index = self._counters.pop(task_ns, 0)
+            self._counters[task_ns] = index + 1
+            while len(self._counters) > 4096:
+                self._counters.popitem(last=False)
+            return index
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -147,7 +162,10 @@ class TeamChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> tuple[Any, ChatRequest, dict[str, Any]]:
-        md = dict(getattr(run_manager, "metadata", None) or {})
+        if run_manager is not None:
+            md = dict(run_manager.metadata or {})
+        else:  # LangChain's implicit streaming path calls _stream without a run manager
+            md = dict((var_child_runnable_config.get() or {}).get("metadata") or {})
         route = routing.lookup(md)
         engine = self._engine(route)
         role, agent = self._resolve_agent(engine, route, md)
@@ -155,15 +173,18 @@ class TeamChatModel(BaseChatModel):
         if agent is not None:
             version = route.version_for(agent) if route is not None and route.versions is not None else None
             version = version or routing.pinned_version(self.versions, agent)
-        seed, call_index = kwargs.get("seed"), None
+        ns = md.get("langgraph_checkpoint_ns") or ""
         if route is not None:
-            task_key = f"{md.get('langgraph_checkpoint_ns', '')}"
-            call_index = route.next_call_index(task_key)
-            if seed is None and route.seed is not None:
-                place = f"{agent_path(md.get('langgraph_checkpoint_ns'), md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
-                seed = routing.derive_seed(route.seed, place, call_index)
-        if seed is None:
-            seed = self.seed
+            call_index = route.next_call_index(ns)
+        elif ns:
+            call_index = self._next_call_index(ns)
+        else:
+            call_index = 0
+        seed = kwargs.get("seed")
+        episode_seed = route.seed if route is not None and route.seed is not None else self.seed
+        if seed is None and episode_seed is not None:
+            place = f"{agent_path(ns, md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
+            seed = routing.derive_seed(episode_seed, place, call_index)
         chat = self._chat_messages(messages, kwargs)
         request = ChatRequest(
             messages=chat,
@@ -270,10 +291,7 @@ class TeamChatModel(BaseChatModel):
         engine, request, info = self._request(messages, stop, run_manager, kwargs)
         info["seed"] = request.seed
         completion = engine.chat([request])[0]
-        chunk = ChatGenerationChunk(message=self._message(completion, info, chunk=True))
-        if run_manager is not None:
-            run_manager.on_llm_new_token(completion.text, chunk=chunk)
-        yield chunk
+        yield ChatGenerationChunk(message=self._message(completion, info, chunk=True))
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
@@ -281,10 +299,7 @@ class TeamChatModel(BaseChatModel):
         engine, request, info = self._request(messages, stop, run_manager, kwargs)
         info["seed"] = request.seed
         completion = (await engine.achat([request]))[0]
-        chunk = ChatGenerationChunk(message=self._message(completion, info, chunk=True))
-        if run_manager is not None:
-            await run_manager.on_llm_new_token(completion.text, chunk=chunk)
-        yield chunk
+        yield ChatGenerationChunk(message=self._message(completion, info, chunk=True))
 
     # -- tools and structured output --------------------------------------------------------
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,

@@ -15,6 +15,7 @@ import queue
 import random
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -164,7 +165,9 @@ class HFEngine:
         with self._adapter_lock():
             if name not in self.loaded_adapters():
                 raise UnknownAgentError(name, self.loaded_adapters(), what="adapter")
-            self.model.delete_adapter(name)
+            with warnings.catch_warnings():  # peft re-points its "active adapter", which serving never uses
+                warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+                self.model.delete_adapter(name)
 
     @contextmanager
     def _adapter_lock(self) -> Iterator[None]:

@@ -1,9 +1,10 @@
 r"""Answer extraction and equivalence: \boxed{} extraction, normalised text, numbers, sympy algebra.
 
-`answers_match(prediction, reference)` tries, in order, normalised string equality, numeric
+`answers_match(prediction, reference)` (mode "auto") tries, in order, normalised string equality, numeric
 equality (fractions, percents, thousands separators, \frac) and symbolic equality with sympy
 (simple LaTeX is rewritten to sympy syntax first). Inputs longer than `MAX_SYMBOLIC_CHARS`
-skip the symbolic step so a pathological answer cannot stall a scoring run.
+skip the symbolic step so a pathological answer cannot stall a scoring run. Mode "contains"
+accepts an answer whose normalised text contains the normalised reference (free-text QA).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 MAX_SYMBOLIC_CHARS = 200
-MATCH_MODES = ("auto", "exact", "normalised", "numeric", "symbolic")
+MATCH_MODES = ("auto", "exact", "normalised", "numeric", "symbolic", "contains")
 
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\.\d+")
 
@@ -176,6 +177,9 @@ def _match_one(pred: Any, ref: Any, mode: str, tolerance: float) -> bool:
         return False
     if mode == "exact":
         return str(pred).strip() == str(ref).strip()
+    if mode == "contains":
+        needle = normalise(ref)
+        return bool(needle) and needle in normalise(pred)
     if mode in ("auto", "normalised") and normalise(pred) == normalise(ref):
         return True
     if mode in ("auto", "numeric"):

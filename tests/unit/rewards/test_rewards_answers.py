@@ -46,6 +46,9 @@ def test_to_number(text, value):
     ("x^2 + 1", "(x-1)(x+1)", "auto", False),
     ("41", "42", "auto", False),
     ("7", ["6", "7"], "auto", True),
+    ("ANSWER: Refunds are accepted within 30 Days.", "30 days", "contains", True),
+    ("ANSWER: within 3 days", "30 days", "contains", False),
+    ("anything", "", "contains", False),
 ])
 def test_answers_match(pred, ref, mode, ok):
     assert answers_match(pred, ref, mode=mode) is ok

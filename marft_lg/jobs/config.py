@@ -45,6 +45,8 @@ class RetrainJob:
     samples_per_scenario: int = 1
     seed: int = 0
     gate: str | dict[str, Any] = "gate.yaml"
+    server_url: str | None = None
+    """A running `marft-lg serve` / vLLM server to hot-swap to the promoted adapters (None = registry only)."""
     schedule: str = "0 2 * * *"
     """Cron expression (5 fields: min hour dom month dow; a 6th leading field is seconds)."""
     timezone: str = "UTC"
@@ -54,8 +56,6 @@ class RetrainJob:
     """Fewer new episodes than this: the run is skipped and the watermark stays, so they accumulate."""
     settle_s: float = 60.0
     """Episodes ending in the last `settle_s` seconds are left for the next run (spans may still be in flight)."""
-    max_episode_s: float = 3600.0
-    """Longest expected episode: mining starts this long before the watermark so no episode is cut."""
     initial_watermark: str | None = None
     """ISO time to start from on the very first run (None = all traces)."""
     advance_on_reject: bool = True
@@ -85,8 +85,8 @@ class RetrainJob:
         problems = []
         if self.min_new_episodes < 0:
             problems.append(f"min_new_episodes must be >= 0, got {self.min_new_episodes}")
-        if self.settle_s < 0 or self.max_episode_s < 0:
-            problems.append("settle_s and max_episode_s must be >= 0")
+        if self.settle_s < 0:
+            problems.append(f"settle_s must be >= 0, got {self.settle_s}")
         if self.online_iterations < 0:
             problems.append(f"online_iterations must be >= 0, got {self.online_iterations}")
         if ":" not in self.stages:

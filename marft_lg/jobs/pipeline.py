@@ -62,7 +62,7 @@ class RetrainStages(Protocol):
         """The `{role: version}` serving now: the baseline and the starting point of training."""
 
     def mine(self, ctx: RunContext, since: datetime | None) -> TrajectoryDataset:
-        """Episodes from the job's trace sources whose spans are at or after `since` (None = all)."""
+        """Episodes from the job's trace sources that ended after `since` (None = all); a superset is fine."""
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
         """Train from `baseline` on `dataset`; save candidates as NEW registry versions; return them."""
@@ -170,7 +170,7 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages) -> RunResul
         return RunResult(st.SKIPPED, message, store.finish_run(run_id, st.SKIPPED, message=message, n_episodes=0))
 
     ctx.log(f"[{run_id}] mining {window.describe()}")
-    mined = stages.mine(ctx, window.mine_since(job.max_episode_s))
+    mined = stages.mine(ctx, window.start)
     dataset = select_window(mined, window)
     n = len(dataset)
     store.update_run(run_id, n_episodes=n)

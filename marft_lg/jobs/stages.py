@@ -44,27 +44,30 @@ def load_object(spec: str, what: str) -> Any:
 
 
 class LibraryStages:
-    """The stages wired to marft_lg's mining, training, evaluation and registry."""
+    """The stages wired to marft_lg's mining, training, evaluation and registry.
+
+    Training runs on its own `Team` (the trainer changes adapter weights in place, in memory); the
+    trained roles are saved as new registry versions and that Team is closed. The comparison loads a
+    fresh Team from the registry, so the baseline really is the stored live weights.
+    """
 
     def __init__(self, job: RetrainJob):
         from marft_lg.serving.registry import AdapterRegistry
 
         self.job = job
         self.registry = AdapterRegistry(job.registry)
-        self._team = None
         self._reward = None
+        self._decision = None
 
     # --- helpers ------------------------------------------------------------------------------
     def roles(self) -> list[str]:
         return list(self.job.agents) or sorted(self.registry.alias("live"))
 
-    def team(self, baseline: dict[str, str]):
-        if self._team is None:
-            from marft_lg.serving.team import Team
+    def new_team(self, versions: dict[str, str]):
+        from marft_lg.serving.team import Team
 
-            self._team = Team(self.job.model, agents=self.roles(), registry=self.registry, versions=dict(baseline),
-                              seed=self.job.seed)
-        return self._team
+        return Team(self.job.model, agents=self.roles(), registry=self.registry, versions=dict(versions),
+                    seed=self.job.seed)
 
     def reward(self):
         if self._reward is None:
@@ -74,7 +77,8 @@ class LibraryStages:
         return self._reward
 
     def app(self, ctx: RunContext, team: Any, name: str):
-        """The job's LangGraph app on `team`, traced into the run folder."""
+        """The job's LangGraph app (`app: module:function`, called with a chat model) on `team`, traced
+        into the run folder."""
         if self.job.app is None:
             raise ValueError(f"job {self.job.name!r} needs `app: module:function` for shadow compare / online training")
         from marft_lg.graph.chat_model import TeamChatModel
@@ -114,54 +118,62 @@ class LibraryStages:
         from marft_lg.training.config import MARFTConfig
         from marft_lg.training.trainer import MARFTTrainer
 
-        team = self.team(baseline)
-        trainer = MARFTTrainer(team, self.reward(), MARFTConfig.from_yaml(self.job.trainer), ctx.run_dir / "train")
-        before = {r: set(self.registry.versions(r)) for r in self.roles()}
-        trainer.fit_offline(dataset)
-        if self.job.online_iterations:
-            trainer.fit_online(self.app(ctx, team, "online_traces"), self.scenarios("train"),
-                               iterations=self.job.online_iterations)
-        return self._new_versions(trainer, before, baseline)
-
-    def _new_versions(self, trainer: Any, before: dict[str, set[str]], baseline: dict[str, str]) -> dict[str, str]:
-        """The candidate map: the versions the trainer saved for this run (a role it did not update keeps live)."""
-        saver = getattr(trainer, "save_to_registry", None)
-        if callable(saver):
-            saved = saver(self.registry)
-            if isinstance(saved, dict):
-                return {**baseline, **saved}
-        candidate = dict(baseline)
-        for role, old in before.items():
-            new = [v for v in self.registry.versions(role) if v not in old]
-            if new:
-                candidate[role] = new[-1]
+        cfg = (MARFTConfig.from_dict(self.job.trainer, source="job.trainer") if isinstance(self.job.trainer, dict)
+               else MARFTConfig.from_yaml(self.job.trainer))
+        scenarios = self.scenarios(None) if Path(self.job.scenarios).exists() else None
+        team = self.new_team(baseline)
+        try:
+            trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id)
+            rows = trainer.fit_offline(dataset, scenarios)
+            if self.job.online_iterations:
+                rows += trainer.fit_online(self.app(ctx, team, "online_traces"), self.scenarios("train"),
+                                           iterations=self.job.online_iterations)
+            trained = {role for row in rows for role in row.get("trained_agents", [])}
+            candidate = dict(baseline)
+            for role in sorted(trained):
+                current = team.adapter_name(role).split("@", 1)[1]
+                if current == baseline[role]:  # trained in memory, not yet published by the trainer
+                    current = team.save_version(role, parent=baseline[role], run_id=ctx.run_id)
+                candidate[role] = current
+        finally:
+            team.close()
         if candidate == baseline:
-            raise RuntimeError("the trainer saved no new adapter version; nothing to compare")
+            raise RuntimeError("training updated no adapter (no agent had actions in the mined episodes?); "
+                               "nothing to compare")
         return candidate
 
     def compare(self, ctx: RunContext, baseline: dict[str, str], candidate: dict[str, str]) -> Comparison:
         from marft_lg.evaluation.gate import PromotionGate
+        from marft_lg.evaluation.report import write_report
         from marft_lg.evaluation.shadow import shadow_compare
 
-        team = self.team(baseline)
-        result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
-                                self.scenarios(self.job.compare_split), self.reward(),
-                                samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed)
-        decision = PromotionGate.from_yaml(self.job.gate).decide(result)
-        report_path = None
-        writer = getattr(result, "write_report", None)
-        if callable(writer):
-            report_path = str(writer(ctx.run_dir / "report"))
-        summary = getattr(result, "summary", None)
-        metrics = summary() if callable(summary) else {}
-        return Comparison(passed=bool(decision.passed), reasons=list(getattr(decision, "reasons", [])),
-                          metrics=dict(metrics), report_path=report_path)
+        gate = (PromotionGate.from_dict(self.job.gate, source="job.gate") if isinstance(self.job.gate, dict)
+                else PromotionGate.from_yaml(self.job.gate))
+        team = self.new_team(baseline)
+        try:
+            result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
+                                    self.scenarios(self.job.compare_split), self.reward(),
+                                    samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
+                                    run_id=f"{ctx.run_id}-cmp")
+        finally:
+            team.close()
+        decision = gate.evaluate(result, context={"retrain_run": ctx.run_id})
+        out = ctx.run_dir / "compare"
+        result.save(out)
+        decision.write(out)
+        report = write_report(result, out, decision)
+        self._decision = decision
+        team_ci = result.team
+        metrics = {"n_pairs": result.n_pairs, "team_reward_delta": team_ci.mean, "team_reward_ci": [team_ci.low, team_ci.high],
+                   "baseline_reward_mean": result.side_mean("baseline", "reward"),
+                   "candidate_reward_mean": result.side_mean("candidate", "reward"),
+                   "cost_ratio_tokens": result.cost_ratio("tokens")}
+        return Comparison(passed=decision.promote, reasons=list(decision.reasons), metrics=metrics,
+                          report_path=str(report["markdown"]))
 
     def promote(self, ctx: RunContext, candidate: dict[str, str], reason: str) -> dict[str, str]:
-        self.registry.promote(candidate, reason=reason)
-        return {r: v for r, v in self.registry.alias("live").items() if r in candidate}
+        from marft_lg.evaluation.promotion import promote
 
-    def close(self) -> None:
-        if self._team is not None:
-            self._team.close()
-            self._team = None
+        record = promote(self.registry, candidate, reason=reason, decision=self._decision,
+                         server_url=self.job.server_url, run_dir=ctx.run_dir)
+        return {r: v for r, v in record.after.items() if r in candidate}

@@ -27,10 +27,6 @@ class Window:
     def empty(self) -> bool:
         return self.start is not None and self.end <= self.start
 
-    def mine_since(self, max_episode_s: float) -> datetime | None:
-        """Earliest time a span of an episode in this window can carry (what `mine(since=...)` needs)."""
-        return None if self.start is None else self.start - timedelta(seconds=max_episode_s)
-
     def describe(self) -> str:
         start = self.start.isoformat() if self.start else "the beginning"
         return f"episodes ending after {start} and up to {self.end.isoformat()}"

@@ -85,9 +85,8 @@ class FakeStages:
     def mine(self, ctx, since):
         self.calls.append("mine")
         self._maybe_fail("mine")
+        # every episode, whatever `since` is: the pipeline must not rely on the miner's filtering
         rows = [json.loads(line) for f in trace_files(self.job.traces) for line in f.read_text().splitlines() if line]
-        if since is not None:
-            rows = [r for r in rows if pd.Timestamp(r["end_time"]) >= pd.Timestamp(since)]
         (ctx.run_dir / "mined_since.txt").write_text(str(since))
         return dataset_from(rows)
 
@@ -129,7 +128,7 @@ def make_job(root: Path, **settings: Any) -> Path:
     (root / "traces").mkdir(exist_ok=True)
     (root / "traces" / "spans.jsonl").touch()
     job = {"name": "nightly", "traces": ["traces"], "registry": "adapters", "output_dir": "runs",
-           "min_new_episodes": 3, "settle_s": 60, "max_episode_s": 600, "stages": "jobs_fakes:FakeStages",
+           "min_new_episodes": 3, "settle_s": 60, "stages": "jobs_fakes:FakeStages",
            "schedule": "0 2 * * *", **settings}
     path = root / "job.yaml"
     path.write_text(yaml.safe_dump(job))

@@ -66,7 +66,7 @@ def test_first_run_trains_promotes_records_and_advances_watermark(env):
 def test_rerunning_a_finished_window_does_nothing(env):
     job, root = env
     append_episodes(root / "traces" / "spans.jsonl", [iso(T0 - timedelta(hours=h)) for h in (3, 2, 1)], "a")
-    # ends just before the first window's end: mined again by the next run (lookback), but not retrained
+    # ends just before the first window's end: the next run must not train on it again
     append_episodes(root / "traces" / "spans.jsonl", [iso(T0 - timedelta(seconds=120))], "edge")
     first, _ = run(job, T0)
     assert first.status == st.PROMOTED and first.record.n_episodes == 4
@@ -101,7 +101,7 @@ def test_only_new_episodes_are_mined_and_too_few_accumulate(env):
     assert trained == sorted(["b-0", "b-1", *new])
     assert late[0] not in trained
     since = Path(result.record.run_dir, "mined_since.txt").read_text()
-    assert pd.Timestamp(since) == pd.Timestamp(T0 - timedelta(seconds=job.settle_s + job.max_episode_s))
+    assert pd.Timestamp(since) == pd.Timestamp(T0 - timedelta(seconds=job.settle_s))  # the watermark
     # the late episode is picked up by the next run
     append_episodes(traces, [iso(t2 + timedelta(minutes=m)) for m in (1, 2)], "d")
     nxt, _ = run(job, t2 + timedelta(hours=1))

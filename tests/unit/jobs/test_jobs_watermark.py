@@ -23,7 +23,6 @@ def test_first_window_uses_initial_watermark_or_everything():
     assert window_for(None, NOW, settle_s=0).start is None
     w = window_for(None, NOW, settle_s=0, initial="2026-03-01T00:00:00")
     assert w.start == datetime(2026, 3, 1, tzinfo=UTC)
-    assert w.mine_since(3600) == datetime(2026, 2, 28, 23, tzinfo=UTC)
 
 
 def test_empty_window_when_clock_is_behind_the_watermark():

@@ -14,17 +14,20 @@ from typing import Any
 
 from marft_lg.rewards.base import action_list
 from marft_lg.rewards.registry import load_object
-from marft_lg.serving.types import ChatRequest
+from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.trajectories.dataset import Episode
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You review one step of a team of AI agents working on a task. Rate how much the step helps "
-    "solve the task, from 0 (useless, wrong or harmful) to 10 (exactly right and necessary). "
+    "You rate one step of a team of AI agents from 0 (useless or wrong) to 10 (exactly right). "
     "Reply with the number only."
 )
-DEFAULT_TEMPLATE = (
-    "Task:\n{task}\n\nStep {index} of {n_steps}, by agent '{agent}'.\n"
-    "What the agent was given last:\n{step_input}\n\nWhat the agent produced:\n{completion}\n\nScore (0-10):"
+DEFAULT_TEMPLATE = "Task: {task}\nStep by '{agent}': {completion}"
+# Worked examples sent as earlier chat turns: small models (the embedded 135M one) answer with a bare
+# number after them, while without them they reply in prose.
+DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("Task: What is 2+3?\nStep by 'solver': 2 plus 3 is 5, so the answer is 5.", "10"),
+    ("Task: What is the capital of France?\nStep by 'solver': I like turtles.", "0"),
+    ("Task: Sort 3,1,2.\nStep by 'planner': First find the smallest number, then repeat.", "7"),
 )
 _SCORE_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -37,16 +40,22 @@ class JudgeError(ValueError):
 class LLMJudge:
     """Asks `engine` to rate each action; a score ``s`` in ``[0, scale]`` becomes ``s / scale``.
 
-    `agent` picks the adapter that judges (None: the base model). `on_unparsable` is the score
-    for a reply without a number in range, or ``"error"`` to mark the episode unscored.
+    `template` may use {task}, {agent}, {completion}, {step_input} (the last message the agent
+    was given), {index} and {n_steps}; `examples` are ``[user, assistant]`` pairs sent before the
+    step (None: `DEFAULT_EXAMPLES`, [] for none). `agent` picks the adapter that judges (None: the base model). Over HTTP (`base_url`, or an
+    `OpenAIEngineClient` as engine) `model` names the served base model (None: the first model
+    the server lists). `on_unparsable` is the score for a reply without a number in range, or
+    ``"error"`` to mark the episode unscored.
     """
 
     engine: Any = None
     base_url: str | None = None
+    model: str | None = None
     agent: str | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     template: str = DEFAULT_TEMPLATE
-    max_tokens: int = 8
+    examples: list[list[str]] | None = None
+    max_tokens: int = 4
     temperature: float = 0.0
     scale: float = 10.0
     on_unparsable: float | str = "error"
@@ -57,11 +66,11 @@ class LLMJudge:
             target = load_object(self.engine)
             self.engine = target() if callable(target) and not hasattr(target, "chat") else target
         if self.engine is None and self.base_url:
-            try:
-                from marft_lg.serving.client import OpenAIEngineClient
-            except ImportError as exc:
-                raise ValueError(f"LLM judge: cannot create a client for {self.base_url}: {exc}") from exc
+            from marft_lg.serving.client import OpenAIEngineClient
+
             self.engine = OpenAIEngineClient(self.base_url)
+        if _is_http_client(self.engine):
+            self.engine = ClientEngine(self.engine, self.model)
         if self.engine is None or not callable(getattr(self.engine, "chat", None)):
             raise ValueError("LLM judge needs an engine with chat(list[ChatRequest]) -> list[Completion]: "
                              "pass engine=<Team or client>, or base_url='http://127.0.0.1:PORT/v1' in YAML")
@@ -83,13 +92,16 @@ class LLMJudge:
         task = _task_text(episode)[: self.max_chars]
         requests = []
         for i, a in enumerate(episode.actions, start=1):
-            messages = action_list(a.get("messages"))
-            step_input = str(messages[-1].get("content", "")) if messages and isinstance(messages[-1], dict) else ""
+            given = action_list(a.get("messages"))
+            step_input = str(given[-1].get("content", "")) if given and isinstance(given[-1], dict) else ""
             prompt = self.template.format(task=task, agent=a.get("agent"), index=i, n_steps=len(episode.actions),
                                           step_input=step_input[-self.max_chars:],
                                           completion=str(a.get("completion") or "")[: self.max_chars])
-            requests.append(ChatRequest(messages=[{"role": "system", "content": self.system_prompt},
-                                                  {"role": "user", "content": prompt}],
+            messages = [{"role": "system", "content": self.system_prompt}]
+            for user, assistant in (DEFAULT_EXAMPLES if self.examples is None else self.examples):
+                messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            messages.append({"role": "user", "content": prompt})
+            requests.append(ChatRequest(messages=messages,
                                         agent=self.agent, max_tokens=self.max_tokens, temperature=self.temperature))
         replies = self.engine.chat(requests)
         if len(replies) != len(requests):
@@ -106,6 +118,32 @@ class LLMJudge:
                              f"(span {action.get('span_id')}) of episode {episode.episode_id!r}: reply {text!r}; "
                              "set on_unparsable to a number to score such steps instead")
         return float(self.on_unparsable)
+
+
+class ClientEngine:
+    """`chat(list[ChatRequest])` over an `OpenAIEngineClient`, whose `chat` takes one request and a model name."""
+
+    def __init__(self, client: Any, model: str | None = None):
+        self.client = client
+        self.model = model
+
+    def chat(self, requests: list[ChatRequest]) -> list[Completion]:
+        if self.model is None:
+            served = self.client.models()
+            if not served:
+                raise JudgeError(f"LLM judge: the server at {self.client.base_url} serves no model")
+            self.model = served[0]
+        return [self.client.chat(r, r.agent if r.agent is not None else self.model) for r in requests]
+
+
+def _is_http_client(engine: Any) -> bool:
+    if engine is None or isinstance(engine, ClientEngine):
+        return False
+    try:
+        from marft_lg.serving.client import OpenAIEngineClient
+    except ImportError:
+        return False
+    return isinstance(engine, OpenAIEngineClient)
 
 
 def _task_text(episode: Episode) -> str:

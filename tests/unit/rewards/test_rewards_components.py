@@ -273,3 +273,32 @@ def test_feedback_component():
     assert Feedback(key="stars", default=0.0)(ep) == 0.0
     with pytest.raises(ValueError, match="no feedback 'stars'.*thumbs"):
         Feedback(key="stars")(ep)
+
+
+def test_llm_judge_over_the_openai_compatible_client():
+    import httpx
+
+    from marft_lg.serving.client import OpenAIEngineClient
+
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "smollm2", "object": "model"}]})
+        body = json.loads(request.content)
+        bodies.append(body)
+        reply = "6" if "step one" in body["messages"][-1]["content"] else "9"
+        return httpx.Response(200, json={
+            "model": body["model"], "prompt_token_ids": [1, 2, 3],
+            "choices": [{"message": {"role": "assistant", "content": reply}, "token_ids": [7],
+                         "logprobs": {"content": [{"logprob": -0.5}]}, "finish_reason": "stop"}]})
+
+    client = OpenAIEngineClient("http://127.0.0.1:9/v1", transport=httpx.MockTransport(handler))
+    ep = make_episode([{"agent": "a", "completion": "step one"}, {"agent": "b", "completion": "step two"}])
+    score = TrajectoryScore(judge=LLMJudge(engine=client))(ep)
+    assert score.value == pytest.approx((0.6 + 0.9) / 2)
+    assert [b["model"] for b in bodies] == ["smollm2", "smollm2"]
+    assert bodies[0]["temperature"] == 0.0 and bodies[0]["max_tokens"] == 4
+    assert len(bodies[0]["messages"]) == 2 + 2 * 3  # system, three worked examples, the step
+    TrajectoryScore(judge=LLMJudge(engine=client, agent="critic"))(ep)
+    assert bodies[-1]["model"] == "critic"

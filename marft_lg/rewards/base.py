@@ -69,6 +69,7 @@ class FunctionComponent(RewardComponent):
         self.fn = fn
         self.component_name = name or getattr(fn, "__name__", type(fn).__name__)
         self.range = (float(range[0]), float(range[1]))
+        self.options_given: dict[str, Any] = {}
 
     def __call__(self, episode: Episode) -> float | ComponentScore:
         return self.fn(episode)

@@ -60,9 +60,14 @@ def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
             comp.range = _bounds(name, bounds)
         return comp, type_name
     if isinstance(target, type):
-        inst = target(**options)
+        try:
+            inst = target(**options)
+        except TypeError as exc:
+            raise ValueError(f"reward component {name!r} ({type_name}): {exc}") from exc
         rng = _bounds(name, bounds) if bounds is not None else getattr(inst, "range", (-math.inf, math.inf))
-        return FunctionComponent(inst, name, rng), type_name
+        wrapped = FunctionComponent(inst, name, rng)
+        wrapped.options_given = options
+        return wrapped, type_name
     if not callable(target):
         raise ValueError(f"reward component {name!r}: {type_name!r} is not a class or a function")
     if options:
@@ -96,7 +101,7 @@ def component_spec(name: str, comp: RewardComponent, type_name: str | None, inhe
     if type_name is None:
         type_name = _type_name_of(name, comp)
     if isinstance(comp, FunctionComponent):
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict(getattr(comp, "options_given", {}))
         if all(math.isfinite(b) for b in comp.range):
             out["range"] = list(comp.range)
     else:

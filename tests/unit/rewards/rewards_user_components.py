@@ -36,3 +36,15 @@ def always_raises(episode) -> float:
 def check_contains(answer, reference, episode) -> bool:
     """A TaskCompletion check function."""
     return str(reference) in answer
+
+
+class KeywordScore:
+    """A callable class that is not a RewardComponent, with an option."""
+
+    range = (0.0, 1.0)
+
+    def __init__(self, word: str = "yes"):
+        self.word = word
+
+    def __call__(self, episode) -> float:
+        return float(self.word in episode.final_completion)

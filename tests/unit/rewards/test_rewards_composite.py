@@ -106,6 +106,18 @@ def test_yaml_round_trip(tmp_path):
     assert a.episodes["short"].tolist() == pytest.approx([2 / 3, 1.0])
 
 
+def test_callable_class_with_options_round_trips():
+    spec = {"weights": {"kw": 1.0}, "components": {"kw": {"type": "rewards_user_components:KeywordScore", "word": "Paris"}}}
+    reward = CompositeReward.from_yaml(spec)
+    assert reward.components["kw"].range == (0.0, 1.0)
+    assert reward.to_dict()["components"]["kw"] == {"type": "rewards_user_components:KeywordScore", "word": "Paris",
+                                                    "range": [0.0, 1.0]}
+    ds = make_dataset([{"episode_id": "p", "actions": [{"agent": "a", "completion": "to Paris"}]}])
+    assert CompositeReward.from_yaml(reward.to_dict()).score(ds).episodes["kw"].tolist() == [1.0]
+    with pytest.raises(ValueError, match="'kw' \\(rewards_user_components:KeywordScore\\).*unexpected keyword"):
+        CompositeReward({"kw": 1.0}, components={"kw": {"type": "rewards_user_components:KeywordScore", "words": 1}})
+
+
 def test_python_components_serialise_by_import_path():
     from rewards_user_components import mentions_paris
 

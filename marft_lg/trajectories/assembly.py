@@ -18,6 +18,7 @@ from typing import Any
 
 from marft_lg.tracing.attributes import decode_floats, decode_ints
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
+from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
@@ -106,6 +107,8 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     repair_parents(spans, stats)
     tree = _Tree(spans)
     calls = sorted((s for s in spans if s.kind == LLM), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    for c in calls:
+        materialise(c)
     if not calls:
         stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
         return None

@@ -12,6 +12,7 @@ import binascii
 import glob
 import gzip
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,16 +23,16 @@ from marft_lg.trajectories.quarantine import Quarantine
 try:  # orjson is ~5x faster on long lines; the standard library is the fallback
     import orjson
 
-    _loads = orjson.loads
+    loads_json = orjson.loads
     _JSONError: tuple[type[Exception], ...] = (orjson.JSONDecodeError, ValueError)
 except ImportError:  # pragma: no cover
     import json
 
-    _loads = json.loads
+    loads_json = json.loads
     _JSONError = (ValueError,)
 
 DEFAULT_MAX_ATTRIBUTE_BYTES = 8 * 1024 * 1024
-_HEX = frozenset("0123456789abcdefABCDEF")
+_HEX_ID = re.compile("[0-9a-fA-F]+")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
@@ -75,7 +76,7 @@ def normalise_id(value: Any, length: int) -> str | None:
     """A trace/span id as lower-case hex of `length` chars; accepts hex or base64 (protobuf JSON); None if unusable."""
     if not value or not isinstance(value, str):
         return None
-    if len(value) == length and _HEX.issuperset(value):
+    if len(value) == length and _HEX_ID.fullmatch(value):
         out = value.lower()
     else:
         try:
@@ -110,23 +111,23 @@ def any_value(v: dict[str, Any]) -> Any:
     return None
 
 
-def attribute_dict(kvs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """OTLP ``KeyValue`` list -> dict (fast path for strings)."""
+def attribute_dict(kvs: list[dict[str, Any]] | None, limit: int | None = None) -> dict[str, Any]:
+    """OTLP ``KeyValue`` list -> dict (fast path for strings); raises `_TooLarge` past `limit` chars."""
     out: dict[str, Any] = {}
     for kv in kvs or ():
         v = kv.get("value") or {}
         s = v.get("stringValue")
-        out[kv.get("key")] = s if s is not None else any_value(v)
+        if s is None:
+            out[kv.get("key")] = any_value(v)
+        else:
+            if limit is not None and len(s) > limit:
+                raise _TooLarge(str(kv.get("key")))
+            out[kv.get("key")] = s
     return out
 
 
-def _largest_value(kvs: list[dict[str, Any]] | None, limit: int) -> str | None:
-    for kv in kvs or ():
-        v = kv.get("value") or {}
-        s = v.get("stringValue")
-        if s is not None and len(s) > limit:
-            return str(kv.get("key"))
-    return None
+class _TooLarge(Exception):
+    pass
 
 
 def _open(path: Path):
@@ -171,7 +172,7 @@ def iter_raw_spans(
 
 def _spans_of_line(line: str, source: str, quarantine: Quarantine, limit: int, stats: dict[str, int]) -> Iterator[RawSpan]:
     try:
-        request = _loads(line)
+        request = loads_json(line)
     except _JSONError as exc:
         quarantine.add("invalid_json", source, detail=str(exc)[:200], raw=line.rstrip("\n"))
         return
@@ -179,21 +180,29 @@ def _spans_of_line(line: str, source: str, quarantine: Quarantine, limit: int, s
     if not isinstance(resource_spans, list):
         quarantine.add("not_otlp", source, detail="no 'resourceSpans' list", raw=line.rstrip("\n"))
         return
+    trace_ids: dict[Any, str | None] = {}  # spans of one line share few trace ids: normalise (and store) each once
     for rs in resource_spans:
         scope_spans = (rs or {}).get("scopeSpans", (rs or {}).get("scope_spans")) or []
         for ss in scope_spans:
             for span in (ss or {}).get("spans") or []:
                 stats["spans_read"] = stats.get("spans_read", 0) + 1
-                raw = _raw_span(span, source, quarantine, limit)
+                raw = _raw_span(span, source, quarantine, limit, trace_ids)
                 if raw is not None:
                     yield raw
 
 
-def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int) -> RawSpan | None:
+def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int,
+              trace_ids: dict[Any, str | None]) -> RawSpan | None:
     if not isinstance(span, dict):
         quarantine.add("not_otlp", source, detail="a span is not a JSON object", span=span)
         return None
-    trace_id = normalise_id(span.get("traceId", span.get("trace_id")), 32)
+    raw_trace = span.get("traceId", span.get("trace_id"))
+    try:
+        trace_id = trace_ids[raw_trace]
+    except (KeyError, TypeError):
+        trace_id = normalise_id(raw_trace, 32)
+        if isinstance(raw_trace, str):
+            trace_ids[raw_trace] = trace_id
     span_id = normalise_id(span.get("spanId", span.get("span_id")), 16)
     if trace_id is None or span_id is None:
         quarantine.add("missing_id", source, span=span,
@@ -210,11 +219,11 @@ def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int) -> Raw
         quarantine.add("end_before_start", source, span=span, trace_id=trace_id, span_id=span_id,
                        detail=f"end {end} < start {start}")
         return None
-    kvs = span.get("attributes")
-    big = _largest_value(kvs, limit)
-    if big is not None:
+    try:
+        attributes = attribute_dict(span.get("attributes"), limit)
+    except _TooLarge as big:
         quarantine.add("attribute_too_large", source, span=span, trace_id=trace_id, span_id=span_id,
-                       detail=f"attribute {big!r} exceeds {limit} bytes; raise max_attribute_bytes to keep it")
+                       detail=f"attribute {big.args[0]!r} exceeds {limit} bytes; raise max_attribute_bytes to keep it")
         return None
     parent = span.get("parentSpanId", span.get("parent_span_id"))
     parent_id = normalise_id(parent, 16) if parent else None
@@ -228,7 +237,7 @@ def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int) -> Raw
         name=str(span.get("name") or ""),
         start_ns=start,
         end_ns=end,
-        attributes=attribute_dict(kvs),
+        attributes=attributes,
         error=code in (2, "2", "STATUS_CODE_ERROR", "ERROR"),
         status_message=str(status.get("message") or ""),
         events=[{"name": e.get("name"), "attributes": attribute_dict(e.get("attributes"))} for e in events

@@ -52,6 +52,7 @@ class SpanInfo:
     feedback_value: Any = None
     outcome: str | None = None
     metadata: dict[str, Any] | None = None
+    raw_io: tuple[Any, Any, Any] | None = None  # (input, system, output) GenAI JSON, parsed only when assembled
 
 
 def base_info(raw: RawSpan, fmt: str) -> SpanInfo:

@@ -16,7 +16,7 @@ from marft_lg.trajectories.formats.base import (
     base_info,
     json_or,
 )
-from marft_lg.trajectories.otlp import RawSpan
+from marft_lg.trajectories.otlp import RawSpan, loads_json
 
 NAME = "genai"
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
@@ -38,8 +38,12 @@ def fill(info: SpanInfo, a: dict[str, Any]) -> None:
     info.session = info.session or a.get("gen_ai.conversation.id")
     if op in LLM_OPERATIONS:
         info.kind = LLM
-        info.messages = input_messages(a)
-        info.completion, info.tool_calls = output_message(a)
+        if "gen_ai.input.messages" in a or "gen_ai.output.messages" in a:
+            info.raw_io = (a.get("gen_ai.input.messages"), a.get("gen_ai.system_instructions"),
+                           a.get("gen_ai.output.messages"))
+        else:
+            info.messages = input_messages(a)
+            info.completion, info.tool_calls = output_message(a)
         info.input_tokens = as_int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
         info.output_tokens = as_int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
         model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
@@ -60,13 +64,34 @@ def fill(info: SpanInfo, a: dict[str, Any]) -> None:
         info.kind = OTHER
 
 
+def materialise(info: SpanInfo) -> None:
+    """Parse the prompt and completion kept as raw JSON text by `fill` (done once, at assembly)."""
+    if info.raw_io is None:
+        return
+    raw_in, raw_system, raw_out = info.raw_io
+    info.raw_io = None
+    a = {k: v for k, v in (("gen_ai.input.messages", raw_in), ("gen_ai.system_instructions", raw_system),
+                           ("gen_ai.output.messages", raw_out)) if v is not None}
+    info.messages = input_messages(a)
+    completion, calls = output_message(a)
+    info.completion = completion
+    info.tool_calls = info.tool_calls or calls
+
+
+def _genai_messages(raw: Any) -> list[dict[str, Any]]:
+    data = loads_json(raw) if isinstance(raw, str | bytes) else raw
+    if not isinstance(data, list):
+        raise ValueError("not a list of messages")
+    return from_genai_messages(data)
+
+
 def input_messages(a: dict[str, Any]) -> list[dict[str, Any]]:
     """Prompt in chat form from `gen_ai.input.messages` (+ `gen_ai.system_instructions`) or legacy `gen_ai.prompt.N.*`."""
     messages: list[dict[str, Any]] = []
     raw = a.get("gen_ai.input.messages")
     if raw is not None:
         try:
-            messages = from_genai_messages(raw)
+            messages = _genai_messages(raw)
         except (ValueError, TypeError, AttributeError):
             messages = [{"role": "user", "content": str(raw)}]
     else:
@@ -87,7 +112,7 @@ def output_message(a: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]
     raw = a.get("gen_ai.output.messages")
     if raw is not None:
         try:
-            msgs = from_genai_messages(raw)
+            msgs = _genai_messages(raw)
         except (ValueError, TypeError, AttributeError):
             return str(raw), None
     else:

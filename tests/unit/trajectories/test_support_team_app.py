@@ -26,3 +26,14 @@ def test_urgent_question_hits_the_revision_cap():
 def test_lookup_tool_and_topic_parsing():
     assert "30 days" in lookup.invoke({"topic": "Refund Policy"})
     assert parse_topics("TOPICS: a, b, a, c, d.") == ["a", "b", "c"]
+
+
+def test_command_line_fake_run_traces_and_mines(tmp_path, capsys):
+    from examples.support_team.__main__ import main
+    from marft_lg.trajectories.mining import mine
+
+    assert main(["--fake", "--limit", "2", "--trace-dir", str(tmp_path)]) == 0
+    dataset = mine(tmp_path)
+    assert sorted(dataset.episode_ids) == ["st-support-express-shipping", "st-support-refund-window"]
+    assert set(dataset.actions["agent"]) == {"planner", "researcher", "writer", "critic"}
+    assert "2/2 answers contain the reference" in capsys.readouterr().out.replace("\n", " ")

@@ -1,0 +1,221 @@
+"""Mining throughput and memory: generate N-span trace files (own format, OpenInference) and mine them.
+
+    .venv/bin/python benchmarks/mining.py                      # 1,000,000 spans per format
+    .venv/bin/python benchmarks/mining.py --spans 100000       # quicker
+
+Each mining run happens in a fresh subprocess so its peak RSS (ru_maxrss) is the run's own.
+Episodes are the support-team shape (planner, two researchers with a tool call each, writer,
+critic) with short prompts; the average bytes per span is reported next to the speed.
+Results go to benchmarks/results/mining.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+T0 = 1_790_000_000_000_000_000
+TARGET_SPANS_PER_S = 50_000
+TARGET_PEAK_RSS_MB = 1536
+
+
+def _v(x):
+    if isinstance(x, int) and not isinstance(x, bool):
+        return {"intValue": str(x)}
+    return {"stringValue": str(x)}
+
+
+def _span(tid, sid, parent, name, start_ms, end_ms, attrs, error=False):
+    out = {"traceId": tid, "spanId": f"{sid:016x}", "parentSpanId": f"{parent:016x}" if parent else "",
+           "name": name, "kind": 1, "startTimeUnixNano": str(T0 + start_ms * 1_000_000),
+           "endTimeUnixNano": str(T0 + end_ms * 1_000_000),
+           "attributes": [{"key": k, "value": _v(v)} for k, v in attrs.items()],
+           "status": {"code": 2, "message": "unknown topic"} if error else {"code": 1}}
+    return out
+
+
+# (agent, step, task, prompt, completion, tool)
+_CALLS = [
+    ("planner", 1, "p", "Customer question #{e}: how long is the refund window and is damage covered?",
+     "TOPICS: refund_policy, warranty", None),
+    ("researcher", 2, "r1", "Plan:\nTOPICS: refund_policy, warranty\nYour topic: refund_policy", "", "refund_policy"),
+    ("researcher", 2, "r1", "Tool result: Refunds are accepted within 30 days of delivery.",
+     "FINDING [refund_policy]: Refunds are accepted within 30 days of delivery.", None),
+    ("researcher", 2, "r2", "Plan:\nTOPICS: refund_policy, warranty\nYour topic: warranty", "", "warranty"),
+    ("researcher", 2, "r2", "Tool result: 2 year warranty; accidental damage is not covered.",
+     "FINDING [warranty]: 2 year warranty; accidental damage is not covered.", None),
+    ("writer", 3, "w", "Findings:\nFINDING [refund_policy]: Refunds are accepted within 30 days of delivery.\n"
+     "FINDING [warranty]: 2 year warranty; accidental damage is not covered.",
+     "ANSWER: 30 days for refunds; accidental damage is not covered. Thank you.", None),
+    ("critic", 4, "c", "Draft:\nANSWER: 30 days for refunds; accidental damage is not covered. Thank you.",
+     "APPROVE: the draft answers from the findings.", None),
+]
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    """Token ids spread over SmolLM2's 49,152-token vocabulary (small ints would be cached by Python)."""
+    return [(seed * 7919 + i * 104729) % 49152 for i in range(n)]
+
+
+def own_episode(e: int) -> list[dict]:
+    from marft_lg.tracing import attributes as A
+
+    tid = f"{e + 1:032x}"
+    eid = f"ep-{e:08d}"
+    spans = [_span(tid, 1, None, "invoke_workflow support_team", 0, 100, {
+        A.GEN_AI_OPERATION_NAME: A.OP_WORKFLOW, A.MARFT_EPISODE_ID: eid, A.MARFT_SCENARIO_ID: f"s-{e % 50}",
+        A.MARFT_OUTCOME: json.dumps({"answer": "30 days"})})]
+    sid, t, agent_span = 2, 1, {}
+    for agent, step, task, prompt, completion, tool in _CALLS:
+        if task not in agent_span:
+            agent_span[task] = sid
+            spans.append(_span(tid, sid, 1, f"invoke_agent {agent}", t, t + 12, {
+                A.GEN_AI_OPERATION_NAME: A.OP_AGENT, A.MARFT_AGENT_ROLE: agent, A.MARFT_EPISODE_ID: eid,
+                A.MARFT_LANGGRAPH_STEP: step, A.MARFT_LANGGRAPH_TASK_ID: f"{eid}:{task}"}))
+            sid += 1
+        out_msg = {"role": "assistant", "content": completion}
+        if tool:
+            out_msg["tool_calls"] = [{"id": f"call-{task}", "name": "lookup", "args": {"topic": tool}}]
+        spans.append(_span(tid, sid, agent_span[task], f"chat {agent}", t + 1, t + 5, {
+            A.GEN_AI_OPERATION_NAME: A.OP_CHAT, A.MARFT_AGENT_ROLE: agent, A.MARFT_EPISODE_ID: eid,
+            A.MARFT_LANGGRAPH_STEP: step, A.MARFT_LANGGRAPH_TASK_ID: f"{eid}:{task}",
+            A.GEN_AI_INPUT_MESSAGES: A.to_genai_messages([{"role": "system", "content": f"You are the {agent}."},
+                                                           {"role": "user", "content": prompt.format(e=e)}]),
+            A.GEN_AI_OUTPUT_MESSAGES: A.to_genai_messages([out_msg]),
+            A.MARFT_PROMPT_TOKEN_IDS: A.encode_ints(_ids(e, 40)), A.MARFT_COMPLETION_TOKEN_IDS: A.encode_ints(_ids(e + 1, 12)),
+            A.MARFT_COMPLETION_LOGPROBS: A.encode_floats([-0.1 - 0.01 * i for i in range(12)]), A.MARFT_ADAPTER_VERSION: "v1",
+            A.GEN_AI_RESPONSE_MODEL: "smollm2-135m", A.GEN_AI_USAGE_INPUT_TOKENS: 40, A.GEN_AI_USAGE_OUTPUT_TOKENS: 12}))
+        sid += 1
+        if tool:
+            spans.append(_span(tid, sid, agent_span[task], "execute_tool lookup", t + 6, t + 7, {
+                A.GEN_AI_OPERATION_NAME: A.OP_TOOL, A.GEN_AI_TOOL_NAME: "lookup", A.GEN_AI_TOOL_CALL_ID: f"call-{task}",
+                A.MARFT_EPISODE_ID: eid, A.GEN_AI_TOOL_CALL_ARGUMENTS: json.dumps({"topic": tool}),
+                A.GEN_AI_TOOL_CALL_RESULT: "entry text"}))
+            sid += 1
+        t += 10
+    return spans
+
+
+def openinference_episode(e: int) -> list[dict]:
+    tid = f"{e + 1:032x}"
+    eid = f"session-{e:08d}"
+    spans = [_span(tid, 1, None, "LangGraph", 0, 100, {
+        "openinference.span.kind": "CHAIN", "session.id": eid, "output.value": json.dumps({"answer": "30 days"}),
+        "metadata": json.dumps({"thread_id": eid, "scenario_id": f"s-{e % 50}"})})]
+    sid, t, node_span = 2, 1, {}
+    for agent, step, task, prompt, completion, tool in _CALLS:
+        ns = f"{agent}:{e:08d}-{task}"
+        meta = json.dumps({"thread_id": eid, "langgraph_step": step, "langgraph_node": agent,
+                           "langgraph_triggers": ["branch:to:" + agent], "langgraph_checkpoint_ns": ns, "checkpoint_ns": ns})
+        if task not in node_span:
+            node_span[task] = sid
+            spans.append(_span(tid, sid, 1, agent, t, t + 12, {
+                "openinference.span.kind": "CHAIN", "session.id": eid, "metadata": meta}))
+            sid += 1
+        attrs = {"openinference.span.kind": "LLM", "session.id": eid, "metadata": meta,
+                 "llm.input_messages.0.message.role": "system", "llm.input_messages.0.message.content": f"You are the {agent}.",
+                 "llm.input_messages.1.message.role": "user", "llm.input_messages.1.message.content": prompt.format(e=e),
+                 "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": completion,
+                 "llm.model_name": "smollm2-135m", "llm.token_count.prompt": 40, "llm.token_count.completion": 12}
+        if tool:
+            attrs.update({"llm.output_messages.0.message.tool_calls.0.tool_call.id": f"call-{task}",
+                          "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "lookup",
+                          "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": json.dumps({"topic": tool})})
+        spans.append(_span(tid, sid, node_span[task], "ChatModel", t + 1, t + 5, attrs))
+        sid += 1
+        if tool:
+            spans.append(_span(tid, sid, node_span[task], "lookup", t + 6, t + 7, {
+                "openinference.span.kind": "TOOL", "tool.name": "lookup", "input.value": tool,
+                "output.value": "entry text", "session.id": eid, "metadata": meta}))
+            sid += 1
+        t += 10
+    return spans
+
+
+GENERATORS = {"own": own_episode, "openinference": openinference_episode}
+
+
+def generate(fmt: str, n_spans: int, path: Path) -> dict:
+    """Write episodes until `n_spans` spans; a few episodes per line, as a batching exporter would."""
+    import orjson
+
+    make = GENERATORS[fmt]
+    written, e = 0, 0
+    with path.open("wb") as fh:
+        while written < n_spans:
+            batch = []
+            while len(batch) < 64 and written + len(batch) < n_spans:
+                spans = make(e)
+                e += 1
+                batch.extend(spans[: n_spans - written - len(batch)])
+            fh.write(orjson.dumps({"resourceSpans": [{"resource": {"attributes": []},
+                                                      "scopeSpans": [{"scope": {"name": "bench"}, "spans": batch}]}]}))
+            fh.write(b"\n")
+            written += len(batch)
+    return {"spans": written, "episodes_generated": e, "file_bytes": path.stat().st_size}
+
+
+_CHILD = """
+import json, resource, sys, time
+from marft_lg.trajectories.mining import mine_with_report
+t = time.perf_counter()
+ds, rep = mine_with_report(sys.argv[1])
+dt = time.perf_counter() - t
+print(json.dumps({"seconds": dt, "episodes": rep.episodes, "actions": rep.actions, "spans_kept": rep.spans_kept,
+                  "quarantined": rep.quarantined_total,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def measure(path: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=1_000_000)
+    parser.add_argument("--formats", default="own,openinference")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mining.json")
+    args = parser.parse_args()
+    from rich.console import Console
+
+    console = Console()
+    results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                           "load_average_at_start": os.getloadavg()},
+               "targets": {"spans_per_s": TARGET_SPANS_PER_S, "peak_rss_mb": TARGET_PEAK_RSS_MB}, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt in args.formats.split(","):
+            path = Path(tmp) / f"{fmt}.jsonl"
+            with console.status(f"generating {args.spans:,} {fmt} spans"):
+                gen = generate(fmt, args.spans, path)
+            with console.status(f"mining {fmt}"):
+                t = time.perf_counter()
+                run = measure(path)
+                wall = time.perf_counter() - t
+            rate = gen["spans"] / run["seconds"]
+            results["runs"][fmt] = {**gen, **run, "bytes_per_span": round(gen["file_bytes"] / gen["spans"]),
+                                    "spans_per_s": round(rate), "process_wall_s": round(wall, 2),
+                                    "meets_speed_target": rate >= TARGET_SPANS_PER_S,
+                                    "meets_memory_target": run["peak_rss_mb"] <= TARGET_PEAK_RSS_MB}
+            console.print(f"{fmt}: {gen['spans']:,} spans ({gen['file_bytes'] / 2**20:.0f} MiB) in {run['seconds']:.1f} s"
+                          f" = {rate:,.0f} spans/s, peak RSS {run['peak_rss_mb']:.0f} MB,"
+                          f" {run['episodes']:,} episodes, {run['actions']:,} actions")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -35,12 +35,14 @@ class RewardComponent:
     """Base class of reward components.
 
     Subclasses set `name` (the registry name and default column) and `range` (the declared
-    closed interval of values) and implement `__call__(episode)`. Dataclass fields are the
-    component's options: they are what YAML sets and what `options()` writes back.
+    closed interval of values; assign it without a type annotation so a dataclass does not make it
+    an option) and implement `__call__(episode)`. Dataclass fields are the component's options:
+    they are what YAML sets and what `options()` writes back.
     """
 
     name: ClassVar[str] = ""
     range: tuple[float, float] = (-math.inf, math.inf)
+    veto_reward: float = 0.0
 
     def __call__(self, episode: Episode) -> float | ComponentScore:
         raise NotImplementedError
@@ -49,8 +51,6 @@ class RewardComponent:
     def is_veto(self) -> bool:
         """True when a non-zero value must replace the episode's reward with `veto_reward`."""
         return False
-
-    veto_reward: float = 0.0
 
     def options(self) -> dict[str, Any]:
         """The options that rebuild this component (dataclass fields), for YAML round trips."""

@@ -57,7 +57,11 @@ def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
         except TypeError as exc:
             raise ValueError(f"reward component {name!r} ({type_name}): {exc}") from exc
         if bounds is not None:
-            comp.range = _bounds(name, bounds)
+            try:
+                comp.range = _bounds(name, bounds)
+            except AttributeError as exc:
+                raise ValueError(f"reward component {name!r} ({type_name}) computes its range from its options; "
+                                 "set those instead of 'range'") from exc
         return comp, type_name
     if isinstance(target, type):
         try:

@@ -293,3 +293,17 @@ def test_score_cli_end_to_end(tmp_path):
     res = CliRunner().invoke(app, ["score", str(tmp_path / "ds"), "--reward", str(tmp_path / "reward.yaml"),
                                    "--out", str(out)])
     assert res.exit_code == 1 and "goal_progress needs the episode's scenario" in " ".join(res.output.split())
+
+
+def test_judge_config_round_trips_and_an_unreachable_judge_leaves_episodes_unscored():
+    spec = {"weights": {"trajectory_score": 0.5, "step_count": -0.1},
+            "components": {"trajectory_score": {"judge": {"base_url": "http://127.0.0.1:9/v1", "model": "base",
+                                                          "on_unparsable": 0.0}}}}
+    reward = CompositeReward.from_yaml(spec)
+    written = reward.to_dict()
+    assert written["components"]["trajectory_score"]["judge"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert CompositeReward.from_yaml(written).to_dict() == written
+    result = reward.score(_dataset())  # nothing listens on port 9
+    assert not result.episodes["scored"].any()
+    assert result.episodes["error"].str.startswith("trajectory_score: ServerUnavailableError").all()
+    assert result.summary()["errors"] == {"trajectory_score": 2}

@@ -34,6 +34,8 @@ class RetrainJob:
     """AdapterRegistry root. Only the registry's atomic `live` alias flip ever changes what serves."""
     app: str | None = None
     """`module:function` returning the LangGraph app (compiled graph) used for shadow compare and online training."""
+    chat_model: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the app's `TeamChatModel` (e.g. `max_tokens`, `temperature`) in compare / online runs."""
     reward: str | dict[str, Any] = "reward.yaml"
     trainer: str | dict[str, Any] = "trainer.yaml"
     online_iterations: int = 0
@@ -163,7 +165,9 @@ def _check_type(name: str, value: Any, annotation: str) -> None:
             raise TypeError(f"setting {name!r} must be a list, got {type(value).__name__}")
         return
     options = [a.strip() for a in ann.split("|")]
-    if "dict[str, Any]" in options and isinstance(value, dict):
+    if ann.startswith("dict") or ("dict[str, Any]" in options and isinstance(value, dict)):
+        if not isinstance(value, dict):
+            raise TypeError(f"setting {name!r} must be a mapping, got {type(value).__name__}")
         return
     for opt in options:
         t = _TYPES.get(opt)

@@ -84,7 +84,7 @@ class LibraryStages:
         from marft_lg.graph.chat_model import TeamChatModel
         from marft_lg.graph.wrap import wrap
 
-        graph = load_object(self.job.app, "app")(TeamChatModel(team=team))
+        graph = load_object(self.job.app, "app")(TeamChatModel(team=team, **self.job.chat_model))
         return wrap(graph, team=team, trace_dir=str(ctx.run_dir / name))
 
     def scenarios(self, split: str | None):
@@ -154,7 +154,7 @@ class LibraryStages:
             result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
                                     self.scenarios(self.job.compare_split), self.reward(),
                                     samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
-                                    run_id=f"{ctx.run_id}-cmp")
+                                    run_id=f"{ctx.run_id}-cmp", progress=False)
         finally:
             team.close()
         decision = gate.evaluate(result, context={"retrain_run": ctx.run_id})

@@ -1,0 +1,109 @@
+"""`run_once` with the real stages on real parts (tiny random Llama, Team + registry, wrap + OTLP traces,
+mine, CompositeReward, MARFTTrainer, shadow_compare, PromotionGate, promote): a strict gate rejects and
+leaves live alone, a lenient one promotes; only the new window is mined each time."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "jobs"))
+
+ROLES = ["planner", "writer"]
+REWARD = {"weights": {"format_compliance": 1.0},
+          "components": {"format_compliance": {"agents": {"writer": {"regex": r"ANSWER: \d+", "fullmatch": True}}}}}
+TRAINER = {"offline_episodes_per_iteration": 8, "max_new_tokens": 8, "learning_rate": 1e-3, "plots": False,
+           "use_critic": True, "update_scheme": "simultaneous"}
+LENIENT = {"min_pairs": 1, "require_ci_lower_above_zero": False, "min_team_reward_gain": -10.0,
+           "component_tolerance": {"*": 10.0}, "agent_tolerance": {}, "max_cost_ratio": None,
+           "max_error_rate_increase": 1.0}
+STRICT = {"min_pairs": 50}
+
+
+@pytest.fixture(scope="module")
+def world(tiny_model_dir, tmp_path_factory):
+    import torch
+    from jobs_app import build_graph
+
+    from marft_lg.graph.chat_model import TeamChatModel
+    from marft_lg.graph.wrap import wrap
+    from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
+    from marft_lg.serving.models import model_fingerprint
+    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.team import Team
+    from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("jobs_library")
+    reg = AdapterRegistry(root / "adapters")
+    lora = LoraSettings(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    fresh = write_fresh_adapter(tiny_model_dir, lora, root / "fresh", seed=0)
+    for role in ROLES:
+        reg.save(role, fresh, base_fingerprint=model_fingerprint(tiny_model_dir))
+    reg.promote({r: "v1" for r in ROLES}, reason="first deploy")
+    scenarios = ScenarioSet([Scenario(f"s{i}", {"question": f"What is {i} plus {i}?"}, reference=str(2 * i),
+                                      split="heldout" if i < 2 else "train") for i in range(6)])
+    scenarios.save(root / "scenarios.jsonl")
+
+    team = Team(tiny_model_dir, ROLES, registry=reg, lora=lora)
+    app = wrap(build_graph(TeamChatModel(team=team, temperature=1.0, max_tokens=8)), team=team,
+               trace_dir=root / "traces")
+    for i, s in enumerate(scenarios):
+        app.invoke(s.inputs, episode_id=f"prod-{i}", scenario_id=s.scenario_id, seed=i)
+    app.flush()
+    app.close()
+    team.close()
+    first_batch_done = datetime.now(UTC)
+    return {"root": root, "reg": reg, "model": tiny_model_dir, "first_batch_done": first_batch_done}
+
+
+def job_for(world, gate: dict, **extra):
+    from marft_lg.jobs.config import RetrainJob
+
+    root = world["root"]
+    data = {"name": "nightly", "model": world["model"], "agents": ROLES, "traces": ["traces"], "registry": "adapters",
+            "app": "jobs_app:build_graph", "chat_model": {"temperature": 0.0, "max_tokens": 8},
+            "reward": REWARD, "trainer": TRAINER, "gate": gate, "scenarios": "scenarios.jsonl",
+            "compare_split": "heldout", "min_new_episodes": 4, "settle_s": 0, "output_dir": "runs",
+            "advance_on_reject": False, **extra}
+    (root / "job.yaml").write_text(yaml.safe_dump(data))
+    return RetrainJob.from_yaml(root / "job.yaml")
+
+
+def test_strict_gate_rejects_then_lenient_gate_promotes_the_same_window(world):
+    from marft_lg.jobs import store as st
+    from marft_lg.jobs.pipeline import run_once
+    from marft_lg.jobs.store import JobStore
+
+    reg = world["reg"]
+    now = world["first_batch_done"] + timedelta(seconds=1)
+
+    rejected = run_once(job_for(world, STRICT), now=now, log=lambda m: None)
+    assert rejected.status == st.REJECTED, rejected.message
+    rec = rejected.record
+    assert rec.n_episodes == 6 and rec.baseline == {r: "v1" for r in ROLES}
+    assert rec.candidate != rec.baseline and "2 paired scenarios (need >= 50)" in rec.message
+    assert reg.alias("live") == {r: "v1" for r in ROLES}
+    for role, version in rec.candidate.items():
+        if version != "v1":
+            assert reg.manifest(role, version)["run_id"] == rec.run_id
+    decision = json.loads(Path(rec.run_dir, "compare", "decision.json").read_text())
+    assert decision["decision"] == "reject" and Path(rec.report_path).exists()
+    assert rec.metrics["n_pairs"] == 2
+
+    job = job_for(world, LENIENT)
+    promoted = run_once(job, now=now, log=lambda m: None)
+    assert promoted.status == st.PROMOTED, promoted.message
+    assert promoted.record.n_episodes == 6  # the rejected window was kept (advance_on_reject: false)
+    live = reg.alias("live")
+    assert live == promoted.record.candidate and live != {r: "v1" for r in ROLES}
+    assert JobStore(job.store_path).watermark("nightly") is not None
+
+    again = run_once(job, now=now + timedelta(seconds=1), log=lambda m: None)
+    assert again.status == st.SKIPPED and again.record.n_episodes == 0
+    assert reg.alias("live") == live

@@ -37,7 +37,7 @@ def score(
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from exc
     s = result.summary()
-    table = Table(title=f"{composite!r}")
+    table = Table(title=f"reward components ({composite.credit} credit)")
     for col in ("component", "weight", "mean", "errors"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for name, c in s["components"].items():
@@ -46,7 +46,7 @@ def score(
     table.add_row("[bold]reward[/bold]", "", "-" if mean is None else f"{mean:.4f}", str(s["unscored"]))
     console.print(table)
     console.print(f"{s['episodes']} episodes: {s['scored']} scored, {s['unscored']} unscored, "
-                  f"{s['vetoed']} vetoed; credit={s['credit']}; written to {out}")
+                  f"{s['vetoed']} vetoed; written to {out}", soft_wrap=True)
     for example in s["error_examples"]:
         console.print(f"[yellow]unscored:[/yellow] {escape(example)}", soft_wrap=True)
     if s["episodes"] and not s["scored"]:

@@ -62,6 +62,26 @@ def tail(path: Path, n_lines: int = 40) -> str:
     return "\n".join(lines[-n_lines:])
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait until no process of group `pgid` exists; True if it is gone within `timeout_s`."""
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 class VLLMEngine:
     """One base model served by a vLLM subprocess, with named LoRA adapters loaded at run time.
 
@@ -183,19 +203,18 @@ class VLLMEngine:
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
         if proc is not None:
-            # Children (EngineCore, workers) share the group; make sure none outlives the server.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            # vLLM's EngineCore and workers share the server's process group: stop them all, and
+            # return only when none is left.
+            _signal_group(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self.stop_timeout_s)
+            if not _wait_group_gone(proc.pid, deadline - time.monotonic()):
+                _signal_group(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+                _wait_group_gone(proc.pid, 10)
         with contextlib.suppress(Exception):
             self.client.close()
         with contextlib.suppress(Exception):

@@ -37,7 +37,9 @@ class RetrainJob:
     chat_model: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the app's `TeamChatModel` (e.g. `max_tokens`, `temperature`) in compare / online runs."""
     reward: str | dict[str, Any] = "reward.yaml"
+    """CompositeReward config (path or inline mapping): scores mined episodes and shadow-compare episodes."""
     trainer: str | dict[str, Any] = "trainer.yaml"
+    """MARFTConfig (path or inline mapping)."""
     online_iterations: int = 0
     """On-policy MARFT iterations after the offline phase (0 = offline only)."""
     scenarios: str = "scenarios.jsonl"
@@ -45,13 +47,17 @@ class RetrainJob:
     compare_split: str | None = "heldout"
     """Scenario split the shadow comparison uses (None = all scenarios)."""
     samples_per_scenario: int = 1
+    """Paired replays per scenario in the shadow comparison."""
     seed: int = 0
+    """Seed of the Team and of the paired comparison runs."""
     gate: str | dict[str, Any] = "gate.yaml"
+    """PromotionGate (path or inline mapping): the candidate goes live only if every check passes."""
     server_url: str | None = None
     """A running `marft-lg serve` / vLLM server to hot-swap to the promoted adapters (None = registry only)."""
     schedule: str = "0 2 * * *"
     """Cron expression (5 fields: min hour dom month dow; a 6th leading field is seconds)."""
     timezone: str = "UTC"
+    """Time zone the cron expression is read in."""
     misfire_grace_s: int = 3600
     """A run missed while the scheduler was down still starts if it is at most this late (coalesced to one)."""
     min_new_episodes: int = 20

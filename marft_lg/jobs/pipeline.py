@@ -146,9 +146,10 @@ def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id:
     store.update_run(run_id, window_start=format_time(window.start) if window.start else None,
                      window_end=format_time(window.end))
     ctx = RunContext(job=job, run_id=run_id, run_dir=run_dir, window=window, log=log)
-    previous = _install_sigterm() if handle_sigterm else None
+    guard = _SigtermGuard()
+    previous = signal.signal(signal.SIGTERM, guard.on_term) if handle_sigterm else None
     try:
-        return _stages(ctx, store, stages)
+        return _stages(ctx, store, stages, guard)
     except Interrupted:
         message = "interrupted by SIGTERM; live adapters and watermark unchanged"
         record = store.finish_run(run_id, st.INTERRUPTED, message=message)
@@ -163,7 +164,7 @@ def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages) -> RunResult:
+def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _SigtermGuard) -> RunResult:
     job, run_id, window = ctx.job, ctx.run_id, ctx.window
     if window.empty:
         message = f"nothing to do: the window {window.describe()} is empty (watermark is ahead of now - settle_s)"
@@ -192,6 +193,7 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages) -> RunResul
     store.update_run(run_id, metrics=metrics, report_path=comparison.report_path)
 
     watermark = format_time(window.end)
+    guard.finishing()  # from here on the run completes: a SIGTERM cannot split promotion from its record
     live_now = stages.live_versions(ctx) if comparison.passed else baseline
     if comparison.passed and live_now != baseline:
         comparison.passed = False
@@ -204,16 +206,25 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages) -> RunResul
         return RunResult(st.PROMOTED, message, record)
     why = "; ".join(comparison.reasons) or "gate failed"
     message = f"rejected: {why}; live stays {live_now}"
-    record = store.finish_run(run_id, st.REJECTED, message=message, live_after=live_now, metrics={**metrics, "gate_reasons": comparison.reasons, "gate_passed": False},
+    metrics = {**metrics, "gate_passed": False, "gate_reasons": comparison.reasons}
+    record = store.finish_run(run_id, st.REJECTED, message=message, live_after=live_now, metrics=metrics,
                               advance_watermark_to=watermark if job.advance_on_reject else None)
     return RunResult(st.REJECTED, message, record)
 
 
-def _install_sigterm():
-    def on_term(signum, frame):
-        raise Interrupted()
+class _SigtermGuard:
+    """SIGTERM raises `Interrupted` until the run starts finishing (promote + record); after that it is
+    ignored, since finishing takes seconds and stopping halfway would leave live and record out of step."""
 
-    return signal.signal(signal.SIGTERM, on_term)
+    def __init__(self) -> None:
+        self._finishing = False
+
+    def finishing(self) -> None:
+        self._finishing = True
+
+    def on_term(self, signum, frame) -> None:
+        if not self._finishing:
+            raise Interrupted()
 
 
 __all__ = [

@@ -154,7 +154,7 @@ class LibraryStages:
             result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
                                     self.scenarios(self.job.compare_split), self.reward(),
                                     samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
-                                    run_id=f"{ctx.run_id}-cmp", progress=False)
+                                    run_id=f"{ctx.run_id}-cmp")
         finally:
             team.close()
         decision = gate.evaluate(result, context={"retrain_run": ctx.run_id})

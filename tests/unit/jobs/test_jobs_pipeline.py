@@ -196,3 +196,31 @@ def test_a_live_holder_blocks_a_second_run(env):
     assert f"pid {os.getpid()}" in str(info.value) and socket.gethostname() in str(info.value)
     assert "nightly-first" in str(info.value)
     assert JobStore(job.store_path).runs() == []
+
+
+@pytest.mark.parametrize(("stage", "expected"), [("train", st.INTERRUPTED), ("promote", st.PROMOTED)])
+def test_sigterm_interrupts_work_but_not_finishing(env, stage, expected):
+    import signal
+
+    job, root = env
+    append_episodes(root / "traces" / "spans.jsonl", [iso(T0 - timedelta(hours=h)) for h in (3, 2, 1)], "a")
+
+    class Terminated(FakeStages):
+        def train(self, ctx, dataset, baseline):
+            if stage == "train":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().train(ctx, dataset, baseline)
+
+        def promote(self, ctx, candidate, reason):
+            if stage == "promote":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().promote(ctx, candidate, reason)
+
+    before = signal.getsignal(signal.SIGTERM)
+    result = run_once(job, stages=Terminated(job), now=T0, log=lambda m: None, handle_sigterm=True)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert result.status == expected, result.message
+    promoted = expected == st.PROMOTED
+    assert live(job) == {r: ("v2" if promoted else "v1") for r in ROLES}
+    assert (JobStore(job.store_path).watermark(job.name) is not None) == promoted
+    assert not job.lock_path.exists()

@@ -20,7 +20,8 @@ def mine(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from marft_lg.trajectories.mining import mine_with_report
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+    from marft_lg.trajectories.mining import mine_to_parquet
     from marft_lg.trajectories.quarantine import REASONS
 
     console = Console(stderr=True, soft_wrap=True)
@@ -28,8 +29,8 @@ def mine(
         with Progress(TextColumn("mining"), BarColumn(), TextColumn("{task.completed:,} spans"), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
             task = bar.add_task("mine", total=None)
-            dataset, report = mine_with_report(
-                paths, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
+            report = mine_to_parquet(
+                paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
                 progress=lambda n: bar.update(task, completed=n))
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]marft-lg mine: {exc}[/red]")
@@ -61,10 +62,10 @@ def mine(
 
     if report.episodes == 0 and report.episodes_before_since:
         out_console.print(f"no episode ended after --since {since}; writing empty tables")
+        TrajectoryDataset().to_parquet(out)
     elif report.episodes == 0:
         console.print(f"[red]marft-lg mine: nothing usable in {', '.join(paths)}: no episode with an LLM call"
                       f" ({report.spans_read:,} spans read, {report.quarantined_total:,} quarantined)."
                       " Are these OTLP/JSON trace lines from an instrumented LangGraph/LangChain app?[/red]")
         raise typer.Exit(1)
-    dataset.to_parquet(out)
     out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")

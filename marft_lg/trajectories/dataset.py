@@ -92,11 +92,13 @@ class TrajectoryDataset:
 
     def iter_episodes(self, scenarios: dict[str, dict[str, Any]] | None = None) -> Iterator[Episode]:
         """Yield `Episode` views in table order, joined to their scenario data when given."""
-        grouped = {k: g for k, g in self.actions.groupby("episode_id", sort=False)}
+        # One to_dict over the whole table: per-group conversion costs ~20 ms an episode.
+        by_episode: dict[str, list[dict[str, Any]]] = {}
+        for action in self.actions.to_dict("records"):
+            by_episode.setdefault(action["episode_id"], []).append(action)
         for row in self.episodes.to_dict("records"):
             eid = row["episode_id"]
-            group = grouped.get(eid)
-            actions = [] if group is None else group.to_dict("records")
+            actions = by_episode.get(eid, [])
             sid = row.get("scenario_id")
             scenario = scenarios.get(sid) if scenarios and sid is not None else None
             yield Episode(episode_id=eid, info=row, actions=actions, scenario=scenario)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,8 +64,55 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                      progress: Callable[[int], None] | None = None) -> tuple[TrajectoryDataset, MiningReport]:
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far."""
-    watermark = _watermark(since)
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
+    episode_rows: list[dict] = []
+    action_cols: dict[str, list] = {c: [] for c in (*ACTION_COLUMNS, "trace_id")}
+    for row, acts in _iter_episodes(paths, since, quarantine, max_attribute_bytes, progress, report):
+        episode_rows.append(row)
+        _extend_columns(action_cols, acts)
+    dataset = _to_dataset(episode_rows, action_cols)
+    report.actions_per_agent = {str(k): int(v) for k, v in sorted(Counter(dataset.actions["agent"]).items())}
+    return dataset, report
+
+
+def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
+                    quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
+                    progress: Callable[[int], None] | None = None, chunk_actions: int = 20_000) -> MiningReport:
+    """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
+    dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
+    Nothing is written when no episode was mined."""
+    from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
+
+    report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
+    per_agent: Counter[str] = Counter()
+    with DatasetParquetWriter(out) as writer:
+        episode_rows: list[dict] = []
+        action_cols: dict[str, list] = {c: [] for c in (*ACTION_COLUMNS, "trace_id")}
+        for row, acts in _iter_episodes(paths, since, quarantine, max_attribute_bytes, progress, report):
+            episode_rows.append(row)
+            _extend_columns(action_cols, acts)
+            per_agent.update(a["agent"] for a in acts)
+            if len(action_cols["order"]) >= chunk_actions:
+                writer.write(episode_rows, action_cols)
+                episode_rows, action_cols = [], {c: [] for c in action_cols}
+        writer.write(episode_rows, action_cols)
+        if report.episodes == 0:
+            writer.abort()
+    report.actions_per_agent = dict(sorted(per_agent.items()))
+    return report
+
+
+def _extend_columns(action_cols: dict[str, list], acts: list[dict]) -> None:
+    for name, column in action_cols.items():  # columns, not row dicts: a third of the memory
+        column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
+
+
+def _iter_episodes(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None,
+                   max_attribute_bytes: int, progress: Callable[[int], None] | None,
+                   report: MiningReport) -> Iterator[tuple[dict, list[dict]]]:
+    """Read, interpret and de-duplicate every span, then yield (episode row, action rows) in episode-id order;
+    fills `report` as it goes."""
+    watermark = _watermark(since)
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
     with Quarantine(quarantine) as q:
@@ -82,23 +129,28 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
             spans[key] = info
             if progress is not None and n % 10000 == 0:
                 progress(n)
-        episodes, feedback = group_episodes(spans.values())
+        episodes, feedback_spans = group_episodes(spans.values())
         report.spans_kept = len(spans)
         del spans
-        episode_rows: list[dict] = []
-        action_cols: dict[str, list] = {c: [] for c in (*ACTION_COLUMNS, "trace_id")}
+        feedback = _feedback_index(feedback_spans, q)
+        seen: set[str] = set()
         for key in sorted(episodes):
             built = assemble_episode(key, episodes.pop(key), q, stats)
             if built is None:
                 continue
+            seen.add(key)
             row, acts = built
             if watermark is not None and row["end_time"] <= watermark:
                 report.episodes_before_since += 1
                 continue
-            episode_rows.append(row)
-            for name, column in action_cols.items():  # columns, not row dicts: a third of the memory
-                column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
-        _join_feedback(episode_rows, feedback, q, watermark)
+            row["feedback"] = {name: value for name, (_, value) in sorted(feedback.get(key, {}).items())}
+            report.episodes += 1
+            report.actions += len(acts)
+            yield row, acts
+        for fb in sorted(feedback_spans, key=lambda s: (s.end_ns, s.span_id)):
+            if fb.episode_id and fb.feedback_name and fb.episode_id not in seen:
+                q.add("feedback_without_episode", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
+                      detail=f"episode {fb.episode_id!r} is not in the mined input")
         report.quarantined = dict(sorted(q.counts.items()))
     report.files = stats.get("files", 0)
     report.lines = stats.get("lines", 0)
@@ -107,11 +159,18 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     report.repaired_parents = stats.get("repaired_parents", 0)
     report.spans_without_actions = stats.get("spans_without_actions", 0)
     report.formats = dict(sorted(formats.items()))
-    dataset = _to_dataset(episode_rows, action_cols)
-    report.episodes = len(dataset.episodes)
-    report.actions = len(dataset.actions)
-    report.actions_per_agent = {str(k): int(v) for k, v in sorted(Counter(dataset.actions["agent"]).items())}
-    return dataset, report
+
+
+def _feedback_index(spans: list[SpanInfo], q: Quarantine) -> dict[str, dict[str, tuple[SpanInfo, object]]]:
+    """episode id -> feedback name -> (latest span, value); the latest span of a name wins."""
+    index: dict[str, dict[str, tuple[SpanInfo, object]]] = {}
+    for fb in sorted(spans, key=lambda s: (s.end_ns, s.span_id)):
+        if not fb.episode_id or not fb.feedback_name:
+            q.add("bad_feedback", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
+                  detail="marft.feedback span needs marft.episode.id and marft.feedback.name")
+            continue
+        index.setdefault(fb.episode_id, {})[fb.feedback_name] = (fb, fb.feedback_value)
+    return index
 
 
 def _watermark(since: datetime | str | None) -> int | None:
@@ -125,22 +184,6 @@ def _watermark(since: datetime | str | None) -> int | None:
     if since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     return int(since.timestamp() * 1_000_000) * 1000
-
-
-def _join_feedback(rows: list[dict], feedback: list[SpanInfo], q: Quarantine, watermark: int | None) -> None:
-    by_id = {r["episode_id"]: r for r in rows}
-    for fb in sorted(feedback, key=lambda s: (s.end_ns, s.span_id)):
-        if not fb.episode_id or not fb.feedback_name:
-            q.add("bad_feedback", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
-                  detail="marft.feedback span needs marft.episode.id and marft.feedback.name")
-            continue
-        row = by_id.get(fb.episode_id)
-        if row is None:
-            if watermark is None:
-                q.add("feedback_without_episode", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
-                      detail=f"episode {fb.episode_id!r} is not in the mined input")
-            continue
-        row["feedback"][fb.feedback_name] = fb.feedback_value
 
 
 _INTERNED = frozenset({"agent", "model", "adapter_version"})

@@ -23,7 +23,6 @@ REASONS: dict[str, str] = {
     "tool_without_action": "a tool span with no LLM call in its episode that could have issued it",
     "feedback_without_episode": "a feedback span whose episode id is not in the mined input",
     "bad_feedback": "a feedback span without a name or an episode id",
-    "before_since": "not used: the episode ended before the `since` watermark",
 }
 
 

@@ -44,3 +44,11 @@ def test_mine_nothing_usable_exits_nonzero(tmp_path):
 def test_mine_missing_path_exits_with_message(tmp_path):
     result = CliRunner().invoke(_app(), ["mine", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+def test_mine_since_after_everything_writes_empty_tables(tmp_path):
+    src = write(tmp_path / "a.jsonl", [line(own_episode(1, "e1"))])
+    result = CliRunner().invoke(_app(), ["mine", str(src), "--out", str(tmp_path / "out"), "--since", "2100-01-01T00:00:00Z"])
+    assert result.exit_code == 0, result.output
+    assert len(TrajectoryDataset.from_parquet(tmp_path / "out")) == 0
+    assert "episodes before --since" in result.output

@@ -131,3 +131,21 @@ def test_generic_genai_semconv_conversation_across_traces(tmp_path):
 def test_unknown_spans_only_mean_nothing_usable(tmp_path):
     ds, report = mine_with_report(write(tmp_path / "h.jsonl", [line([span(1, 1, None, "GET /", 0, 1, {"http.method": "GET"})])]))
     assert len(ds) == 0 and report.spans_without_actions == 1 and report.formats == {"unknown": 1}
+
+
+def test_streaming_parquet_equals_in_memory(tmp_path):
+    from marft_lg.trajectories.mining import mine_to_parquet
+
+    lines = [line(own_episode(i + 1, f"e{i}", base=10 * i, t=50 * i, tool_error=i % 2 == 1)) for i in range(5)]
+    lines.append(line([feedback_span(90, 1, "e3", "thumbs", 1, 900)]))
+    src = write(tmp_path / "a.jsonl", lines)
+    report = mine_to_parquet(src, tmp_path / "streamed", chunk_actions=3)
+    assert (report.episodes, report.actions) == (5, 10)
+    assert report.actions_per_agent == {"planner": 5, "researcher": 5}
+    mine(src).to_parquet(tmp_path / "memory")
+    streamed = TrajectoryDataset.from_parquet(tmp_path / "streamed")
+    in_memory = TrajectoryDataset.from_parquet(tmp_path / "memory")
+    pd.testing.assert_frame_equal(streamed.episodes, in_memory.episodes, check_dtype=False)
+    pd.testing.assert_frame_equal(streamed.actions, in_memory.actions, check_dtype=False)
+    assert streamed.episodes.set_index("episode_id")["feedback"]["e3"] == {"thumbs": 1}
+    assert not list((tmp_path / "streamed").glob(".*.tmp"))

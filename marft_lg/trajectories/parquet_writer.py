@@ -1,0 +1,89 @@
+"""Write a `TrajectoryDataset`'s two tables chunk by chunk, in the layout `TrajectoryDataset.from_parquet` reads.
+
+Mining a large input this way never holds the whole dataset: each chunk of episodes and actions is
+converted to Arrow with a fixed schema and appended; files are written under temporary names and
+renamed when complete, so a crash never leaves a half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS
+
+_TS = pa.timestamp("ns", tz="UTC")
+EPISODE_SCHEMA = pa.schema([
+    ("episode_id", pa.string()), ("scenario_id", pa.string()), ("start_time", _TS), ("end_time", _TS),
+    ("n_actions", pa.int64()), ("agents", pa.list_(pa.string())), ("status", pa.string()), ("outcome", pa.string()),
+    ("feedback", pa.string()), ("metadata", pa.string()), ("source_format", pa.string()),
+    ("trace_ids", pa.list_(pa.string())),
+])
+ACTION_SCHEMA = pa.schema([
+    ("episode_id", pa.string()), ("order", pa.int64()), ("step", pa.int64()), ("agent", pa.string()),
+    ("span_id", pa.string()), ("messages", pa.string()), ("completion", pa.string()),
+    ("prompt_token_ids", pa.list_(pa.int64())), ("completion_token_ids", pa.list_(pa.int64())),
+    ("completion_logprobs", pa.list_(pa.float64())), ("depends_on", pa.list_(pa.int64())),
+    ("tool_calls", pa.string()), ("tool_errors", pa.int64()), ("input_tokens", pa.int64()),
+    ("output_tokens", pa.int64()), ("latency_s", pa.float64()), ("model", pa.string()),
+    ("adapter_version", pa.string()), ("trace_id", pa.string()),
+])
+_JSON_COLUMNS = frozenset({"feedback", "metadata", "messages", "tool_calls"})  # as TrajectoryDataset.to_parquet
+assert set(EPISODE_COLUMNS) <= set(EPISODE_SCHEMA.names) and set(ACTION_COLUMNS) <= set(ACTION_SCHEMA.names)
+
+
+def _as_json(values: list[Any]) -> list[str | None]:
+    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
+
+
+class DatasetParquetWriter:
+    """`write(episode_rows, action_columns)` any number of times, then close (or use as a context manager)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._aborted = False
+
+    def _writer(self, name: str, schema: pa.Schema) -> pq.ParquetWriter:
+        if name not in self._writers:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._writers[name] = pq.ParquetWriter(self.directory / f".{name}.parquet.tmp", schema)
+        return self._writers[name]
+
+    def write(self, episode_rows: list[dict[str, Any]], action_columns: dict[str, list[Any]]) -> None:
+        if not episode_rows:
+            return
+        episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_SCHEMA.names}
+        self._append("episodes", EPISODE_SCHEMA, episodes)
+        self._append("actions", ACTION_SCHEMA, action_columns)
+
+    def _append(self, name: str, schema: pa.Schema, columns: dict[str, list[Any]]) -> None:
+        arrays = [pa.array(_as_json(columns[f.name]) if f.name in _JSON_COLUMNS else columns[f.name], type=f.type)
+                  for f in schema]
+        self._writer(name, schema).write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+    def abort(self) -> None:
+        """Close and delete what was written (nothing usable was mined)."""
+        self._aborted = True
+
+    def close(self) -> None:
+        for name, writer in self._writers.items():
+            writer.close()
+            tmp = self.directory / f".{name}.parquet.tmp"
+            if self._aborted:
+                tmp.unlink(missing_ok=True)
+            else:
+                tmp.replace(self.directory / f"{name}.parquet")
+        self._writers = {}
+
+    def __enter__(self) -> DatasetParquetWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:
+            self._aborted = True
+        self.close()

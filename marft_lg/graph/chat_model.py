@@ -115,9 +115,9 @@ class TeamChatModel(BaseChatModel):
             return self.team
         if self.base_url:
             if self._client is None:
-                from marft_lg.serving.client import OpenAIEngineClient
+                from marft_lg.graph.remote import RemoteEngine
 
-                self._client = OpenAIEngineClient(self.base_url, api_key=self.api_key)
+                self._client = RemoteEngine(self.base_url, api_key=self.api_key)
             return self._client
         raise ValueError(
             "TeamChatModel has no engine: pass team=Team(...) or base_url='http://127.0.0.1:8000/v1', "

@@ -1,0 +1,341 @@
+"""`MARFTTrainer`: offline MARFT from mined traces, then on-policy MARFT through the live graph.
+
+One iteration = build the buffer from scored episodes -> critic values -> advantages -> PPO update
+of the agent(s) whose turn it is -> stability checks (restore on collapse) -> metrics ->
+checkpoint. Online iterations also publish the adapters as registry versions and hot-swap them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from marft_lg.training.buffer import ActionRecord, build_buffer
+from marft_lg.training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from marft_lg.training.config import MARFTConfig
+from marft_lg.training.critic import ValueHead
+from marft_lg.training.metrics import MetricsLog, plot_run
+from marft_lg.training.policy import adapter_parameters
+from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update, recompute_behaviour
+from marft_lg.training.rollout import GraphCollector
+from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
+from marft_lg.trajectories.dataset import TrajectoryDataset
+
+log = logging.getLogger("marft_lg.training")
+
+_STANDARD_EPISODE_COLUMNS = {"episode_id", "reward", "scored", "error"}
+
+
+class MARFTTrainer:
+    """Trains the adapters of a team in place.
+
+    `team`: a serving `Team` with the hf engine (`team.engine.model` is the one PeftModel) or a
+    `LocalPolicy`. `reward`: a `CompositeReward` (anything with `.score(dataset, scenarios)`
+    returning `.episodes` and `.action_rewards`) or a plain `episode -> float` callable (terminal
+    reward on the episode's last action).
+    """
+
+    def __init__(self, team: Any, reward: Any, config: MARFTConfig | None = None, run_dir: str | Path = "runs/marft",
+                 *, run_id: str | None = None, progress: bool = True):
+        self.team, self.reward = team, reward
+        self.cfg = config or MARFTConfig()
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.progress = progress
+        torch.manual_seed(self.cfg.seed)
+        np.random.seed(self.cfg.seed)
+        self.model = team.engine.model if hasattr(team, "engine") else team.model
+        self.tokenizer = team.tokenizer
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.roles: list[str] = list(team.agents() if callable(getattr(team, "agents", None)) else team.roles)
+        self.adapter_names = {r: team.adapter_name(r) for r in self.roles}
+        hidden = self.model.get_base_model().config.hidden_size
+        self.value_head = ValueHead(hidden, self.cfg.value_head_hidden) if self.cfg.use_critic else None
+        self.critic_optimizer = (torch.optim.Adam(self.value_head.parameters(), lr=self.cfg.critic_learning_rate,
+                                                  eps=self.cfg.adam_eps) if self.value_head is not None else None)
+        self.optimizers = {r: self._adam(r, self.adapter_names[r]) for r in self.roles}
+        self.generator = torch.Generator().manual_seed(self.cfg.seed)
+        self.detector = CollapseDetector(self.cfg.entropy_surge, self.cfg.kl_blowup)
+        self.iteration = 0
+        self.update_count = 0
+        self.offline_cursor = 0
+        self.online_done = 0
+        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
+
+    # ---- public phases ---------------------------------------------------------------------------
+    def fit_offline(self, dataset: TrajectoryDataset, scenarios: Any = None, *, action_rewards: dict | None = None,
+                    iterations: int | None = None, resume: bool = False) -> list[dict[str, Any]]:
+        """MARFT on recorded episodes; ratios are taken against the traces' behaviour log-probs.
+
+        The dataset is walked `offline_episodes_per_iteration` episodes at a time for
+        `offline_passes` passes (or `iterations` iterations). Returns the metrics rows.
+        """
+        if resume:
+            self.resume()
+        episodes = self._scores(dataset, scenarios) if action_rewards is None else None
+        rewards_by_ep = action_rewards if action_rewards is not None else episodes[1]
+        ep_table = episodes[0] if episodes is not None else None
+        ids = dataset.episode_ids
+        per = self.cfg.offline_episodes_per_iteration
+        chunks = [ids[i:i + per] for i in range(0, len(ids), per)] or [[]]
+        total = iterations if iterations is not None else len(chunks) * self.cfg.offline_passes
+        rows = []
+        with self._progress(total - self.offline_cursor, "offline MARFT") as advance:
+            while self.offline_cursor < total:
+                part = chunks[self.offline_cursor % len(chunks)]
+                sub = dataset.select(part)
+                table = None if ep_table is None else ep_table[ep_table["episode_id"].isin(set(part))]
+                rows.append(self._iteration(sub, rewards_by_ep, table, phase="offline"))
+                self.offline_cursor += 1
+                self._maybe_checkpoint()
+                advance()
+        self._finish()
+        return rows
+
+    def fit_online(self, app: Any, scenarios: Any, iterations: int, *, resume: bool = False) -> list[dict[str, Any]]:
+        """On-policy MARFT: K episodes per scenario through `app`, mine, score, update, publish.
+
+        `app` is a `WrappedGraph` (traced and mined) or any collector with `collect(...)`.
+        """
+        if resume:
+            self.resume()
+        collector = app if hasattr(app, "collect") else GraphCollector(
+            app, concurrency=self.cfg.rollout_concurrency, run_id=self.run_id)
+        items = list(scenarios)
+        by_id = {s.scenario_id: s.to_dict() for s in items}
+        rows = []
+        start_iter = self.online_done
+        with self._progress(iterations - start_iter, "online MARFT") as advance:
+            for _ in range(start_iter, iterations):
+                t0 = time.perf_counter()
+                dataset = collector.collect(items, self.cfg.group_size, self.iteration, self.cfg.seed)
+                rollout_s = time.perf_counter() - t0
+                table, action_rewards = self._scores(dataset, by_id)
+                row = self._iteration(dataset, action_rewards, table, phase="online", extra={"rollout_s": rollout_s})
+                self._publish(row)
+                self.online_done += 1
+                rows.append(row)
+                self._maybe_checkpoint()
+                advance()
+        self._finish()
+        return rows
+
+
+
+    # ---- one iteration ---------------------------------------------------------------------------
+    def _iteration(self, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None, *,
+                   phase: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        buffer = build_buffer(dataset, action_rewards, self.tokenizer, max_context=cfg.max_context,
+                              behaviour_logprobs=cfg.behaviour_logprobs)
+        agents = self._agents_to_train(buffer.records)
+        restored: list[str] = []
+        stats = None
+        lock = self.team.exclusive() if hasattr(self.team, "exclusive") else nullcontext()
+        with lock:
+            if buffer.records:
+                recompute_behaviour(self.model, buffer, self._adapter_for, cfg, self.pad_id)
+                evaluate_critic(self.model, self.value_head, buffer, cfg, self.pad_id)
+                compute_advantages(buffer, cfg)
+                snaps = {a: AdapterSnapshot.take(self.model, self.adapter_names[a], self.optimizers[a]) for a in agents}
+                stats = ppo_update(self.model, self.value_head, buffer, cfg, agents=agents,
+                                   adapter_names=self.adapter_names, optimizers=self.optimizers,
+                                   critic_optimizer=self.critic_optimizer, pad_id=self.pad_id, generator=self.generator)
+                for a in agents:
+                    st = stats.agents[a]
+                    if st.minibatches == 0:
+                        continue
+                    reason = self.detector.check(a, entropy=st.entropy, approx_kl=st.approx_kl,
+                                                 params_finite=adapter_finite(self.model, self.adapter_names[a]))
+                    if reason is None:
+                        self.detector.accept(a, st.entropy)
+                    else:
+                        snaps[a].restore(self.model, self.adapter_names[a], self.optimizers[a])
+                        restored.append(reason)
+                        log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
+        self.update_count += 1
+        elapsed = time.perf_counter() - t0
+        row = self._row(phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed)
+        row.update(extra or {})
+        self.metrics.log(row)
+        self.iteration += 1
+        return row
+
+    def _agents_to_train(self, records: list[ActionRecord]) -> list[str]:
+        present = [r for r in self.roles if any(rec.agent == r for rec in records)]
+        if self.cfg.update_scheme == "simultaneous":
+            return present
+        turn = self.roles[(self.update_count // self.cfg.agent_iteration_interval) % len(self.roles)]
+        return [turn] if turn in present else []
+
+    def _adapter_for(self, record: ActionRecord) -> str:
+        """The adapter a span names (for recomputing behaviour log-probs), or the role's current one."""
+        version = record.adapter_version
+        if version and hasattr(self.team, "registry") and self.team.registry is not None:
+            try:
+                return self.team.adapter_name(record.agent, version)
+            except Exception as exc:  # the named version is gone: fall back, and say so
+                log.warning("span of %s/%s names adapter version %r which cannot be loaded (%s); "
+                            "recomputing with the current adapter", record.episode_id, record.order, version, exc)
+        return self.adapter_names[record.agent]
+
+    # ---- rewards ---------------------------------------------------------------------------------
+    def _scores(self, dataset: TrajectoryDataset, scenarios: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+        if scenarios is not None and not isinstance(scenarios, dict):
+            scenarios = {s.scenario_id: s.to_dict() for s in scenarios}
+        if hasattr(self.reward, "score"):
+            result = self.reward.score(dataset, scenarios)
+            return result.episodes, dict(result.action_rewards)
+        rows, action_rewards = [], {}
+        for ep in dataset.iter_episodes(scenarios):
+            value = float(self.reward(ep))
+            r = np.zeros(len(ep.actions))
+            if len(r):
+                r[-1] = value
+            action_rewards[ep.episode_id] = r
+            rows.append({"episode_id": ep.episode_id, "reward": value, "scored": True, "error": None})
+        return pd.DataFrame(rows, columns=["episode_id", "reward", "scored", "error"]), action_rewards
+
+    # ---- publishing (online) ---------------------------------------------------------------------
+    def _publish(self, row: dict[str, Any]) -> None:
+        """Save trained adapters as new registry versions and hot-swap them (Team with a registry)."""
+        if getattr(self.team, "registry", None) is None or not hasattr(self.team, "save_version"):
+            return
+        published = {}
+        for role in row.get("trained_agents", []):
+            metrics = {"reward_mean": row.get("reward_mean") or 0.0, "iteration": float(self.iteration)}
+            version = self.team.save_version(role, run_id=self.run_id, metrics=metrics)
+            self.team.load_version(role, version)
+            self._rebind(role, self.team.adapter_name(role))
+            published[role] = version
+        row["published"] = published
+
+    def _rebind(self, role: str, adapter: str) -> None:
+        """Point `role`'s optimizer at a newly loaded adapter with identical weights, keeping Adam state."""
+        if adapter == self.adapter_names[role]:
+            return
+        state = self.optimizers[role].state_dict()
+        self.adapter_names[role] = adapter
+        self.optimizers[role] = self._adam(role, adapter)
+        self.optimizers[role].load_state_dict(state)
+
+    def _adam(self, role: str, adapter: str) -> torch.optim.Optimizer:
+        params = adapter_parameters(self.model, adapter)
+        if not params:
+            raise ValueError(f"adapter {adapter!r} of role {role!r} has no parameters in the model; is it loaded?")
+        return torch.optim.Adam(params, lr=self.cfg.lr_for(role), eps=self.cfg.adam_eps)
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "update_count": self.update_count, "offline_cursor": self.offline_cursor,
+                "online_done": self.online_done, "config": self.cfg.to_dict(), "run_id": self.run_id,
+                "value_head": None if self.value_head is None else self.value_head.state_dict(),
+                "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
+                "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
+                "rng": rng_state(self.generator), "detector": self.detector.state_dict()}
+
+    def save_checkpoint(self) -> Path:
+        return save_checkpoint(self.run_dir, self.iteration, model=self.model, adapter_names=self.adapter_names,
+                               state=self._state())
+
+    def _maybe_checkpoint(self) -> None:
+        if self.iteration % self.cfg.checkpoint_every == 0:
+            self.save_checkpoint()
+
+    def resume(self) -> bool:
+        """Continue from the run directory's latest checkpoint (False when there is none)."""
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            return False
+        state = load_checkpoint(path, model=self.model, adapter_names=self.adapter_names)
+        self.iteration, self.update_count = state["iteration"], state["update_count"]
+        self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
+        self.run_id = state.get("run_id", self.run_id)
+        if self.value_head is not None and state["value_head"] is not None:
+            self.value_head.load_state_dict(state["value_head"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        for r, s in state["optimizers"].items():
+            self.optimizers[r].load_state_dict(s)
+        set_rng_state(state["rng"], self.generator)
+        self.detector.load_state_dict(state["detector"])
+        self.metrics.truncate_after(self.iteration - 1)
+        log.info("resumed from %s (iteration %d)", path, self.iteration)
+        return True
+
+    # ---- reporting -------------------------------------------------------------------------------
+    def _row(self, phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed) -> dict[str, Any]:
+        rewards = _episode_rewards(dataset, action_rewards, table)
+        row: dict[str, Any] = {
+            "iteration": self.iteration, "phase": phase, "episodes": len(dataset), "actions": len(buffer.records),
+            "reward_mean": float(np.mean(rewards)) if len(rewards) else None,
+            "reward_std": float(np.std(rewards)) if len(rewards) else None,
+            "components": _components(table), "trained_agents": agents, "restored": restored,
+            "skipped": dict(buffer.skipped), "recomputed_logprobs": buffer.n_recomputed, "time_s": elapsed,
+        }
+        if stats is not None:
+            row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,
+                        "critic_grad_norm": stats.critic_grad_norm, "explained_variance": stats.explained_variance,
+                        "tokens": stats.tokens, "tokens_per_s": stats.tokens / elapsed if elapsed > 0 else None,
+                        "nonfinite": stats.nonfinite})
+        return row
+
+    def _finish(self) -> None:
+        if self.cfg.plots:
+            plot_run(self.run_dir)
+
+    def _progress(self, total: int, label: str):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def bar():
+            if not self.progress:
+                yield lambda: None
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          transient=False) as prog:
+                task = prog.add_task(label, total=max(0, total))
+                yield lambda: prog.advance(task)
+        return bar()
+
+
+def _episode_rewards(dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None) -> list[float]:
+    if table is not None and "reward" in table.columns and len(table):
+        ids = set(dataset.episode_ids)
+        t = table[table["episode_id"].isin(ids)]
+        if "scored" in t.columns:
+            t = t[t["scored"].fillna(True).astype(bool)]
+        return [float(x) for x in t["reward"] if x is not None and math.isfinite(float(x))]
+    return [float(np.sum(action_rewards[e])) for e in dataset.episode_ids if e in action_rewards]
+
+
+def _components(table: pd.DataFrame | None) -> dict[str, float]:
+    if table is None or not len(table):
+        return {}
+    out = {}
+    for col in table.columns:
+        if col in _STANDARD_EPISODE_COLUMNS:
+            continue
+        values = pd.to_numeric(table[col], errors="coerce").dropna()
+        if len(values):
+            out[col] = float(values.mean())
+    return out

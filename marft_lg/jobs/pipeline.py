@@ -29,7 +29,7 @@ from marft_lg.jobs import store as st
 from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.lock import LockHeld, RunLock
 from marft_lg.jobs.store import JobStore, RunRecord
-from marft_lg.jobs.watermark import Window, format_time, select_window, window_for
+from marft_lg.jobs.watermark import Window, format_time, parse_time, select_window, window_for
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 
@@ -122,10 +122,9 @@ def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datet
         if lock.broken is not None:
             log(f"found a stale lock from {lock.broken.describe()}: that run did not finish")
         crashed = store.mark_crashed(job.name, "run stopped without finishing; detected by the next run")
-        for r in crashed:
-            log(f"run {r.run_id} was left 'running' and is now marked 'crashed'; its window will be redone")
         stages = stages or load_stages(job)
         try:
+            crashed = [_recover(r, job, store, stages, log) for r in crashed]
             result = _run_locked(job, store, stages, run_id, now, log, handle_sigterm)
         finally:
             close = getattr(stages, "close", None)
@@ -135,6 +134,29 @@ def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datet
         return result
     finally:
         lock.release()
+
+
+def _recover(record: RunRecord, job: RetrainJob, store: JobStore, stages: RetrainStages,
+             log: Callable[[str], None]) -> RunRecord:
+    """A crashed run whose recorded candidate is what `live` serves had promoted before it died: complete
+    its record and watermark so its window is not trained twice. Any other crashed run's window is redone."""
+    promoted = bool(record.candidate) and record.candidate != record.baseline and record.window_end
+    if promoted:
+        ctx = RunContext(job=job, run_id=record.run_id, run_dir=Path(record.run_dir or job.output_dir),
+                         window=Window(parse_time(record.window_start), parse_time(record.window_end)), log=log)
+        try:
+            live = stages.live_versions(ctx)
+        except Exception as exc:
+            log(f"cannot read the live versions to check crashed run {record.run_id} ({exc})")
+            live = {}
+        promoted = all(live.get(role) == version for role, version in record.candidate.items())
+    if not promoted:
+        log(f"run {record.run_id} was left 'running' and is now marked 'crashed'; its window will be redone")
+        return record
+    message = f"promoted {record.candidate}, then stopped before recording it; completed by the next run"
+    log(f"run {record.run_id} {message}")
+    return store.finish_run(record.run_id, st.PROMOTED, advance_watermark_to=record.window_end, message=message,
+                            live_after=live)
 
 
 def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id: str, now: datetime,
@@ -176,7 +198,7 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _Sig
     n = len(dataset)
     store.update_run(run_id, n_episodes=n)
     if n < job.min_new_episodes:
-        message = (f"skipped: {n} new episode(s) in the window, fewer than min_new_episodes={job.min_new_episodes}; "
+        message = (f"{n} new episode(s) in the window, fewer than min_new_episodes={job.min_new_episodes}; "
                    "watermark unchanged, they count toward the next run")
         return RunResult(st.SKIPPED, message, store.finish_run(run_id, st.SKIPPED, message=message))
     dataset.to_parquet(ctx.run_dir / "dataset")
@@ -205,7 +227,7 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _Sig
                                   live_after=live_after)
         return RunResult(st.PROMOTED, message, record)
     why = "; ".join(comparison.reasons) or "gate failed"
-    message = f"rejected: {why}; live stays {live_now}"
+    message = f"{why}; live stays {live_now}"
     metrics = {**metrics, "gate_passed": False, "gate_reasons": comparison.reasons}
     record = store.finish_run(run_id, st.REJECTED, message=message, live_after=live_now, metrics=metrics,
                               advance_watermark_to=watermark if job.advance_on_reject else None)

@@ -140,3 +140,25 @@ def test_schedule_runs_on_time_and_stops_gracefully_on_sigterm(tmp_path):
     statuses = [r.status for r in JobStore(job.store_path).runs()]
     assert statuses[-1] == st.PROMOTED and statuses[0] == st.INTERRUPTED, statuses
     assert "stopping" in err and not job.lock_path.exists()
+
+
+def test_sigkill_between_promotion_and_record_is_completed_not_redone(job_setup):
+    path, root, job = job_setup
+    set_control(root, kill_after_promote=True)
+    killed = subprocess.run(cli("retrain", "--job", str(path)), env=child_env(), capture_output=True, text=True,
+                            timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    store = JobStore(job.store_path)
+    [dead] = store.runs()
+    assert dead.status == st.RUNNING and AdapterRegistry(job.registry).alias("live") == dead.candidate
+    assert store.watermark(job.name) is None
+
+    set_control(root)
+    nxt = subprocess.run(cli("retrain", "--job", str(path)), env=child_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert nxt.returncode == 0, nxt.stdout + nxt.stderr
+    assert "then stopped before recording it" in nxt.stderr
+    assert nxt.stdout.startswith("skipped: 0 new episode(s)")  # the promoted window is not trained again
+    finished = store.get(dead.run_id)
+    assert finished.status == st.PROMOTED and finished.live_after == dead.candidate
+    assert store.watermark(job.name) == dead.window_end

@@ -116,7 +116,13 @@ class FakeStages:
     def promote(self, ctx, candidate, reason):
         self.calls.append("promote")
         self._maybe_fail("promote")
-        return self.registry.promote(candidate, reason=reason)
+        live = self.registry.promote(candidate, reason=reason)
+        if self.control().get("kill_after_promote"):
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return live
 
 
 def make_job(root: Path, **settings: Any) -> Path:

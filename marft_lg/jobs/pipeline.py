@@ -122,13 +122,14 @@ def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datet
         if lock.broken is not None:
             log(f"found a stale lock from {lock.broken.describe()}: that run did not finish")
         crashed = store.mark_crashed(job.name, "run stopped without finishing; detected by the next run")
+        owned = stages is None
         stages = stages or load_stages(job)
         try:
             crashed = [_recover(r, job, store, stages, log) for r in crashed]
             result = _run_locked(job, store, stages, run_id, now, log, handle_sigterm)
         finally:
             close = getattr(stages, "close", None)
-            if callable(close):
+            if owned and callable(close):
                 close()
         result.crashed = crashed
         return result

@@ -122,6 +122,7 @@ def test_collector_writes_otlp_json_lines_where_the_job_mines(docs):
     assert len(files) == 1
     exporter = cfg["exporters"][files[0]]
     assert exporter.get("format", "json") == "json" and "compression" not in exporter
+    assert "rotation" in exporter and "append" not in exporter  # the exporter rejects rotation + append
     path = Path(exporter["path"])
     assert path.suffix == ".jsonl"
     job = RetrainJob.from_dict(yaml.safe_load(docs["ConfigMap"]["data"]["job.yaml"]))

@@ -107,6 +107,16 @@ def test_bad_times(tmp_path):
     assert dataset.actions["agent"].tolist() == ["researcher"]
 
 
+def test_tool_span_before_any_llm_call_of_its_episode(tmp_path):
+    spans = own_episode(1, "e1")
+    early = json.loads(json.dumps(spans[5]))
+    early["spanId"] = f"{99:016x}"
+    early["startTimeUnixNano"] = early["endTimeUnixNano"] = spans[0]["startTimeUnixNano"]
+    dataset, report, q, src = _mine(tmp_path, [line(spans + [early])])
+    assert [(r["reason"], r["span_id"], r["source"]) for r in q] == [("tool_without_action", early["spanId"], f"{src}:1")]
+    assert dataset.actions["tool_calls"].map(len).tolist() == [0, 1]
+
+
 def test_tool_span_without_any_action(tmp_path):
     tool = span(9, 1, None, "execute_tool lookup", 0, 1, {"gen_ai.operation.name": "execute_tool",
                                                          "gen_ai.tool.name": "lookup"})

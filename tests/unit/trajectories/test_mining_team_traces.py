@@ -38,7 +38,7 @@ def _check(dataset, report, versions, n_episodes):
     assert report.quarantined == {} and report.formats == {"own": report.spans_kept}
     assert sorted(dataset.episode_ids) == [f"real-{i}" for i in range(n_episodes)]
     acts = dataset.actions
-    for eid, group in acts.groupby("episode_id"):
+    for _episode, group in acts.groupby("episode_id"):
         agents = group["agent"].tolist()
         assert agents[0] == "planner" and agents[-1] == "critic" and "writer" in agents
         assert group["order"].tolist() == list(range(len(group)))

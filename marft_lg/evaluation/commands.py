@@ -86,7 +86,10 @@ def _finish(result: Any, gate_path: Path | None, out: Path, console: Any) -> Any
 
 
 def compare(
-    scenarios: Path | None = typer.Option(None, help="Scenario file (JSONL or parquet) to replay through both teams."),
+    scenarios: Path | None = typer.Option(None, help="Scenario file (JSONL or parquet) to replay through both teams, "
+                                          "or a trace directory to sample real inputs from (see --input-keys)."),
+    input_keys: str = typer.Option("question", help="With a trace directory as --scenarios: the graph input keys, comma-separated."),
+    n_scenarios: int | None = typer.Option(None, help="With a trace directory as --scenarios: sample this many inputs."),
     baseline: str = typer.Option("live", help="Alias or role=ref,... of the team to compare against."),
     candidate: str = typer.Option("candidate", help="Alias or role=ref,... of the team to try (unlisted roles keep the baseline's)."),
     app: str | None = typer.Option(None, help="The LangGraph app: FILE.py:NAME or module:NAME (a WrappedGraph, a compiled graph, or a factory f(llm) -> graph)."),
@@ -115,7 +118,19 @@ def compare(
     from marft_lg.trajectories.scenarios import ScenarioSet
 
     scorer = CompositeReward.from_yaml(reward)
-    scenario_set = ScenarioSet.load(scenarios) if scenarios else None
+    scenario_set = None
+    if scenarios is not None and scenarios.is_dir():
+        from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
+        from marft_lg.trajectories.mining import mine
+
+        keys = [k.strip() for k in input_keys.split(",") if k.strip()]
+        scenario_set = scenarios_from_dataset(mine(scenarios), keys, n=n_scenarios, seed=seed)
+        if not len(scenario_set):
+            raise typer.BadParameter(f"no successful episodes with inputs {keys} under {scenarios}")
+        scenario_set.save(out / "scenarios.jsonl")
+        console.print(f"{len(scenario_set)} scenarios sampled from {scenarios} -> {out / 'scenarios.jsonl'}")
+    elif scenarios is not None:
+        scenario_set = ScenarioSet.load(scenarios)
     if from_traces is not None:
         from marft_lg.evaluation.shadow import compare_mirrored
 

@@ -208,8 +208,8 @@ def _policy_chunk_loss(model: torch.nn.Module, chunk: list[ActionRecord], cfg: M
         else:
             approx_kl = (((ratio - 1) - logratio) * mask).sum() / n_tok
             clipfrac = ((((ratio - 1).abs() > cfg.clip_high).float()) * mask).sum() / n_tok
-    info = {"pg": float(pg), "approx_kl": float(approx_kl), "entropy": float(ent), "clipfrac": float(clipfrac),
-            "kl_ref": float(kl_ref), "tokens": int(mask.sum())}
+    info = {"pg": float(pg.detach()), "approx_kl": float(approx_kl), "entropy": float(ent.detach()),
+            "clipfrac": float(clipfrac), "kl_ref": float(kl_ref.detach()), "tokens": int(mask.sum())}
     return loss, info
 
 
@@ -317,8 +317,31 @@ def _critic_step(head: ValueHead, opt: torch.optim.Optimizer, minibatch: list[Ac
         opt.zero_grad(set_to_none=True)
         return
     opt.step()
-    stats.value_loss = float(loss)
+    stats.value_loss = float(loss.detach())
     stats.critic_grad_norm = float(norm)
+
+
+@torch.no_grad()
+def post_update_check(model: torch.nn.Module, records: list[ActionRecord], adapter: str, cfg: MARFTConfig,
+                      pad_id: int, batch_size: int = 8) -> tuple[float, float]:
+    """(approx KL to the behaviour policy, mean token entropy) of the updated adapter on its records.
+
+    This is what the collapse checks look at: the in-update KL of the first minibatch is ~0 by
+    construction, the policy's distance after the step is not.
+    """
+    kls, ents, n = 0.0, 0.0, 0
+    model.set_adapter(adapter)
+    for batch in _batches(records, batch_size):
+        t = collate(batch, pad_id)
+        mask = t["completion_mask"].bool()
+        lp, ent = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
+                                 chunk_size=cfg.logprob_chunk)
+        old = torch.cat([torch.tensor(r.behaviour_logprobs, dtype=torch.float32) for r in batch])
+        logratio = lp[mask] - old
+        kls += float(((logratio.exp() - 1) - logratio).sum())
+        ents += float(ent[mask].sum())
+        n += int(mask.sum())
+    return (kls / n, ents / n) if n else (0.0, 0.0)
 
 
 def explained_variance(records: list[ActionRecord], granularity: str) -> float:

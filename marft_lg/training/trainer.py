@@ -32,7 +32,13 @@ from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead
 from marft_lg.training.metrics import MetricsLog, plot_run
 from marft_lg.training.policy import adapter_parameters
-from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update, recompute_behaviour
+from marft_lg.training.ppo import (
+    compute_advantages,
+    evaluate_critic,
+    post_update_check,
+    ppo_update,
+    recompute_behaviour,
+)
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
 from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -148,6 +154,7 @@ class MARFTTrainer:
                               behaviour_logprobs=cfg.behaviour_logprobs)
         agents = self._agents_to_train(buffer.records)
         restored: list[str] = []
+        post: dict[str, dict[str, float]] = {}
         stats = None
         lock = self.team.exclusive() if hasattr(self.team, "exclusive") else nullcontext()
         with lock:
@@ -161,12 +168,15 @@ class MARFTTrainer:
                                    critic_optimizer=self.critic_optimizer, pad_id=self.pad_id, generator=self.generator)
                 for a in agents:
                     st = stats.agents[a]
-                    if st.minibatches == 0:
+                    if st.steps == 0:
                         continue
-                    reason = self.detector.check(a, entropy=st.entropy, approx_kl=st.approx_kl,
-                                                 params_finite=adapter_finite(self.model, self.adapter_names[a]))
+                    finite = adapter_finite(self.model, self.adapter_names[a])
+                    kl, entropy = (post_update_check(self.model, buffer.for_agent(a), self.adapter_names[a], cfg,
+                                                     self.pad_id) if finite else (float("nan"), float("nan")))
+                    post[a] = {"approx_kl": kl, "entropy": entropy}
+                    reason = self.detector.check(a, entropy=entropy, approx_kl=kl, params_finite=finite)
                     if reason is None:
-                        self.detector.accept(a, st.entropy)
+                        self.detector.accept(a, entropy)
                     else:
                         snaps[a].restore(self.model, self.adapter_names[a], self.optimizers[a])
                         restored.append(reason)
@@ -174,6 +184,7 @@ class MARFTTrainer:
         self.update_count += 1
         elapsed = time.perf_counter() - t0
         row = self._row(phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed)
+        row["post_update"] = post
         row.update(extra or {})
         self.metrics.log(row)
         self.iteration += 1

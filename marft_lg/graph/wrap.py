@@ -16,6 +16,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -45,12 +46,14 @@ def _with_callback(config: dict[str, Any], handler: EpisodeRecorder) -> dict[str
 class WrappedGraph:
     """A compiled graph plus routing and tracing; see `wrap`."""
 
-    def __init__(self, graph: Any, *, team: Any = None, sink: TraceSink, node_roles: Mapping[str, str] | None = None,
+    def __init__(self, graph: Any, *, team: Any = None, sink: TraceSink, trace_dir: str | os.PathLike | None = None,
+                 node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
                  shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None):
         self.graph = graph
         self.team = team
         self.sink = sink
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self.node_roles = dict(node_roles) if node_roles else None
         self.capture_messages = capture_messages
         self.redact = redact
@@ -66,7 +69,7 @@ class WrappedGraph:
         return getattr(self.graph, name)
 
     def __repr__(self) -> str:
-        return f"WrappedGraph({self.workflow_name!r}, trace_dir={self.trace_files and self.trace_files[0].parent})"
+        return f"WrappedGraph({self.workflow_name!r}, trace_dir={str(self.trace_dir)!r})"
 
     @property
     def trace_files(self) -> list:
@@ -354,5 +357,5 @@ def wrap(
                      max_file_bytes=max_file_bytes)
     mirror = (ShadowMirror(sample_rate, queue_size=shadow_queue_size, timeout_s=shadow_timeout_s, seed=shadow_seed)
               if shadow is not None and sample_rate > 0 else None)
-    return WrappedGraph(graph, team=team, sink=sink, node_roles=node_roles, capture_messages=capture_messages,
+    return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles, capture_messages=capture_messages,
                         redact=redact, shadow=shadow, mirror=mirror)

@@ -69,6 +69,7 @@ FEEDBACK_SPAN_NAME = "marft.feedback"
 MARFT_ADAPTER_NAME = "marft.adapter.name"  # engine agent whose adapter answered; absent/"" = base model
 MARFT_CALL_INDEX = "marft.call.index"  # n-th LLM call of this agent task (0-based), part of the seed derivation
 MARFT_FEEDBACK_COMMENT = "marft.feedback.comment"
+MARFT_FEEDBACK_METADATA = "marft.feedback.metadata"  # JSON object given to record_feedback(metadata=...)
 MARFT_FEEDBACK_TIME = "marft.feedback.time"  # ISO-8601 UTC time the feedback was given
 MARFT_EPISODE_SIDE_STATUS = "marft.mirror.shadow_status"  # on shadow roots: "ok" | "error" | "timeout"
 # AIMessage.response_metadata key under which TeamChatModel puts the engine's Completion fields

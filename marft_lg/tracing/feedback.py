@@ -57,7 +57,7 @@ def record_feedback(
     if comment:
         attrs[A.MARFT_FEEDBACK_COMMENT] = comment
     if metadata:
-        attrs[A.MARFT_EPISODE_METADATA] = json.dumps(metadata, ensure_ascii=False, default=str)
+        attrs[A.MARFT_FEEDBACK_METADATA] = json.dumps(metadata, ensure_ascii=False, default=str)
     sink = _sink(trace_dir)
     sink.tracer.start_span(A.FEEDBACK_SPAN_NAME, attributes=attrs).end()
     sink.flush()

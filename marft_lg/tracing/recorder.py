@@ -106,6 +106,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._own: dict[UUID, Span] = {}  # run id -> span this recorder opened for it
         self._tasks: dict[str, Span] = {}  # langgraph checkpoint ns -> invoke_agent span
         self._t0: dict[UUID, float] = {}
+        self._attr_cache: dict[str, dict[str, Any]] = {}
         self.n_chat = 0
         self.n_errors = 0
         self.finished = False
@@ -161,11 +162,15 @@ class EpisodeRecorder(BaseCallbackHandler):
         return span or self.root
 
     def _graph_attrs(self, md: Mapping[str, Any]) -> dict[str, Any]:
-        attrs: dict[str, Any] = {A.MARFT_EPISODE_ID: self.info.episode_id}
+        """Episode + LangGraph task attributes, computed once per task (all its calls share them)."""
         node = md.get("langgraph_node")
         if node is None:
-            return attrs
+            return {A.MARFT_EPISODE_ID: self.info.episode_id}
         ns = md.get("langgraph_checkpoint_ns") or ""
+        cached = self._attr_cache.get(ns)
+        if cached is not None and cached.get(A.MARFT_AGENT_NODE) is not None:
+            return dict(cached)
+        attrs: dict[str, Any] = {A.MARFT_EPISODE_ID: self.info.episode_id}
         path = agent_path(ns, node)
         attrs[A.GEN_AI_AGENT_NAME] = path
         attrs[A.MARFT_AGENT_NODE] = path
@@ -179,7 +184,8 @@ class EpisodeRecorder(BaseCallbackHandler):
             last = ns.rsplit("|", 1)[-1]
             if ":" in last:
                 attrs[A.MARFT_LANGGRAPH_TASK_ID] = last.split(":", 1)[1]
-        return attrs
+        self._attr_cache[ns] = attrs
+        return dict(attrs)
 
     def _open(self, run_id: UUID, name: str, parent: Span, kind: SpanKind, attrs: dict[str, Any]) -> Span:
         span = self.tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind, attributes=attrs)

@@ -72,12 +72,13 @@ def test_token_encodings_round_trip():
 
 def test_record_feedback_is_joinable_by_episode(tmp_path):
     record_feedback("ep-42", "thumbs_up", True, trace_dir=tmp_path)
-    record_feedback("ep-42", "csat", 4.5, trace_dir=tmp_path, comment="fast")
+    record_feedback("ep-42", "csat", 4.5, trace_dir=tmp_path, comment="fast", metadata={"ticket": 7})
     got = [s for s in read_spans(tmp_path) if s["name"] == A.FEEDBACK_SPAN_NAME]  # on disk without any flush call
     assert [(s["attributes"][A.MARFT_FEEDBACK_NAME], s["attributes"][A.MARFT_FEEDBACK_VALUE]) for s in got] == [
         ("thumbs_up", True), ("csat", 4.5)]
     assert all(s["attributes"][A.MARFT_EPISODE_ID] == "ep-42" and s["parent_span_id"] is None for s in got)
     assert got[1]["attributes"][A.MARFT_FEEDBACK_COMMENT] == "fast"
+    assert json.loads(got[1]["attributes"][A.MARFT_FEEDBACK_METADATA]) == {"ticket": 7}
     assert got[0]["attributes"][A.MARFT_FEEDBACK_TIME].endswith("+00:00")
     with pytest.raises(TypeError, match="must be a number, bool or string"):
         record_feedback("ep-42", "blob", {"a": 1}, trace_dir=tmp_path)

@@ -63,6 +63,7 @@ class Team:
         self._inflight: Counter[str] = Counter()
         self._retired: set[str] = set()
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tokenizer: Any = None
         if versions is _UNSET:
             versions = "live" if self.registry is not None else None
         try:
@@ -82,7 +83,7 @@ class Team:
         if engine == "vllm":
             from marft_lg.serving.engine_vllm import VLLMEngine
 
-            return VLLMEngine(self.model_dir, **options)
+            return VLLMEngine(self.model_dir, **{"served_model_name": self.model_name, **options})
         raise ValueError(f"unknown engine {engine!r}; use 'hf' (embedded transformers + peft) or 'vllm'")
 
     def _slot(self, role: str) -> str:
@@ -141,7 +142,15 @@ class Team:
     # ---- serving -------------------------------------------------------------------------------
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        """The engine's tokenizer (loaded from the model directory for engines that keep none)."""
+        tok = getattr(self.engine, "tokenizer", None)
+        if tok is None:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+            tok = self._tokenizer
+        return tok
 
     def agents(self) -> list[str]:
         return list(self._agents)

@@ -78,3 +78,27 @@ def test_openinference_instrumentation_alongside(tmp_path):
         assert len(theirs) >= 3  # OpenInference saw the same calls through its own provider
     finally:
         instrumentor.uninstrument()
+
+
+def test_openllmetry_instrumentation_alongside(tmp_path):
+    pytest.importorskip("opentelemetry.instrumentation.langchain")
+    from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    instrumentor = LangchainInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        graph = linear(TeamChatModel())
+        reference = wrap(graph, team=FakeEngine(), trace_dir=tmp_path / "ref").invoke({"msgs": ["x"]}, seed=2)
+        app = wrap(graph, team=FakeEngine(), trace_dir=tmp_path / "tr")
+        assert app.invoke({"msgs": ["x"]}, seed=2) == reference
+        ours = chats(spans(app, tmp_path / "tr"))
+        assert [c["attributes"][A.MARFT_ADAPTER_NAME] for c in ours] == ["planner", "writer", "critic"]
+        assert len(memory.get_finished_spans()) >= 3
+    finally:
+        instrumentor.uninstrument()

@@ -94,7 +94,7 @@ def test_three_node_graph_on_embedded_team(embedded_model_dir, tmp_path):
     torch.set_num_threads(2)
     with Team(embedded_model_dir, list(ROLES), seed=0) as team:
         engine = RecordingEngine(team)
-        app = wrap(_graph(TeamChatModel(max_tokens=12, temperature=0.8)), team=engine, trace_dir=tmp_path)
+        app = wrap(_graph(TeamChatModel(max_tokens=8, temperature=0.8)), team=engine, trace_dir=tmp_path)
         first = app.invoke({"messages": [HumanMessage("Write about the sea.")]}, episode_id="real-1", seed=7)
         recorded = list(engine.completions)
         second = app.invoke({"messages": [HumanMessage("Write about the sea.")]}, episode_id="real-2", seed=7)
@@ -136,7 +136,7 @@ def test_three_node_graph_through_marft_lg_serve(tmp_path):
             time.sleep(0.5)
         engine = RecordingEngine(RemoteEngine(f"{base}/v1"))
         assert engine.agents() == list(ROLES)
-        app = wrap(_graph(TeamChatModel(max_tokens=12)), team=engine, trace_dir=tmp_path / "tr")
+        app = wrap(_graph(TeamChatModel(max_tokens=8)), team=engine, trace_dir=tmp_path / "tr")
         app.invoke({"messages": [HumanMessage("Write about the sea.")]}, episode_id="remote-1", seed=3)
         app.flush()
         _check_spans(tmp_path / "tr", "remote-1", engine.completions)

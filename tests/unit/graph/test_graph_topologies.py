@@ -183,3 +183,21 @@ def test_batch_gives_each_input_its_episode(tmp_path):
     for i in range(2):
         root = [s for s in by_episode(got, f"b-{i}") if s["parent_span_id"] is None][0]
         assert root["attributes"][A.MARFT_SCENARIO_ID] == f"s{i}"
+
+
+def test_abatch_and_a_stream_closed_early(tmp_path):
+    eng = FakeEngine()
+    app = wrap(linear(TeamChatModel()), team=eng, trace_dir=tmp_path)
+    outs = asyncio.run(app.abatch([{"msgs": ["a"]}, {"msgs": ["b"]}], episode_ids=["ab-0", "ab-1"], seeds=[3, 3]))
+    assert [o["msgs"][0] for o in outs] == ["a", "b"]
+    stream = app.stream({"msgs": ["c"]}, episode_id="early", stream_mode="updates")
+    first = next(stream)
+    assert list(first) == ["planner"]
+    stream.close()  # the caller stops listening after the first node
+    got = spans(app, tmp_path)
+    for eid in ("ab-0", "ab-1"):
+        assert len(chats(by_episode(got, eid))) == 3
+    early = by_episode(got, "early")
+    roots = [s for s in early if s["parent_span_id"] is None]
+    assert len(roots) == 1 and roots[0]["status_code"] == 1 and A.MARFT_OUTCOME not in roots[0]["attributes"]
+    assert [c["attributes"][A.MARFT_AGENT_NODE] for c in chats(early)] == ["planner"]

@@ -345,7 +345,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         model = meta.get("model") or rmeta.get("model_name") or rmeta.get("model")
         if model:
             attrs[A.GEN_AI_RESPONSE_MODEL] = str(model)
-            if meta and span.name == f"{A.OP_CHAT} {UNRESOLVED_MODEL}":
+            if meta and getattr(span, "name", None) == f"{A.OP_CHAT} {UNRESOLVED_MODEL}":
                 # TeamChatModel learns its engine (hence the model) only when the call runs.
                 attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
                 span.update_name(f"{A.OP_CHAT} {model}")

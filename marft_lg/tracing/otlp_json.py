@@ -18,6 +18,13 @@ _OTLP_KIND = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}
 
 def any_value(value: Any) -> dict[str, Any]:
     """A Python attribute value -> OTLP ``AnyValue`` (int64 as a decimal string, per proto3 JSON)."""
+    kind = type(value)
+    if kind is str:
+        return {"stringValue": value}
+    if kind is int:
+        return {"intValue": str(value)}
+    if kind is float:
+        return {"doubleValue": value}
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):

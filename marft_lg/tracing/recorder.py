@@ -107,6 +107,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._tasks: dict[str, Span] = {}  # langgraph checkpoint ns -> invoke_agent span
         self._t0: dict[UUID, float] = {}
         self._attr_cache: dict[str, dict[str, Any]] = {}
+        self._contexts: dict[int, Any] = {}  # id(span) -> OTel context with it as parent (spans outlive the episode's calls)
         self.n_chat = 0
         self.n_errors = 0
         self.finished = False
@@ -187,8 +188,14 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._attr_cache[ns] = attrs
         return dict(attrs)
 
+    def _context(self, parent: Span) -> Any:
+        ctx = self._contexts.get(id(parent))
+        if ctx is None:
+            ctx = self._contexts[id(parent)] = trace.set_span_in_context(parent)
+        return ctx
+
     def _open(self, run_id: UUID, name: str, parent: Span, kind: SpanKind, attrs: dict[str, Any]) -> Span:
-        span = self.tracer.start_span(name, context=trace.set_span_in_context(parent), kind=kind, attributes=attrs)
+        span = self.tracer.start_span(name, context=self._context(parent), kind=kind, attributes=attrs)
         with self._lock:
             self._own[run_id] = span
             self._parent[run_id] = span

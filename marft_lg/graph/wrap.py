@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from marft_lg.tracing.provider import TraceSink, make_sink
 from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
 
 _SENTINEL = object()
+logger = logging.getLogger("marft_lg.graph")
 
 
 def _with_callback(config: dict[str, Any], handler: EpisodeRecorder) -> dict[str, Any]:
@@ -136,8 +138,16 @@ class WrappedGraph:
 
     @staticmethod
     def _end(recorder: EpisodeRecorder, error: BaseException | None = None, outcome: Any = _SENTINEL) -> None:
+        """Close the episode; a failure here (e.g. a raising redaction hook) is logged, never raised."""
         routing.unregister(recorder.info.episode_id)
-        recorder.finish(error=error, outcome=None if outcome is _SENTINEL else outcome, has_outcome=outcome is not _SENTINEL)
+        try:
+            recorder.finish(error=error, outcome=None if outcome is _SENTINEL else outcome,
+                            has_outcome=outcome is not _SENTINEL)
+        except Exception:  # noqa: BLE001
+            logger.exception("marft_lg: closing the trace of episode %s failed; the app's result is unaffected",
+                             recorder.info.episode_id)
+            if not recorder.root_ended:
+                recorder.root.end()
 
     def _mirror_pair(self, episode_id: str | None) -> tuple[str, str] | None:
         if self.mirror is None or not self.mirror.sample():

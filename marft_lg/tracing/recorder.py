@@ -111,6 +111,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         self.n_chat = 0
         self.n_errors = 0
         self.finished = False
+        self.root_ended = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
@@ -150,10 +151,11 @@ class EpisodeRecorder(BaseCallbackHandler):
             self.root.set_attribute(A.ERROR_TYPE, type(error).__qualname__)
             self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         elif error is None:
+            self.root.set_status(Status(StatusCode.OK))
             if has_outcome and self.info.capture_messages:
                 self.root.set_attribute(A.MARFT_OUTCOME, _json(redact_value(_plain(outcome), self.info.redact)))
-            self.root.set_status(Status(StatusCode.OK))
         self.root.end()
+        self.root_ended = True
 
     # -- helpers ------------------------------------------------------------------------------
     def _parent_span(self, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> Span:

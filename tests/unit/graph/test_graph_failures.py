@@ -133,3 +133,17 @@ def test_private_provider_leaves_the_global_one_alone(tmp_path):
     app.invoke({"msgs": ["x"]})
     assert otel_trace.get_tracer_provider() is before
     assert app.sink.provider is not before
+
+
+def test_a_raising_redaction_hook_does_not_break_the_app(tmp_path, caplog):
+    def redact(text: str) -> str:
+        raise RuntimeError("redactor bug")
+
+    app = wrap(linear(TeamChatModel(), names=("planner",)), team=FakeEngine(), trace_dir=tmp_path, redact=redact)
+    with caplog.at_level(logging.WARNING):
+        out = app.invoke({"msgs": ["x"]}, episode_id="rr")
+    assert out["msgs"][0] == "x" and len(out["msgs"]) == 2
+    got = by_episode(spans(app, tmp_path), "rr")
+    root = [s for s in got if s["parent_span_id"] is None][0]
+    assert A.MARFT_OUTCOME not in root["attributes"]  # nothing unredacted is written
+    assert "redactor bug" not in json.dumps(got) and "closing the trace" in caplog.text

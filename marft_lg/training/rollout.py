@@ -58,7 +58,7 @@ class GraphCollector:
             list(pool.map(run, range(len(jobs))))
         if hasattr(self.app, "flush"):
             self.app.flush()
-        dataset = mine(sorted(self.trace_dir.glob("*.jsonl")), since=since)
+        dataset = mine([str(self.trace_dir)], since=since)
         return dataset.select([i for i in ids if i in set(dataset.episode_ids)])
 
 

@@ -191,18 +191,21 @@ class OpenAIEngineClient:
             ctx = _context_error(reason, request, where)
             if ctx is not None:
                 raise ctx
-        if response.status_code == 404 and model is not None:
-            raise UnknownAgentError(model, known if known is not None else [], what="model")
+        if response.status_code == 404 and model is not None and known is not None and model not in known:
+            raise UnknownAgentError(model, known, what="model")
+        if response.status_code == 404:
+            reason += f" (is {self.base_url} the server's address, without a path beyond /v1?)"
         if response.status_code == 401:
             reason += " (check the api_key given to OpenAIEngineClient)"
         raise ServerRequestError(f"{where} failed with HTTP {response.status_code}: {reason}",
                                  status_code=response.status_code, body=body)
 
-    def _known_models(self) -> list[str]:
+    def _known_models(self) -> list[str] | None:
+        """The served names, or None if the server cannot list them."""
         try:
             return self.models()
         except ServingError:
-            return []
+            return None
 
     def chat(self, request: ChatRequest, model: str, *, extra_body: dict[str, Any] | None = None) -> Completion:
         """One chat completion from `model`, with prompt/completion token ids, logprobs and latency."""
@@ -231,13 +234,13 @@ class OpenAIEngineClient:
             raise self._unavailable(e) from e
         latency = time.perf_counter() - t0
         if response.status_code == 404:
-            known: list[str] = []
+            known: list[str] | None = None
             try:
                 listing = await http.get("/v1/models")
                 if listing.status_code == 200:
-                    known = [m["id"] for m in listing.json().get("data", [])]
+                    known = [str(m["id"]) for m in listing.json()["data"]]
             except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                pass
+                known = None
             self._raise_for(response, model=model, request=request, known=known)
         self._raise_for(response, model=model, request=request)
         return self._to_completion(response.json(), request, model, latency)
@@ -321,7 +324,8 @@ class OpenAIEngineClient:
         response = self._post("/v1/unload_lora_adapter", {"lora_name": name})
         if response.status_code == 404:
             known = self._known_models()
-            raise UnknownAgentError(name, known, what="adapter")
+            if known is not None and name not in known:
+                raise UnknownAgentError(name, known, what="adapter")
         self._raise_for(response)
 
     def health(self) -> bool:

@@ -306,3 +306,17 @@ def test_extra_body_adds_engine_specific_fields(client, fake):
     assert fake.requests[-1][2]["ignore_eos"] is True and fake.requests[-1][2]["top_k"] == 5
     asyncio.run(client.achat_many([req], [BASE], extra_body={"ignore_eos": True}))
     assert fake.requests[-1][2]["ignore_eos"] is True and "top_k" not in fake.requests[-1][2]
+
+
+def test_a_missing_route_is_not_reported_as_an_unknown_model():
+    def handler(request):  # e.g. base_url points at some other service
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    with OpenAIEngineClient("http://h:1/api", transport=httpx.MockTransport(handler),
+                            async_transport=httpx.MockTransport(handler)) as c:
+        for call in (lambda: c.chat(ChatRequest(messages=[{"role": "user", "content": "x"}]), BASE),
+                     lambda: asyncio.run(c.achat(ChatRequest(messages=[{"role": "user", "content": "x"}]), BASE))):
+            with pytest.raises(ServerRequestError, match="Not Found.*server's address") as info:
+                call()
+            assert info.value.status_code == 404
+            assert not isinstance(info.value, UnknownAgentError)

@@ -68,16 +68,20 @@ def sft_adapter(model_dir: str, init_dir, prompts: list[list[int]], target: list
         labels[i, len(p):len(seq)] = torch.tensor(target)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=5e-2)
     model.train()
+    inner = model.base_model.model  # the causal LM with LoRA layers injected
+    select = labels[:, 1:] != -100  # positions whose next token is a target token
+    wanted = labels[:, 1:][select]
     learned = False
     for _ in range(max_steps):
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        predicted = out.logits[:, :-1].argmax(-1)
-        shifted = labels[:, 1:]
-        learned = bool((predicted[shifted != -100] == shifted[shifted != -100]).all()) and float(out.loss) < 1.0
+        # the head runs on the target positions only: full-vocabulary logits everywhere would dominate the cost
+        hidden = inner.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][select]
+        logits = inner.lm_head(hidden)
+        loss = torch.nn.functional.cross_entropy(logits, wanted)
+        learned = bool((logits.argmax(-1) == wanted).all()) and float(loss) < 1.0
         if learned:
             break
         opt.zero_grad()
-        out.loss.backward()
+        loss.backward()
         opt.step()
     model.save_pretrained(out_dir, save_embedding_layers=False)
     return out_dir, learned

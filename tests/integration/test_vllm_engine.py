@@ -190,6 +190,45 @@ def test_bad_requests_raise_clear_errors(engine):
         engine.generate([_req(max_tokens=4)], ["nobody@v9"])
 
 
+def test_team_hot_swap_under_concurrent_load_loses_no_request(engine, zoo, embedded_model_dir, tmp_path):
+    """The serving layer's Team over this engine: swap writer to a registry version mid-traffic."""
+    import threading
+
+    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.team import Team
+
+    registry = AdapterRegistry(tmp_path / "registry")
+    team = Team(embedded_model_dir, ["planner", "writer"], engine=engine, registry=registry)  # fresh adapters
+    v1 = registry.save("writer", zoo.dirs["perturbed2"], base_fingerprint=team.fingerprint)
+    assert team.versions() == {"planner": "init", "writer": "init"}
+
+    results, errors = [], []
+    started = threading.Barrier(9)
+
+    def worker(i: int) -> None:
+        started.wait()
+        try:
+            results.append(team.chat([_req(agent="writer", max_tokens=12, seed=i)])[0])
+        except Exception as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    started.wait()
+    assert team.load_version("writer", v1) == v1
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == [] and len(results) == 8
+    assert {c.adapter_version for c in results} <= {"init", v1}
+
+    greedy = _req(agent="writer", max_tokens=16, temperature=0.0)
+    after = team.chat([greedy])[0]
+    direct = engine.generate([greedy], [f"writer@{v1}"])[0]
+    assert after.adapter_version == v1 and after.completion_token_ids == direct.completion_token_ids
+    assert "writer@init" not in engine.loaded_adapters()  # the old adapter is freed once unused
+
+
 def test_close_stops_server_and_frees_port(engine):
     from marft_lg.serving.engine_vllm import port_is_free
 

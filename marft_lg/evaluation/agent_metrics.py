@@ -72,6 +72,16 @@ def _num(value: Any) -> float:
     return 0.0 if math.isnan(out) else out
 
 
+def _actions_by_episode(dataset: TrajectoryDataset) -> dict[str, list[dict[str, Any]]]:
+    """Episode id -> its actions as dicts, in `order` (one pass over the table, no per-group pandas)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in dataset.actions.to_dict("records"):
+        out.setdefault(row["episode_id"], []).append(row)
+    for acts in out.values():
+        acts.sort(key=lambda a: a["order"])
+    return out
+
+
 def agent_metrics(
     dataset: TrajectoryDataset,
     *,
@@ -88,19 +98,21 @@ def agent_metrics(
     """
     patterns = _compile_formats(formats)
     scenario_of = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
-    grouped = {eid: g for eid, g in dataset.actions.groupby("episode_id", sort=False)}
+    grouped = _actions_by_episode(dataset)
     all_agents = sorted(set(agents or []) | set(dataset.actions["agent"].dropna().unique()))
     rows: list[dict[str, Any]] = []
     for eid in dataset.episode_ids:
-        group = grouped.get(eid)
-        acts = [] if group is None else group.sort_values("order").to_dict("records")
+        acts = grouped.get(eid, [])
         scen = (scenarios or {}).get(scenario_of.get(eid)) or {}
         expected = set(scen.get("expected_tools") or [])
         loops = _count_handoff_loops([a["agent"] for a in acts])
         per_action = None if action_rewards is None else action_rewards.get(eid)
         per_action = None if per_action is None else np.asarray(per_action, dtype=float)
+        by_agent: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for i, a in enumerate(acts):
+            by_agent.setdefault(a["agent"], []).append((i, a))
         for agent in all_agents:
-            mine = [(i, a) for i, a in enumerate(acts) if a["agent"] == agent]
+            mine = by_agent.get(agent, [])
             correct = total = 0
             for _, a in mine:
                 c, t = _tool_score(a.get("tool_calls"), expected)
@@ -126,12 +138,11 @@ def agent_metrics(
 
 def episode_metrics(dataset: TrajectoryDataset) -> pd.DataFrame:
     """One row per episode: EPISODE_METRICS (tokens = input + output over all actions; error = 0/1)."""
-    grouped = {eid: g for eid, g in dataset.actions.groupby("episode_id", sort=False)}
+    grouped = _actions_by_episode(dataset)
     rows = []
     for info in dataset.episodes.to_dict("records"):
         eid = info["episode_id"]
-        group = grouped.get(eid)
-        acts = [] if group is None else group.sort_values("order").to_dict("records")
+        acts = grouped.get(eid, [])
         rows.append({
             "episode_id": eid,
             "steps": len(acts),

@@ -56,16 +56,16 @@ def load_object(spec: str) -> Any:
     return getattr(module, attr)
 
 
-def build_app(spec: str, team: Any, trace_dir: Path) -> Any:
+def build_app(spec: str, team: Any, trace_dir: Path, **sampling: Any) -> Any:
     """A WrappedGraph from --app: a WrappedGraph as is; a factory ``f(llm) -> graph`` is given a
-    TeamChatModel on `team`; a compiled graph is wrapped around `team`."""
+    TeamChatModel on `team` (with `sampling`: temperature, max_tokens); a compiled graph is wrapped around `team`."""
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import WrappedGraph, wrap
 
     obj = load_object(spec)
     if isinstance(obj, WrappedGraph):
         return obj
-    graph = obj(TeamChatModel(team=team)) if callable(obj) and not hasattr(obj, "invoke") else obj
+    graph = obj(TeamChatModel(team=team, **sampling)) if callable(obj) and not hasattr(obj, "invoke") else obj
     if isinstance(graph, WrappedGraph):
         return graph
     return wrap(graph, team=team, trace_dir=trace_dir)
@@ -104,6 +104,8 @@ def compare(
     out: Path | None = typer.Option(None, help="Run directory for the report (default runs/compare-<time>)."),
     format: list[str] | None = typer.Option(None, "--format", help="ROLE=REGEX its completions must match (repeatable; *=REGEX for all)."),
     drift: bool = typer.Option(True, help="Measure per-agent policy drift (KL) between the two versions."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature of the replayed LLM calls (0: greedy)."),
+    max_tokens: int = typer.Option(256, help="Most tokens per replayed LLM call."),
     promote_if_passed: bool = typer.Option(False, "--promote", help="Promote the candidate to live when the gate passes."),
     server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
 ) -> None:
@@ -152,7 +154,7 @@ def compare(
     with console.status(f"loading {model} for {', '.join(roles)}"):
         team = Team(model, roles, registry=reg)
     try:
-        wrapped = build_app(app, team, out / "traces")
+        wrapped = build_app(app, team, out / "traces", temperature=temperature, max_tokens=max_tokens)
         result = shadow_compare(wrapped, _versions(baseline), _versions(candidate), scenario_set, scorer,
                                 samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift)
         decision = _finish(result, gate, out, console)

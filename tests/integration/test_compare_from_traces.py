@@ -4,6 +4,7 @@ real wrapped graph (tiny random Llama, Team + registry, wrap(shadow=..., sample_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,22 @@ def test_cli_compare_promote_rollback(mirrored, tmp_path):
     records = [json.loads(x) for x in (mirrored["reg"].root / "promotions.jsonl").read_text().splitlines()]
     assert [x["action"] for x in records][-2:] == ["promote", "rollback"]
     assert records[-2]["reason"].startswith("FORCED")
+
+
+def test_cli_compare_replays_scenarios_through_an_app_factory(mirrored, tiny_model_dir, tmp_path):
+    from marft_lg.cli import app
+    from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
+
+    scen = tmp_path / "scenarios.jsonl"
+    ScenarioSet(Scenario(f"s{i}", {"question": f"What is {i} plus {i}?"}) for i in range(5)).save(scen)
+    out = tmp_path / "replay"
+    factory = f"{Path(__file__).with_name('test_compare_gate.py')}:build_graph"
+    r = CliRunner().invoke(app, [
+        "compare", "--app", factory, "--registry", str(mirrored["reg"].root), "--model", tiny_model_dir,
+        "--baseline", "live", "--candidate", "writer=v2", "--scenarios", str(scen), "--reward", str(mirrored["reward"]),
+        "--temperature", "0", "--max-tokens", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["n_pairs"] == 5 and data["meta"]["candidate"] == {"planner": "v1", "writer": "v2"}
+    assert data["drift"]["writer"]["kl"] > 0 and data["drift"]["planner"]["kl"] < 1e-6
+    assert list((out / "traces").glob("*.jsonl"))

@@ -1,1 +1,29 @@
-"""marft_lg.evaluation"""
+"""marft_lg.evaluation: shadow-compare a candidate team against the live one, gate, promote, roll back.
+
+Modules: `shadow` (replay / mirrored pairs), `comparison` (paired per-unit comparison),
+`agent_metrics`, `drift` (per-agent KL), `stats` (paired bootstrap), `gate` (YAML promotion gate),
+`promotion` (promote/rollback + server hot swap), `report` (Markdown/HTML/PNG), `scenario_sets`.
+Names below are imported on first use so `import marft_lg.evaluation` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "shadow_compare": "shadow", "compare_mirrored": "shadow",
+    "compare_datasets": "comparison", "ComparisonResult": "comparison",
+    "PromotionGate": "gate", "GateDecision": "gate",
+    "promote": "promotion", "rollback": "promotion", "PromotionError": "promotion",
+    "write_report": "report", "print_summary": "report",
+    "paired_bootstrap": "stats", "bootstrap_ci": "stats", "PairedCI": "stats",
+    "policy_drift": "drift", "scenarios_from_dataset": "scenario_sets",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -166,52 +166,91 @@ def generate(fmt: str, n_spans: int, path: Path) -> dict:
 
 
 _CHILD = """
-import json, resource, sys, time
-from marft_lg.trajectories.mining import mine_with_report
+import json, resource, sys, tempfile, time
+from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
 t = time.perf_counter()
-ds, rep = mine_with_report(sys.argv[1])
+if sys.argv[2] == "memory":
+    ds, rep = mine_with_report(sys.argv[1])
+else:
+    with tempfile.TemporaryDirectory() as out:
+        rep = mine_to_parquet(sys.argv[1], out)
 dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "episodes": rep.episodes, "actions": rep.actions, "spans_kept": rep.spans_kept,
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "episodes": rep.episodes, "actions": rep.actions, "spans_kept": rep.spans_kept,
                   "quarantined": rep.quarantined_total,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": ru.ru_maxrss / 1024}))
 """
 
 
-def measure(path: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True,
+def measure(path: Path, mode: str) -> dict:
+    """Mine `path` in a fresh process: `memory` = `mine()` (the whole dataset in RAM), `parquet` = `marft-lg mine --out`."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), mode], capture_output=True, text=True, check=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _console():
+    try:
+        from rich.console import Console
+
+        return Console()
+    except ImportError:  # a bare machine: plain prints
+        import contextlib
+
+        class Plain:
+            print = staticmethod(print)
+
+            @staticmethod
+            def status(text):
+                print(text, flush=True)
+                return contextlib.nullcontext()
+
+        return Plain()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--formats", default="own,openinference")
+    parser.add_argument("--modes", default="parquet,memory", help="parquet: marft-lg mine --out; memory: mine()")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) generated files here")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mining.json")
     args = parser.parse_args()
-    from rich.console import Console
-
-    console = Console()
+    console = _console()
     results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                            "load_average_at_start": os.getloadavg()},
                "targets": {"spans_per_s": TARGET_SPANS_PER_S, "peak_rss_mb": TARGET_PEAK_RSS_MB}, "runs": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for fmt in args.formats.split(","):
-            path = Path(tmp) / f"{fmt}.jsonl"
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="marft-mining-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    for fmt in args.formats.split(","):
+        path = workdir / f"{fmt}-{args.spans}.jsonl"
+        meta = path.with_suffix(".json")
+        if path.exists() and meta.exists():
+            gen = json.loads(meta.read_text())
+        else:
             with console.status(f"generating {args.spans:,} {fmt} spans"):
                 gen = generate(fmt, args.spans, path)
-            with console.status(f"mining {fmt}"):
+            meta.write_text(json.dumps(gen))
+        for mode in args.modes.split(","):
+            with console.status(f"mining {fmt} ({mode})"):
                 t = time.perf_counter()
-                run = measure(path)
+                run = measure(path, mode)
                 wall = time.perf_counter() - t
             rate = gen["spans"] / run["seconds"]
-            results["runs"][fmt] = {**gen, **run, "bytes_per_span": round(gen["file_bytes"] / gen["spans"]),
-                                    "spans_per_s": round(rate), "process_wall_s": round(wall, 2),
-                                    "meets_speed_target": rate >= TARGET_SPANS_PER_S,
-                                    "meets_memory_target": run["peak_rss_mb"] <= TARGET_PEAK_RSS_MB}
-            console.print(f"{fmt}: {gen['spans']:,} spans ({gen['file_bytes'] / 2**20:.0f} MiB) in {run['seconds']:.1f} s"
-                          f" = {rate:,.0f} spans/s, peak RSS {run['peak_rss_mb']:.0f} MB,"
+            results["runs"][f"{fmt}/{mode}"] = {
+                "format": fmt, "mode": mode, **gen, **run, "bytes_per_span": round(gen["file_bytes"] / gen["spans"]),
+                "spans_per_s": round(rate), "spans_per_cpu_s": round(gen["spans"] / run["cpu_seconds"]),
+                "process_wall_s": round(wall, 2),
+                "meets_speed_target": rate >= TARGET_SPANS_PER_S,
+                "meets_memory_target": run["peak_rss_mb"] <= TARGET_PEAK_RSS_MB}
+            console.print(f"{fmt} ({mode}): {gen['spans']:,} spans ({gen['file_bytes'] / 2**20:.0f} MiB) in"
+                          f" {run['seconds']:.1f} s = {rate:,.0f} spans/s ({gen['spans'] / run['cpu_seconds']:,.0f} per CPU-s), peak RSS {run['peak_rss_mb']:.0f} MB,"
                           f" {run['episodes']:,} episodes, {run['actions']:,} actions")
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    if args.workdir is None:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     console.print(f"wrote {args.out}")

@@ -77,7 +77,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
                     quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
-                    progress: Callable[[int], None] | None = None, chunk_actions: int = 20_000) -> MiningReport:
+                    progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000) -> MiningReport:
     """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
     dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
     Nothing is written when no episode was mined."""

@@ -194,8 +194,12 @@ def promote(
     target: str | dict[str, str] = "candidate"
     if versions:
         target = _versions(versions)
-    elif gate_decision is not None and gate_decision.context.get("candidate"):
-        target = dict(gate_decision.context["candidate"])
+    elif gate_decision is not None and isinstance(gate_decision.context.get("candidate"), dict):
+        # replay decisions hold {role: version}; mirrored ones {role: [versions seen]}: usable when one each
+        cand = {r: (v[0] if isinstance(v, list) and len(v) == 1 else v)
+                for r, v in gate_decision.context["candidate"].items()}
+        if cand and all(isinstance(v, str) for v in cand.values()):
+            target = cand
     run_dir = None if decision is None else (decision if decision.is_dir() else decision.parent)
     try:
         rec = do_promote(reg, target, alias=alias, decision=gate_decision, force=force, server_url=server,

@@ -75,8 +75,7 @@ def test_cli_compare_promote_rollback(mirrored, tmp_path):
     r = runner.invoke(app, ["promote", "--registry", reg, "--decision", str(out)])
     assert r.exit_code == 1 and "not promoted" in r.output
     assert mirrored["reg"].alias("live") == {"planner": "v1", "writer": "v1"}
-    r = runner.invoke(app, ["promote", "--registry", reg, "--versions", "candidate", "--force",
-                            "--decision", str(out), "--reason", "test"])
+    r = runner.invoke(app, ["promote", "--registry", reg, "--force", "--decision", str(out), "--reason", "test"])
     assert r.exit_code == 0, r.output
     assert mirrored["reg"].alias("live") == {"planner": "v1", "writer": "v2"}
     r = runner.invoke(app, ["rollback", "--registry", reg])

@@ -44,10 +44,7 @@ def fill(info: SpanInfo, a: dict[str, Any]) -> None:
         else:
             info.messages = input_messages(a)
             info.completion, info.tool_calls = output_message(a)
-        info.input_tokens = as_int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
-        info.output_tokens = as_int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
-        model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
-        info.model = None if model in (None, "unknown") else str(model)
+        usage_and_model(info, a)
         info.agent = info.agent or a.get("gen_ai.agent.name")
     elif op == "execute_tool":
         info.kind = TOOL
@@ -62,6 +59,14 @@ def fill(info: SpanInfo, a: dict[str, Any]) -> None:
         info.kind = WORKFLOW
     else:
         info.kind = OTHER
+
+
+def usage_and_model(info: SpanInfo, a: dict[str, Any]) -> None:
+    """Token counts (current and legacy names) and the model that answered."""
+    info.input_tokens = as_int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
+    info.output_tokens = as_int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
+    model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
+    info.model = None if model in (None, "unknown") else str(model)
 
 
 def materialise(info: SpanInfo) -> None:

@@ -44,6 +44,7 @@ def parse(raw: RawSpan) -> SpanInfo:
         info.kind = genai.LLM
         info.messages = genai.indexed_messages(a, "gen_ai.prompt.")
         info.completion, info.tool_calls = genai.output_message(a)
+        genai.usage_and_model(info, a)
     if info.kind == TOOL:
         info.tool_name = a.get("gen_ai.tool.name") or a.get("traceloop.entity.name") or info.name
         args = info.tool_args if info.tool_args is not None else json_or(a.get("traceloop.entity.input"))

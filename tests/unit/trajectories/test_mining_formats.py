@@ -149,3 +149,28 @@ def test_streaming_parquet_equals_in_memory(tmp_path):
     pd.testing.assert_frame_equal(streamed.actions, in_memory.actions, check_dtype=False)
     assert streamed.episodes.set_index("episode_id")["feedback"]["e3"] == {"thumbs": 1}
     assert not list((tmp_path / "streamed").glob(".*.tmp"))
+
+
+def test_legacy_openllmetry_indexed_prompts_and_subgraph_agents(tmp_path):
+    props = "traceloop.association.properties."
+    def call(sid, t, ns, node, prompt, completion):
+        return span(7, sid, 1, "ChatOpenAI.chat", t, t + 5, {
+            "traceloop.span.kind": "llm", props + "langgraph_node": node, props + "langgraph_step": "2",
+            props + "langgraph_checkpoint_ns": ns, props + "thread_id": "thread-1",
+            props + "langgraph_triggers": f"('branch:to:{node}',)",
+            "gen_ai.prompt.0.role": "system", "gen_ai.prompt.0.content": "be brief",
+            "gen_ai.prompt.1.role": "user", "gen_ai.prompt.1.content": prompt,
+            "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": completion,
+            "gen_ai.completion.0.tool_calls.0.name": "lookup", "gen_ai.completion.0.tool_calls.0.arguments": '{"q": 1}',
+            "gen_ai.usage.prompt_tokens": 9, "gen_ai.usage.completion_tokens": 4, "gen_ai.response.model": "gpt-x"})
+    spans = [span(7, 1, None, "LangGraph.workflow", 0, 100, {"traceloop.span.kind": "workflow", props + "thread_id": "thread-1"}),
+             call(2, 1, "research:abc|search:def", "search", "find refunds", "looked it up carefully"),
+             call(3, 10, "writer:ghi", "writer", "notes: looked it up carefully", "done")]
+    ds = mine(write(tmp_path / "legacy.jsonl", [line(spans)]))
+    acts = ds.actions.to_dict("records")
+    assert ds.episode_ids == ["thread-1"]
+    assert [a["agent"] for a in acts] == ["research|search", "writer"]
+    assert acts[0]["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "find refunds"}]
+    assert acts[0]["tool_calls"] == [{"id": None, "name": "lookup", "args": {"q": 1}, "result": None, "error": None}]
+    assert (acts[0]["input_tokens"], acts[0]["output_tokens"], acts[0]["model"], acts[0]["step"]) == (9, 4, "gpt-x", 2)
+    assert acts[1]["depends_on"] == [0]

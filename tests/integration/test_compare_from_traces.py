@@ -4,13 +4,16 @@ real wrapped graph (tiny random Llama, Team + registry, wrap(shadow=..., sample_
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from test_compare_gate import ROLES, build_graph
 from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared graph, under any pytest import mode
+from test_compare_gate import ROLES, build_graph  # noqa: E402
 
 
 @pytest.fixture(scope="module")

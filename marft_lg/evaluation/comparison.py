@@ -38,6 +38,7 @@ class SideScores:
     agents: pd.DataFrame  # episode_id, unit, agent, <AGENT_METRICS>
     components: list[str]
     reward_errors: int
+    weights: dict[str, float] = field(default_factory=dict)  # the reward's weight per component, when it says
 
 
 @dataclass
@@ -53,6 +54,8 @@ class ComparisonResult:
     candidate: SideScores
     unmatched: dict[str, list[str]] = field(default_factory=dict)  # side -> unit ids present on one side only
     drift: dict[str, dict[str, float]] = field(default_factory=dict)  # role -> {"kl", "n_tokens", "n_prompts"}
+    # +1 when a rise of the component raises the reward, -1 for costs (negative weight, e.g. step_count)
+    component_signs: dict[str, int] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -76,6 +79,7 @@ class ComparisonResult:
             "baseline_reward_mean": self.side_mean("baseline", "reward"),
             "candidate_reward_mean": self.side_mean("candidate", "reward"),
             "components": {k: v.to_dict() for k, v in self.components.items()},
+            "component_signs": self.component_signs,
             "agents": {a: {m: ci.to_dict() for m, ci in ms.items()} for a, ms in self.agents.items()},
             "episode_metrics": {k: v.to_dict() for k, v in self.episode_metrics.items()},
             "cost_ratio_tokens": _none_if_nan(self.cost_ratio("tokens")),
@@ -140,6 +144,7 @@ def score_side(
     """
     result = reward.score(dataset, scenarios)
     table, components, action_rewards = _reward_table(result)
+    weights = {k: float(v) for k, v in (getattr(result, "weights", None) or {}).items()}
     table = table.copy()
     if "scored" in table:
         unscored = ~table["scored"].fillna(False).astype(bool)
@@ -153,7 +158,7 @@ def score_side(
     eps.insert(1, "unit", [units.get(e) for e in eps["episode_id"]])
     per_agent = agent_metrics(dataset, scenarios=scenarios, formats=formats, action_rewards=action_rewards, agents=agents)
     per_agent.insert(1, "unit", [units.get(e) for e in per_agent["episode_id"]])
-    return SideScores(episodes=eps, agents=per_agent, components=components, reward_errors=errors)
+    return SideScores(episodes=eps, agents=per_agent, components=components, reward_errors=errors, weights=weights)
 
 
 def _unit_means(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -178,6 +183,8 @@ def compare_scores(
     """Pair two scored sides by unit and bootstrap every difference (candidate - baseline)."""
     ci = {"confidence": confidence, "n_resamples": n_resamples, "seed": seed}
     components = [c for c in baseline.components if c in candidate.components]
+    weights = {**baseline.weights, **candidate.weights}
+    signs = {c: -1 if weights.get(c, 1.0) < 0 else 1 for c in components}
     cols = ["reward", *components, *EPISODE_METRICS]
     b_units, c_units = _unit_means(baseline.episodes, cols), _unit_means(candidate.episodes, cols)
     shared = sorted(set(b_units.index) & set(c_units.index), key=str)
@@ -201,6 +208,7 @@ def compare_scores(
         units[f"candidate_{name}"] = c_units[name].reindex(shared).to_numpy(dtype=float)
         units[f"delta_{name}"] = units[f"candidate_{name}"] - units[f"baseline_{name}"]
     return ComparisonResult(team=team, components=comp, agents=agents, episode_metrics=epi, units=units,
+                            component_signs=signs,
                             baseline=baseline, candidate=candidate, unmatched=unmatched, meta=dict(meta or {}))
 
 

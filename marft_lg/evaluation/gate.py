@@ -163,8 +163,12 @@ class PromotionGate:
             tol = self._tolerance(self.component_tolerance, name)
             if tol is None or math.isnan(ci.mean):
                 continue
-            checks.append(GateCheck(f"component:{name}", ci.mean >= -tol, _clean(ci.mean), -tol,
-                                    f"component {name!r} delta {_fmt(ci.mean)} (tolerated drop {tol:g})"))
+            if result.component_signs.get(name, 1) < 0:  # a cost component (negative weight): a rise is the regression
+                ok, bound, word = ci.mean <= tol, tol, "rise"
+            else:
+                ok, bound, word = ci.mean >= -tol, -tol, "drop"
+            checks.append(GateCheck(f"component:{name}", ok, _clean(ci.mean), bound,
+                                    f"component {name!r} delta {_fmt(ci.mean)} (tolerated {word} {tol:g})"))
         for agent, metrics in result.agents.items():
             table = {**self.agent_tolerance, **self.agent_overrides.get(agent, {})}
             for metric, tol in table.items():

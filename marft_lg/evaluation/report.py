@@ -36,10 +36,12 @@ def plot_component_deltas(result: ComparisonResult, path: Path) -> Path:
 
     rows = _rows(result)
     fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(rows) + 1.2))
-    for i, (_name, _, ci) in enumerate(rows):
+    for i, (name, _, ci) in enumerate(rows):
         mean = 0.0 if math.isnan(ci.mean) else ci.mean
         lo, hi = (mean, mean) if not ci.defined else (ci.low, ci.high)
-        color = "tab:green" if ci.defined and lo > 0 else ("tab:red" if ci.defined and hi < 0 else "tab:gray")
+        sign = result.component_signs.get(name, 1)  # cost components: a rise is bad
+        better, worse = (lo > 0, hi < 0) if sign > 0 else (hi < 0, lo > 0)
+        color = "tab:green" if ci.defined and better else ("tab:red" if ci.defined and worse else "tab:gray")
         ax.errorbar(mean, i, xerr=[[mean - lo], [hi - mean]], fmt="o", color=color, capsize=4)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])

@@ -82,3 +82,29 @@ def test_decision_is_written_with_reasons(tmp_path):
     assert data["context"]["candidate"] == {"writer": "v2"}
     again = GateDecision.read(tmp_path)
     assert again.promote is False and again.reasons == decision.reasons
+
+
+class _WithStepCost(FormatAndAnswerReward):
+    """Adds a cost component (negative weight): more agent steps = more cost."""
+
+    def score(self, dataset, scenarios=None):
+        res = super().score(dataset, scenarios)
+        steps = dataset.episodes.set_index("episode_id")["n_actions"]
+        res.episodes["steps_cost"] = [float(steps[e]) for e in res.episodes["episode_id"]]
+        res.weights = {"format": 0.5, "correct": 0.5, "steps_cost": -0.1}
+        return res
+
+
+def test_cost_components_regress_when_they_rise():
+    def run(base_loops, cand_loops):
+        base = team_run("b", SIDS, RIGHT, loops=base_loops)
+        cand = team_run("c", SIDS, RIGHT, loops=cand_loops)
+        res = compare_datasets(base, cand, _WithStepCost(), scenarios=SCEN)
+        gate = PromotionGate(require_ci_lower_above_zero=False, agent_tolerance={}, max_cost_ratio=None)
+        return res, {c.name: c for c in gate.evaluate(res).checks}
+
+    res, checks = run(0, 2)
+    assert res.component_signs == {"format": 1, "correct": 1, "steps_cost": -1}
+    assert not checks["component:steps_cost"].passed and "tolerated rise" in checks["component:steps_cost"].detail
+    _, checks = run(2, 0)  # fewer steps: the cost fell, which is no regression
+    assert checks["component:steps_cost"].passed

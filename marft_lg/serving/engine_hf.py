@@ -10,6 +10,7 @@ the unprocessed model distribution — the numbers the trainer needs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import random
@@ -218,6 +219,8 @@ class HFEngine:
         loaded = set(self.loaded_adapters())
         items = []
         for req, name in zip(requests, adapter_names, strict=True):
+            if isinstance(req.stop, str):
+                req = dataclasses.replace(req, stop=[req.stop])
             if name is not None and name not in loaded:
                 raise UnknownAgentError(name, sorted(loaded), what="adapter")
             _check_request(req)

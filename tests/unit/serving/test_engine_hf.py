@@ -86,6 +86,8 @@ def test_stop_strings_cut_the_text_and_end_generation(engine):
     assert cut.text == full.text[: full.text.find(stop)]
     n = len(cut.completion_token_ids)
     assert n <= k + 1 and cut.completion_token_ids == full.completion_token_ids[:n]
+    as_str = engine.generate([ChatRequest(MSG, max_tokens=16, seed=11, ignore_eos=True, stop=stop)], ["ad1"])[0]
+    assert as_str.completion_token_ids == cut.completion_token_ids
 
 
 def test_eos_ends_with_stop_and_keeps_the_eos_token(engine, monkeypatch):

@@ -40,6 +40,7 @@ bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/tracing.py
 	$(BIN)/python benchmarks/mining.py
 	$(BIN)/python benchmarks/training.py
+	$(BIN)/python benchmarks/compare.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -97,8 +97,11 @@ def _rss_child(model_dir: str, n_adapters: int, prompt_len: int, max_tokens: int
     messages = _messages(prompt_len, team.tokenizer)
     team.chat([ChatRequest(messages, agent=f"agent{i % n_adapters}", max_tokens=max_tokens, seed=i, ignore_eos=True)
                for i in range(8)])
+    import psutil
+
+    steady = psutil.Process().memory_info().rss / 2**20  # after serving, adapters loaded (peak is at load time)
     team.close()
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_mb": steady}))
 
 
 def bench_rss(model_dir: str, prompt_len: int, max_tokens: int) -> dict:
@@ -107,8 +110,11 @@ def bench_rss(model_dir: str, prompt_len: int, max_tokens: int) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--model", model_dir, "--rss-child", str(n),
                                "--prompt-len", str(prompt_len), "--max-tokens", str(min(max_tokens, 8))],
                               capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        out[f"peak_rss_mb_{n}_adapters"] = round(json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_mb"], 1)
+        child = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[f"peak_rss_mb_{n}_adapters"] = round(child["peak_rss_mb"], 1)
+        out[f"serving_rss_mb_{n}_adapters"] = round(child["rss_mb"], 1)
     out["ratio_4_vs_1"] = round(out["peak_rss_mb_4_adapters"] / out["peak_rss_mb_1_adapters"], 3)
+    out["serving_ratio_4_vs_1"] = round(out["serving_rss_mb_4_adapters"] / out["serving_rss_mb_1_adapters"], 3)
     return out
 
 
@@ -148,10 +154,14 @@ def markdown(results: dict) -> str:
     rss = results["rss"]
     lines.append("")
     lines.append(f"Peak RSS: {rss.get('peak_rss_mb_1_adapters')} MB with 1 adapter, "
-                 f"{rss.get('peak_rss_mb_4_adapters')} MB with 4 (ratio {rss.get('ratio_4_vs_1')}).")
+                 f"{rss.get('peak_rss_mb_4_adapters')} MB with 4 (ratio {rss.get('ratio_4_vs_1')}); while serving: "
+                 f"{rss.get('serving_rss_mb_1_adapters')} MB vs {rss.get('serving_rss_mb_4_adapters')} MB "
+                 f"(ratio {rss.get('serving_ratio_4_vs_1')}).")
     if vllm:
-        lines.append("")
-        lines.append("vLLM-CPU engine (tokens/s): " + ", ".join(f"{k[0]} b{k[1]}: {v}" for k, v in sorted(vllm.items())))
+        lines += ["", "| batch | vLLM-CPU base | vLLM-CPU, 1 adapter | vLLM-CPU, 4 adapters mixed |", "|---:|---:|---:|---:|"]
+        for b in sorted({k[1] for k in vllm}):
+            cells = [vllm.get((m, b)) for m in ("base", "lora", "mixed")]
+            lines.append(f"| {b} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -164,6 +174,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy machine)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "results" / "serving.json"))
+    ap.add_argument("--rss-only", action="store_true", help="only re-measure RSS into an existing --out file")
     ap.add_argument("--rss-child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -176,21 +187,43 @@ def main() -> None:
     if args.rss_child:
         _rss_child(model_dir, args.rss_child, args.prompt_len, args.max_tokens)
         return
+    if args.rss_only:  # refresh the memory numbers of an existing results file
+        results = json.loads(Path(args.out).read_text())
+        results["rss"] = bench_rss(model_dir, args.prompt_len, args.max_tokens)
+        results["ratios"]["rss_4_vs_1"] = results["rss"]["ratio_4_vs_1"]
+        results["targets"]["rss_4_vs_1"]["value"] = results["rss"]["ratio_4_vs_1"]
+        results["targets"]["rss_4_vs_1"]["met"] = results["rss"]["ratio_4_vs_1"] <= TARGETS["rss_4_vs_1"]
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(results["rss"])
+        return
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     load_start = os.getloadavg()
     t0 = time.time()
     runs = bench_throughput(model_dir, sizes, args.prompt_len, args.max_tokens)
     rss = bench_rss(model_dir, args.prompt_len, args.max_tokens)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.skip_vllm:  # keep the embedded numbers even if the vLLM run dies
+        out.write_text(json.dumps(_results(args, runs, rss, {"not_run": "still running"}, load_start, t0), indent=2))
     vllm = {"not_run": "--skip-vllm"} if args.skip_vllm else bench_vllm(model_dir, sizes, args.prompt_len, args.max_tokens)
+    results = _results(args, runs, rss, vllm, load_start, t0)
+    out.write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    print(f"\nwrote {out}")
+
+
+def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: float) -> dict:
+    import torch
+
     ratios = {
         "engine_vs_generate_b16": _ratio(runs, "engine_single", "generate", 16),
         "mixed4_vs_single_b16": _ratio(runs, "engine_mixed4", "engine_single", 16),
         "rss_4_vs_1": rss["ratio_4_vs_1"],
     }
-    results = {
+    return {
         "benchmark": "serving",
         "model": args.model,
-        "settings": {"batch_sizes": sizes, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+        "settings": {"batch_sizes": [int(x) for x in args.batch_sizes.split(",")], "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
                      "torch_threads": args.threads, "dtype": "float32", "lora": "r=8, q/k/v/o, non-zero init"},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__, "load_avg_start": [round(x, 2) for x in load_start],
@@ -205,11 +238,6 @@ def main() -> None:
                     for k, v in TARGETS.items()},
         "wall_s": round(time.time() - t0, 1),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(markdown(results))
-    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

@@ -39,9 +39,16 @@ def serve(
         pinned = dict(kv.split("=", 1) for kv in versions.split(",")) if "=" in versions else versions
     kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
     options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
-    with console.status(f"loading {model} with adapters for {', '.join(roles)} ({engine} engine)"):
-        team = Team(model, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
-                    engine_options=options, **kwargs)
+    from marft_lg.serving.errors import ServingError
+    from marft_lg.serving.models import ModelNotFoundError
+
+    try:
+        with console.status(f"loading {model} with adapters for {', '.join(roles)} ({engine} engine)"):
+            team = Team(model, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
+                        engine_options=options, **kwargs)
+    except (ServingError, ModelNotFoundError, ValueError) as e:
+        console.print(f"[red]marft-lg serve: {e}")
+        raise typer.Exit(1) from None
     if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         console.print(f"[yellow]warning: binding {host} without --api-key exposes the adapters to the network")
     console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{port}/v1")

@@ -98,7 +98,8 @@ def case_logprob_memory(model, mode, batch, prompt_len, completion_len):
     t = collate(_records(pol.tokenizer, ["a"], batch, prompt_len, completion_len), pol.tokenizer.pad_token_id)
     with only_adapter_trainable(pol.model, pol.adapter_name("a")):
         # warm-up on one row so allocator pools and lazy inits do not count as the pass's memory
-        token_logprobs(pol.model, t["input_ids"][:1, :8], t["attention_mask"][:1, :8], t["completion_mask"][:1, :8])[0].sum().backward()
+        warm = t["attention_mask"][:1, :8]
+        token_logprobs(pol.model, t["input_ids"][:1, :8], warm, warm)[0].sum().backward()
         base = _peak_rss_mb()
         if mode == "chunked":
             lp, _ = token_logprobs(pol.model, t["input_ids"], t["attention_mask"], t["completion_mask"], chunk_size=256)

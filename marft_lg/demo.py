@@ -1,10 +1,304 @@
-"""`marft-lg demo`: the end-to-end main job on the embedded model."""
+"""`marft-lg demo`: the main job, end to end on the embedded 135M model.
+
+serve the math team (reasoner -> actor, one LoRA each on one base model) -> run the untuned team on
+training problems with tracing -> mine the traces -> offline MARFT from them -> on-policy MARFT
+through the live graph -> shadow-compare untuned vs tuned on held-out problems -> promote if the
+gate passes -> write a report (Markdown + PNG plots) into the run directory.
+"""
 
 from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import typer
 
 
-def demo() -> None:
-    """Not built yet."""
-    raise typer.Exit("marft-lg demo: not implemented yet")
+@dataclass(frozen=True)
+class DemoBudget:
+    """How much work each stage does; `minutes` is the rough wall time on 2 CPU cores."""
+
+    name: str
+    minutes: float
+    n_train: int  # training problems
+    n_heldout: int  # held-out problems for the comparison
+    traces_per_problem: int  # untuned episodes per training problem (the offline data)
+    offline_passes: int
+    online_iterations: int
+    online_minutes: float  # online MARFT stops at whichever comes first
+    scenarios_per_iteration: int
+    group_size: int  # K episodes per scenario per online iteration (group-relative baseline)
+    max_tokens: int
+
+
+BUDGETS: dict[str, DemoBudget] = {
+    "full": DemoBudget("full", 15, n_train=24, n_heldout=40, traces_per_problem=2, offline_passes=2,
+                       online_iterations=40, online_minutes=6.0, scenarios_per_iteration=6, group_size=4,
+                       max_tokens=64),
+    "quick": DemoBudget("quick", 3, n_train=8, n_heldout=12, traces_per_problem=2, offline_passes=1,
+                        online_iterations=2, online_minutes=1.0, scenarios_per_iteration=4, group_size=2,
+                        max_tokens=48),
+    # CI's end-to-end test: every stage runs, on as little work as still exercises it.
+    "smoke": DemoBudget("smoke", 1.5, n_train=4, n_heldout=6, traces_per_problem=2, offline_passes=1,
+                        online_iterations=1, online_minutes=0.5, scenarios_per_iteration=2, group_size=2,
+                        max_tokens=24),
+}
+
+DEMO_GATE = {
+    "min_team_reward_gain": 0.0,
+    "require_ci_lower_above_zero": True,
+    "min_pairs": 5,
+    "component_tolerance": {"*": 0.05},
+    "max_cost_ratio": 1.5,
+}
+
+
+def _examples() -> Any:
+    """The math team lives in `examples/` of a marft_lg checkout (it is an app, not library code)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "examples" / "math_team" / "graph.py").exists():
+        raise typer.BadParameter(
+            f"`marft-lg demo` runs examples/math_team from a marft_lg checkout, and {root} has none; "
+            "run it from a clone of the repository (`make demo`)"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    import examples.math_team as math_team
+    from examples.math_team import graph, problems, reward
+
+    math_team.graph, math_team.problems, math_team.reward = graph, problems, reward
+    return math_team
+
+
+class _Log:
+    """Prints stage headers with rich and keeps a JSON log of every number the report shows."""
+
+    def __init__(self, run_dir: Path, console: Any):
+        self.path = run_dir / "demo_log.jsonl"
+        self.console = console
+        self.t0 = time.perf_counter()
+
+    def stage(self, title: str) -> None:
+        self.console.rule(f"[bold]{title}[/bold]  [dim]{(time.perf_counter() - self.t0) / 60:.1f} min[/dim]")
+
+    def record(self, event: str, **data: Any) -> None:
+        row = {"event": event, "elapsed_s": round(time.perf_counter() - self.t0, 2), **data}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
+             console: Any = None) -> dict[str, Any]:
+    """Run every stage of the main job; returns the summary written to `run_dir/summary.json`."""
+    import torch
+    from rich.console import Console
+
+    from marft_lg.evaluation.gate import PromotionGate
+    from marft_lg.evaluation.promotion import promote
+    from marft_lg.evaluation.report import print_summary, write_report
+    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.graph.chat_model import TeamChatModel
+    from marft_lg.graph.wrap import wrap
+    from marft_lg.serving.team import Team
+    from marft_lg.training.config import MARFTConfig
+    from marft_lg.training.metrics import read_metrics
+    from marft_lg.training.trainer import MARFTTrainer
+    from marft_lg.trajectories.mining import mine
+
+    console = console or Console()
+    math_team = _examples()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = _Log(run_dir, console)
+    log.record("start", budget=asdict(budget), model=model, seed=seed)
+    torch.manual_seed(seed)
+
+    log.stage(f"1/8 serve the math team on {model}")
+    problems = math_team.problems.make_problems(budget.n_train, budget.n_heldout, seed)
+    train, heldout = problems.split("train"), problems.split("heldout")
+    problems.save(run_dir / "scenarios.jsonl")
+    reward = math_team.reward.math_reward()
+    roles = list(math_team.graph.ROLES)
+    team = Team(model, roles, registry=run_dir / "registry", versions=None, seed=seed)
+    try:
+        untuned = {r: team.save_version(r, run_id="untuned") for r in roles}
+        team.registry.promote(untuned, reason="demo: the untuned team is live")
+        for r, v in untuned.items():
+            team.load_version(r, v)
+        log.record("served", roles=roles, live=untuned)
+        console.print(f"team {roles} on one base model; live = {untuned}")
+
+        trace_dir = trace_root / f"demo-{run_dir.name}"
+        sampling = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
+                                                                  temperature=1.0)),
+                        team=team, trace_dir=trace_dir)
+
+        log.stage(f"2/8 run the untuned team on {len(train)} training problems (traced to {trace_dir})")
+        jobs = [(s, k) for k in range(budget.traces_per_problem) for s in train]
+        n = _run_episodes(sampling, jobs, seed=seed, console=console)
+        log.record("traced", episodes=n, trace_dir=str(trace_dir))
+
+        log.stage("3/8 mine the traces into multi-agent trajectories")
+        dataset = mine([trace_dir], quarantine=run_dir / "quarantine.jsonl")
+        dataset.to_parquet(run_dir / "trajectories")
+        per_agent = dataset.actions["agent"].value_counts().to_dict()
+        scored = reward.score(dataset, train)
+        untuned_reward = float(scored.episodes["reward"].mean())
+        log.record("mined", episodes=len(dataset), actions_per_agent=per_agent, untuned_train_reward=untuned_reward)
+        console.print(f"{len(dataset)} episodes, actions per agent {per_agent}; untuned train reward {untuned_reward:.3f}")
+
+        log.stage("4/8 offline MARFT from the traces")
+        cfg = MARFTConfig(learning_rate=5e-5, update_scheme="simultaneous", use_critic=False,
+                          group_size=budget.group_size, ppo_epochs=2, kl_cut=None, entropy_coef=0.0,
+                          max_new_tokens=budget.max_tokens, max_context=1024, seed=seed,
+                          offline_passes=budget.offline_passes, offline_episodes_per_iteration=max(8, n // 2),
+                          checkpoint_every=1000)
+        trainer = MARFTTrainer(team, reward, cfg, run_dir / "train", run_id="demo")
+        offline_rows = trainer.fit_offline(dataset, train)
+        log.record("offline", iterations=len(offline_rows),
+                   reward_mean=[r["reward_mean"] for r in offline_rows])
+
+        log.stage(f"5/8 on-policy MARFT (up to {budget.online_iterations} iterations / {budget.online_minutes:g} min)")
+        pool, online_rows = list(train), []
+        deadline = time.perf_counter() + budget.online_minutes * 60
+        for it in range(budget.online_iterations):
+            if it > 0 and time.perf_counter() > deadline:
+                break
+            start = (it * budget.scenarios_per_iteration) % len(pool)
+            batch = (pool + pool)[start:start + budget.scenarios_per_iteration]
+            online_rows += trainer.fit_online(sampling, batch, iterations=it + 1)
+        tuned = team.versions()
+        team.registry.set_alias("candidate", tuned, reason="demo: tuned by MARFT")
+        log.record("online", iterations=len(online_rows), reward_mean=[r["reward_mean"] for r in online_rows],
+                   candidate=tuned)
+
+        log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
+        greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
+                                                                temperature=0.0)),
+                      team=team, trace_dir=trace_dir / "compare")
+        result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
+                                run_id=f"demo-{run_dir.name}")
+        log.record("compare", **result.to_dict())
+
+        log.stage("7/8 promotion gate")
+        gate = PromotionGate.from_dict(DEMO_GATE, source="marft_lg.demo.DEMO_GATE")
+        decision = gate.evaluate(result, context={"baseline": untuned, "candidate": tuned})
+        decision.write(run_dir / "decision.json")
+        if decision.promote:
+            promote(team.registry, tuned, reason="demo: gate passed", decision=decision, run_dir=run_dir)
+        live_now = team.registry.alias("live")
+        log.record("gate", promote=decision.promote, reasons=decision.reasons, live=live_now)
+
+        log.stage("8/8 report")
+        compare_files = write_report(result, run_dir / "compare", decision)
+        train_rows = read_metrics(run_dir / "train" / "metrics.jsonl")
+        summary = {
+            "budget": asdict(budget), "model": model, "seed": seed, "run_dir": str(run_dir),
+            "trace_dir": str(trace_dir), "episodes_traced": n, "episodes_mined": len(dataset),
+            "actions_per_agent": per_agent, "untuned_train_reward": untuned_reward,
+            "train_iterations": len(train_rows),
+            "train_reward_curve": [r.get("reward_mean") for r in train_rows],
+            "heldout": {"pairs": result.n_pairs, "baseline_reward": result.side_mean("baseline", "reward"),
+                        "candidate_reward": result.side_mean("candidate", "reward"),
+                        "difference": result.team.to_dict()},
+            "gate": {"promote": decision.promote, "reasons": decision.reasons},
+            "versions": {"untuned": untuned, "tuned": tuned, "live": live_now},
+            "minutes": round((time.perf_counter() - log.t0) / 60, 2),
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        report = _write_report(run_dir, summary, compare_files)
+        log.record("done", report=str(report), minutes=summary["minutes"])
+        print_summary(result, decision, console=console)
+        console.print(f"\n[bold green]report:[/bold green] {report}")
+        return summary
+    finally:
+        team.close()
+
+
+def _run_episodes(app: Any, jobs: list[tuple[Any, int]], *, seed: int, console: Any, concurrency: int = 8) -> int:
+    """Run (scenario, repeat) episodes concurrently so the engine batches them; a failed episode is
+    traced with error status by `wrap`, counted here, and does not stop the demo."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from rich.progress import Progress
+
+    failed = 0
+    with Progress(console=console) as progress, ThreadPoolExecutor(concurrency) as pool:
+        task = progress.add_task("untuned episodes", total=len(jobs))
+        futures = [pool.submit(app.invoke, s.inputs, episode_id=f"untuned-{s.scenario_id}-{k}",
+                               scenario_id=s.scenario_id, seed=seed * 1000 + i) for i, (s, k) in enumerate(jobs)]
+        for fut in as_completed(futures):
+            if fut.exception() is not None:
+                failed += 1
+            progress.advance(task)
+    app.flush()
+    if failed:
+        console.print(f"[yellow]{failed} of {len(jobs)} untuned episodes failed (traced with error status)[/yellow]")
+    return len(jobs)
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Path]) -> Path:
+    """`report.md` at the top of the run: what ran, the curves, before/after with CIs, the decision."""
+    d = s["heldout"]["difference"]
+    lines = [
+        "# marft_lg demo run", "",
+        f"- budget **{s['budget']['name']}** (about {s['budget']['minutes']:g} min on 2 CPU cores), "
+        f"model `{s['model']}`, seed {s['seed']}, took {s['minutes']} min",
+        f"- traced {s['episodes_traced']} untuned episodes into `{s['trace_dir']}`; mined {s['episodes_mined']} "
+        f"episodes, actions per agent {s['actions_per_agent']}",
+        f"- untuned team reward on the training problems: {_fmt(s['untuned_train_reward'])}",
+        f"- MARFT iterations (offline + on-policy): {s['train_iterations']}",
+        "", "## Training", "",
+        "| iteration | team reward |", "|---|---|",
+        *[f"| {i} | {_fmt(r)} |" for i, r in enumerate(s["train_reward_curve"])], "",
+        "![team reward](train/reward.png)", "", "![per-agent KL and entropy](train/agents.png)", "",
+        "## Held-out comparison (untuned = baseline, tuned = candidate)", "",
+        f"- paired problems: {s['heldout']['pairs']}",
+        f"- team reward: baseline {_fmt(s['heldout']['baseline_reward'])}, candidate "
+        f"{_fmt(s['heldout']['candidate_reward'])}",
+        f"- paired difference {_fmt(d.get('mean'))}, 95% CI [{_fmt(d.get('low'))}, {_fmt(d.get('high'))}]",
+        "", "![per-component deltas with CIs](compare/plots/component_deltas.png)", "",
+        "![per-agent deltas](compare/plots/agent_deltas.png)", "",
+        "Full comparison: [compare/report.md](compare/report.md) ([HTML](compare/report.html)).", "",
+        "## Promotion", "",
+        f"- gate: **{'promote' if s['gate']['promote'] else 'reject'}**",
+        *[f"  - {r}" for r in s["gate"]["reasons"]],
+        f"- live versions now: {s['versions']['live']} (untuned {s['versions']['untuned']}, "
+        f"tuned {s['versions']['tuned']})", "",
+    ]
+    if s["budget"]["name"] != "full":
+        lines.insert(2, f"> This is the reduced `{s['budget']['name']}` budget: too little training to expect a "
+                        "significant gain. Run `marft-lg demo` for the full budget.\n")
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def demo(
+    quick: bool = typer.Option(False, "--quick", help="About 3 minutes: smaller, and says so in the report."),
+    budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~3 min) or smoke (~1.5 min)."),
+    run_dir: Path | None = typer.Option(None, help="Run directory (default runs/demo-<timestamp>)."),
+    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
+    seed: int = typer.Option(0, help="Seed for problems, sampling and training."),
+    trace_root: Path = typer.Option(Path("traces"), help="Where the demo's traces go (a sub-directory per run)."),
+) -> None:
+    """The main job: serve, trace, mine, train offline then on-policy, compare, promote, report."""
+    from rich.console import Console
+
+    console = Console()
+    name = budget or ("quick" if quick else "full")
+    if name not in BUDGETS:
+        raise typer.BadParameter(f"unknown budget {name!r}; choose one of {sorted(BUDGETS)}")
+    b = BUDGETS[name]
+    if name != "full":
+        console.print(f"[yellow]{name} budget: about {b.minutes:g} minutes, too little training to expect a "
+                      "significant gain; run without --quick for the full demo[/yellow]")
+    out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console)

@@ -161,6 +161,9 @@ class OpenAIEngineClient:
                 f"{where}: {len(token_ids)} completion token ids but {len(logprobs)} logprobs", body=data)
         message = choice.get("message") or {}
         role, version = _model_label(model)
+        served = data.get("marft") if isinstance(data.get("marft"), dict) else {}  # `marft-lg serve` says which version answered
+        if version is None:
+            version = served.get("adapter_version") or request.version
         extra: dict[str, Any] = {}
         if data.get("id"):
             extra["id"] = data["id"]
@@ -175,7 +178,7 @@ class OpenAIEngineClient:
             logprobs=logprobs,
             finish_reason=choice.get("finish_reason") or "stop",
             agent=request.agent if request.agent is not None else (role if version else None),
-            adapter_version=version if version is not None else request.version,
+            adapter_version=version,
             model=str(data.get("model") or model),
             latency_s=latency_s,
             extra=extra,

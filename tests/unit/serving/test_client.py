@@ -320,3 +320,15 @@ def test_a_missing_route_is_not_reported_as_an_unknown_model():
                 call()
             assert info.value.status_code == 404
             assert not isinstance(info.value, UnknownAgentError)
+
+
+def test_unpinned_role_takes_the_version_the_server_says_answered(client):
+    """`marft-lg serve` answers an unpinned role with its current version and says which in `marft`."""
+    data = {"model": "writer", "prompt_token_ids": [1], "marft": {"agent": "writer", "adapter_version": "v7"},
+            "choices": [{"message": {"content": "hi"}, "token_ids": [5], "finish_reason": "stop",
+                         "logprobs": {"content": [{"token": "hi", "logprob": -0.25}]}}]}
+    req = ChatRequest(messages=[{"role": "user", "content": "x"}], agent="writer")
+    assert client._to_completion(data, req, "writer", 0.01).adapter_version == "v7"
+    pinned = client._to_completion({**data, "marft": {"adapter_version": "v7"}}, req, "writer@v2", 0.01)
+    assert pinned.adapter_version == "v2"
+    assert client._to_completion({k: v for k, v in data.items() if k != "marft"}, req, "writer", 0.01).adapter_version is None

@@ -106,10 +106,14 @@ def test_sample_rate_and_async_mirroring(tmp_path):
     outs = asyncio.run(run())
     assert [o["msgs"][1].startswith("planner@v1") for o in outs] == [True] * 40
     assert app.wait_for_shadows(10)
-    n = app.shadow_stats["sampled"]
-    assert 8 <= n <= 32 and app.shadow_stats["completed"] == n
+    stats = app.shadow_stats
+    n = stats["sampled"]
+    assert 8 <= n <= 32
+    # a full queue drops a mirror (counted) rather than block the live call; on a slow machine some may be
+    assert stats["submitted"] + stats["dropped"] == n and stats["submitted"] >= 8
+    assert stats["completed"] == stats["submitted"] and stats["failed"] == stats["timed_out"] == 0
     shadow_calls = [r for r in eng.requests if r.version == "candidate"]
-    assert len(shadow_calls) == n
+    assert len(shadow_calls) == stats["completed"]
 
 
 def test_shadow_arguments_are_validated():

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +124,15 @@ def shadow_compare(
     n_resamples: int = 2000,
     run_id: str | None = None,
     progress: bool = True,
+    concurrency: int = 8,
 ) -> ComparisonResult:
     """Replay every scenario `samples_per_scenario` times through both version maps and compare.
 
     `app` is a `WrappedGraph` (its `invoke(..., episode_id=, scenario_id=, seed=, versions=)` pins
     adapter versions per call); `baseline`/`candidate` are alias names (``"live"``) or
     ``{role: ref}`` maps. Paired runs share a seed. `collect(episode_ids)` overrides how the
-    episodes are read back (default: mine the app's trace directory).
+    episodes are read back (default: mine the app's trace directory). Up to `concurrency` runs go at
+    once so the serving engine batches them.
     """
     if samples_per_scenario < 1:
         raise ValueError(f"samples_per_scenario must be >= 1; got {samples_per_scenario}")
@@ -143,26 +147,36 @@ def shadow_compare(
 
     expected: dict[str, dict[str, str]] = {"baseline": {}, "candidate": {}}
     failures = {"baseline": 0, "candidate": 0}
+    failures_lock = threading.Lock()
     total = len(scenario_list) * samples_per_scenario * 2
-    with _progress(progress) as bar:
+    runs = []
+    for scen in scenario_list:
+        for j in range(samples_per_scenario):
+            s = derive_seed(seed, scen.scenario_id, j)
+            for side, versions in (("baseline", base_map), ("candidate", cand_map)):
+                eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
+                expected[side][eid] = scen.scenario_id
+                runs.append((scen, j, s, side, versions, eid))
+
+    def replay(scen: Scenario, j: int, s: int, side: str, versions: dict[str, str], eid: str) -> None:
+        try:
+            app.invoke(scen.inputs, episode_id=eid, scenario_id=scen.scenario_id, seed=s, versions=dict(versions),
+                       metadata={"marft.compare.run": run_id, "marft.compare.side": side,
+                                 "marft.compare.sample": j})
+        except Exception as exc:  # a crash is a result to count, not a reason to stop
+            with failures_lock:
+                failures[side] += 1
+            logger.warning("shadow compare: %s run of scenario %s (sample %d) failed: %s: %s",
+                           side, scen.scenario_id, j, type(exc).__name__, exc)
+
+    # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do
+    # not depend on which runs share a batch.
+    with _progress(progress) as bar, ThreadPoolExecutor(max(1, concurrency)) as pool:
         task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
-        for scen in scenario_list:
-            for j in range(samples_per_scenario):
-                s = derive_seed(seed, scen.scenario_id, j)
-                for side, versions in (("baseline", base_map), ("candidate", cand_map)):
-                    eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
-                    expected[side][eid] = scen.scenario_id
-                    try:
-                        app.invoke(scen.inputs, episode_id=eid, scenario_id=scen.scenario_id, seed=s,
-                                   versions=dict(versions),
-                                   metadata={"marft.compare.run": run_id, "marft.compare.side": side,
-                                             "marft.compare.sample": j})
-                    except Exception as exc:  # a crash is a result to count, not a reason to stop
-                        failures[side] += 1
-                        logger.warning("shadow compare: %s run of scenario %s (sample %d) failed: %s: %s",
-                                       side, scen.scenario_id, j, type(exc).__name__, exc)
-                    if bar is not None:
-                        bar.advance(task)
+        for fut in as_completed([pool.submit(replay, *r) for r in runs]):
+            fut.result()
+            if bar is not None:
+                bar.advance(task)
 
     collect = collect or (lambda ids: mine_app_episodes(app, ids))
     datasets = {}

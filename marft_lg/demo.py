@@ -41,7 +41,7 @@ BUDGETS: dict[str, DemoBudget] = {
     "full": DemoBudget("full", 15, n_train=12, n_heldout=24, traces_per_problem=2, offline_passes=1,
                        online_iterations=20, online_minutes=5.0, scenarios_per_iteration=4, group_size=4,
                        max_tokens=48),
-    "quick": DemoBudget("quick", 3, n_train=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
+    "quick": DemoBudget("quick", 5, n_train=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
                         online_iterations=2, online_minutes=0.5, scenarios_per_iteration=2, group_size=2,
                         max_tokens=32),
     # CI's end-to-end test: every stage runs, on as little work as still exercises it.
@@ -284,8 +284,8 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
 
 
 def demo(
-    quick: bool = typer.Option(False, "--quick", help="About 3 minutes: smaller, and says so in the report."),
-    budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~3 min) or smoke (~2 min, for CI)."),
+    quick: bool = typer.Option(False, "--quick", help="About 5 minutes: smaller, and says so in the report."),
+    budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~5 min) or smoke (~2 min, for CI)."),
     run_dir: Path | None = typer.Option(None, help="Run directory (default runs/demo-<timestamp>)."),
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
     seed: int = typer.Option(0, help="Seed for problems, sampling and training."),

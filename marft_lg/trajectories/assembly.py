@@ -16,7 +16,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from marft_lg.tracing.attributes import decode_floats, decode_ints
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
 from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
@@ -103,7 +102,7 @@ class _Tree:
 
 def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
                      stats: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """One episode's row and its action rows; None when it holds no LLM call."""
+    """One episode's row and its action rows (token columns still encoded); None when it holds no LLM call."""
     repair_parents(spans, stats)
     tree = _Tree(spans)
     calls = sorted((s for s in spans if s.kind == LLM), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
@@ -124,9 +123,10 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             "span_id": c.span_id,
             "messages": c.messages or [],
             "completion": c.completion or "",
-            "prompt_token_ids": _decode(decode_ints, c.prompt_token_ids),
-            "completion_token_ids": _decode(decode_ints, c.completion_token_ids),
-            "completion_logprobs": _decode(decode_floats, c.completion_logprobs),
+            # as the span carried them ("i32:<base64>", a list, ...): decoded a column at a time (TokenColumn)
+            "prompt_token_ids": c.prompt_token_ids,
+            "completion_token_ids": c.completion_token_ids,
+            "completion_logprobs": c.completion_logprobs,
             "depends_on": [],
             "tool_calls": [dict(tc, result=None, error=None) for tc in (c.tool_calls or [])],
             "tool_errors": 0,
@@ -169,15 +169,6 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "trace_ids": sorted({s.trace_id for s in spans}),
     }
     return episode, actions
-
-
-def _decode(fn: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    try:
-        return fn(value)
-    except (ValueError, TypeError):
-        return None
 
 
 def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],

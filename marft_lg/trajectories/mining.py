@@ -17,12 +17,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from marft_lg.trajectories.assembly import assemble_episode, group_episodes
+from marft_lg.trajectories.assembly import group_episodes
 from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, TrajectoryDataset
-from marft_lg.trajectories.formats import interpret
-from marft_lg.trajectories.formats.base import SpanInfo
-from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, iter_raw_spans
+from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
+from marft_lg.trajectories.pipeline import (
+    _INTERNED,
+    TOKEN_FIELDS,
+    assemble_batches,
+    feedback_index,
+    new_columns,
+    quarantine_orphan_feedback,
+    read_spans,
+)
 from marft_lg.trajectories.quarantine import Quarantine
+from marft_lg.trajectories.token_columns import TokenColumn
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 
@@ -51,126 +59,141 @@ class MiningReport:
 
 
 def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
-         max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES) -> TrajectoryDataset:
+         max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES, workers: int | None = None) -> TrajectoryDataset:
     """Mine trace files, directories or globs into a `TrajectoryDataset`.
 
     `since` keeps only episodes that ended after it (a watermark); `quarantine` is a JSONL file
     that receives every line or span that could not be used, with its reason and `file:line`.
+    `workers` processes share the work (default: one per core for inputs over 64 MB, else 1).
     """
-    return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes)[0]
+    return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes,
+                            workers=workers)[0]
 
 
 def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
-                     progress: Callable[[int], None] | None = None) -> tuple[TrajectoryDataset, MiningReport]:
+                     progress: Callable[[int], None] | None = None,
+                     workers: int | None = None) -> tuple[TrajectoryDataset, MiningReport]:
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     episode_rows: list[dict] = []
-    action_cols: dict[str, list] = {c: [] for c in (*ACTION_COLUMNS, "trace_id")}
-    for row, acts in _iter_episodes(paths, since, quarantine, max_attribute_bytes, progress, report):
-        episode_rows.append(row)
-        _extend_columns(action_cols, acts)
-    dataset = _to_dataset(episode_rows, action_cols)
-    report.actions_per_agent = {str(k): int(v) for k, v in sorted(Counter(dataset.actions["agent"]).items())}
-    return dataset, report
+    action_cols: dict[str, list] = new_columns()
+    for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
+                               chunk_actions=20_000):
+        episode_rows.extend(rows)
+        for name, values in cols.items():
+            if isinstance(values, TokenColumn):
+                values = values.to_lists()
+            elif name in _INTERNED:  # one shared copy per name, also for rows that came from a worker
+                values = [_intern(v) for v in values]
+            action_cols[name].extend(values)
+        del rows, cols
+    return _to_dataset(episode_rows, action_cols), report
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
                     quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
-                    progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000) -> MiningReport:
+                    progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000,
+                    workers: int | None = None) -> MiningReport:
     """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
     dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
     Nothing is written when no episode was mined."""
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
-    per_agent: Counter[str] = Counter()
     with DatasetParquetWriter(out) as writer:
-        episode_rows: list[dict] = []
-        action_cols: dict[str, list] = {c: [] for c in (*ACTION_COLUMNS, "trace_id")}
-        for row, acts in _iter_episodes(paths, since, quarantine, max_attribute_bytes, progress, report):
-            episode_rows.append(row)
-            _extend_columns(action_cols, acts)
-            per_agent.update(a["agent"] for a in acts)
-            if len(action_cols["order"]) >= chunk_actions:
-                writer.write(episode_rows, action_cols)
-                episode_rows, action_cols = [], {c: [] for c in action_cols}
-        writer.write(episode_rows, action_cols)
+        for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
+                                   chunk_actions=chunk_actions, parts=writer.append_parts):
+            writer.write(rows, cols)
         if report.episodes == 0:
             writer.abort()
-    report.actions_per_agent = dict(sorted(per_agent.items()))
     return report
 
 
-def _extend_columns(action_cols: dict[str, list], acts: list[dict]) -> None:
-    for name, column in action_cols.items():  # columns, not row dicts: a third of the memory
-        column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
+MIN_PARALLEL_BYTES = 64 * 1024 * 1024  # below this, starting worker processes costs more than it saves
 
 
-def _iter_episodes(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None,
-                   max_attribute_bytes: int, progress: Callable[[int], None] | None,
-                   report: MiningReport) -> Iterator[tuple[dict, list[dict]]]:
-    """Read, interpret and de-duplicate every span, then yield (episode row, action rows) in episode-id order;
-    fills `report` as it goes."""
+def _worker_count(files: list[Path], workers: int | None) -> int:
+    if workers is None and os.environ.get("MARFT_MINING_WORKERS"):
+        workers = int(os.environ["MARFT_MINING_WORKERS"])
+    if workers is not None:
+        return max(1, workers)
+    from marft_lg.trajectories.parallel import default_workers
+
+    total = sum(f.stat().st_size for f in files)
+    return default_workers() if total >= MIN_PARALLEL_BYTES else 1
+
+
+def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None, max_attribute_bytes: int,
+             progress: Callable[[int], None] | None, report: MiningReport, *, workers: int | None, chunk_actions: int,
+             parts: Callable[[list[Path]], None] | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+    """(episode rows, action columns) batches, token columns as `TokenColumn`s; fills `report` at the end.
+    With `parts`, worker processes write their batches as parquet parts, handed to `parts` before cleanup."""
     watermark = _watermark(since)
+    files = expand_paths(paths)
+    n_workers = _worker_count(files, workers)
+    groups = []
+    if n_workers > 1:
+        from marft_lg.trajectories.parallel import plan_ranges
+
+        groups = plan_ranges(files, n_workers)
+    if len(groups) > 1:
+        yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
+                                     chunk_actions=chunk_actions, parts=parts)
+        return
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
+    agents: Counter[str] = Counter()
     with Quarantine(quarantine) as q:
-        spans: dict[tuple[str, str], SpanInfo] = {}
-        for n, raw in enumerate(iter_raw_spans(paths, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
-            key = (raw.trace_id, raw.span_id)
-            first = spans.get(key)
-            if first is not None:
-                q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
-                      detail=f"first read at {first.source}")
-                continue
-            info = interpret(raw)
-            formats[info.fmt] += 1
-            spans[key] = info
-            if progress is not None and n % 10000 == 0:
-                progress(n)
+        spans = read_spans([FileRange(f) for f in files], q, max_attribute_bytes=max_attribute_bytes, stats=stats,
+                           formats=formats, progress=progress)
+        kept = len(spans)
         episodes, feedback_spans = group_episodes(spans.values())
-        report.spans_kept = len(spans)
         del spans
-        feedback = _feedback_index(feedback_spans, q)
+        fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
-        for key in sorted(episodes):
-            built = assemble_episode(key, episodes.pop(key), q, stats)
-            if built is None:
-                continue
-            seen.add(key)
-            row, acts = built
-            if watermark is not None and row["end_time"] <= watermark:
-                report.episodes_before_since += 1
-                continue
-            row["feedback"] = {name: value for name, (_, value) in sorted(feedback.get(key, {}).items())}
-            report.episodes += 1
-            report.actions += len(acts)
-            yield row, acts
-        for fb in sorted(feedback_spans, key=lambda s: (s.end_ns, s.span_id)):
-            if fb.episode_id and fb.feedback_name and fb.episode_id not in seen:
-                q.add("feedback_without_episode", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
-                      detail=f"episode {fb.episode_id!r} is not in the mined input")
-        report.quarantined = dict(sorted(q.counts.items()))
+        for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents):
+            for name, kind in TOKEN_FIELDS.items():
+                cols[name] = TokenColumn.decode(cols[name], kind)
+            yield rows, cols
+        quarantine_orphan_feedback(feedback_spans, seen, q)
+        _fill_report(report, stats, formats, kept, q.counts, agents)
+
+
+def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
+                      progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
+                      parts: Callable[[list[Path]], None] | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+    from marft_lg.trajectories.parallel import ParallelRun
+
+    run = ParallelRun(groups, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes, watermark=watermark,
+                      chunk_actions=chunk_actions, progress=progress, parquet=parts is not None)
+    try:
+        run.start()
+        run.parse()
+        yield from run.batches()
+        if parts is not None:
+            parts(run.part_dirs())
+        quarantine_orphan_feedback(run.feedback_spans, run.seen, run.q)
+        run.finish_quarantine()
+        _fill_report(report, run.stats, run.formats, run.spans_kept, run.q.counts, run.agents)
+    finally:
+        run.close()
+
+
+def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[str], kept: int,
+                 quarantined: Counter[str], agents: Counter[str]) -> None:
     report.files = stats.get("files", 0)
     report.lines = stats.get("lines", 0)
     report.spans_read = stats.get("spans_read", 0)
-    report.spans_kept -= report.quarantined.get("tool_without_action", 0)
+    report.quarantined = {k: v for k, v in sorted(quarantined.items()) if v}
+    report.spans_kept = kept - report.quarantined.get("tool_without_action", 0)
     report.repaired_parents = stats.get("repaired_parents", 0)
     report.spans_without_actions = stats.get("spans_without_actions", 0)
-    report.formats = dict(sorted(formats.items()))
-
-
-def _feedback_index(spans: list[SpanInfo], q: Quarantine) -> dict[str, dict[str, tuple[SpanInfo, object]]]:
-    """episode id -> feedback name -> (latest span, value); the latest span of a name wins."""
-    index: dict[str, dict[str, tuple[SpanInfo, object]]] = {}
-    for fb in sorted(spans, key=lambda s: (s.end_ns, s.span_id)):
-        if not fb.episode_id or not fb.feedback_name:
-            q.add("bad_feedback", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
-                  detail="marft.feedback span needs marft.episode.id and marft.feedback.name")
-            continue
-        index.setdefault(fb.episode_id, {})[fb.feedback_name] = (fb, fb.feedback_value)
-    return index
+    report.formats = {k: v for k, v in sorted(formats.items()) if v}
+    report.episodes = stats.get("episodes", 0)
+    report.actions = stats.get("actions", 0)
+    report.episodes_before_since = stats.get("episodes_before_since", 0)
+    report.actions_per_agent = {str(k): int(v) for k, v in sorted(agents.items())}
 
 
 def _watermark(since: datetime | str | None) -> int | None:
@@ -184,9 +207,6 @@ def _watermark(since: datetime | str | None) -> int | None:
     if since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     return int(since.timestamp() * 1_000_000) * 1000
-
-
-_INTERNED = frozenset({"agent", "model", "adapter_version"})
 
 
 def _intern(value: object) -> object:

@@ -114,13 +114,21 @@ def any_value(v: dict[str, Any]) -> Any:
 def attribute_dict(kvs: list[dict[str, Any]] | None, limit: int | None = None) -> dict[str, Any]:
     """OTLP ``KeyValue`` list -> dict (fast path for strings); raises `_TooLarge` past `limit` chars."""
     out: dict[str, Any] = {}
-    for kv in kvs or ():
+    if not kvs:
+        return out
+    if limit is None:
+        for kv in kvs:
+            v = kv.get("value") or {}
+            s = v.get("stringValue")
+            out[kv.get("key")] = any_value(v) if s is None else s
+        return out
+    for kv in kvs:
         v = kv.get("value") or {}
         s = v.get("stringValue")
         if s is None:
             out[kv.get("key")] = any_value(v)
         else:
-            if limit is not None and len(s) > limit:
+            if len(s) > limit:
                 raise _TooLarge(str(kv.get("key")))
             out[kv.get("key")] = s
     return out
@@ -130,31 +138,50 @@ class _TooLarge(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """A line-aligned byte range of one trace file (`end` None: to the end); `first_line` numbers its first line."""
+
+    path: Path
+    start: int = 0
+    end: int | None = None
+    first_line: int = 1
+
+
 def _open(path: Path):
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return path.open("r", encoding="utf-8", errors="replace")
+        return gzip.open(path, "rb")
+    return path.open("rb")
 
 
 def iter_raw_spans(
-    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    paths: str | os.PathLike | Iterable[str | os.PathLike] | Iterable[FileRange],
     quarantine: Quarantine,
     *,
     max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
     stats: dict[str, int] | None = None,
 ) -> Iterator[RawSpan]:
-    """Yield every usable span of every file; send unusable lines and spans to `quarantine`."""
+    """Yield every usable span of every file (or `FileRange`); send unusable lines and spans to `quarantine`."""
     stats = stats if stats is not None else {}
-    for path in expand_paths(paths):
-        stats["files"] = stats.get("files", 0) + 1
+    if isinstance(paths, str | os.PathLike):
+        paths = [paths]
+    items = list(paths)
+    ranges = items if items and all(isinstance(i, FileRange) for i in items) else [FileRange(p) for p in expand_paths(items)]
+    for unit in ranges:
+        path = unit.path
+        if unit.start == 0:
+            stats["files"] = stats.get("files", 0) + 1
         try:
             fh = _open(path)
         except OSError as exc:
             quarantine.add("invalid_json", f"{path}:0", detail=f"cannot open: {exc}")
             continue
         with fh:
-            lineno = 0
-            while True:
+            if unit.start:
+                fh.seek(unit.start)
+            left = None if unit.end is None else unit.end - unit.start
+            lineno = unit.first_line - 1
+            while left is None or left > 0:
                 try:
                     line = fh.readline()
                 except (OSError, EOFError) as exc:  # truncated .gz
@@ -162,6 +189,8 @@ def iter_raw_spans(
                     break
                 if not line:
                     break
+                if left is not None:
+                    left -= len(line)
                 lineno += 1
                 stats["lines"] = stats.get("lines", 0) + 1
                 if not line.strip():
@@ -170,16 +199,25 @@ def iter_raw_spans(
                 yield from _spans_of_line(line, f"{path}:{lineno}", quarantine, max_attribute_bytes, stats)
 
 
-def _spans_of_line(line: str, source: str, quarantine: Quarantine, limit: int, stats: dict[str, int]) -> Iterator[RawSpan]:
+def _text(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\n")
+
+
+def _spans_of_line(line: bytes, source: str, quarantine: Quarantine, limit: int, stats: dict[str, int]) -> Iterator[RawSpan]:
     try:
         request = loads_json(line)
-    except _JSONError as exc:
-        quarantine.add("invalid_json", source, detail=str(exc)[:200], raw=line.rstrip("\n"))
-        return
+    except _JSONError:
+        try:  # invalid UTF-8 is replaced, as a text-mode read would
+            request = loads_json(_text(line))
+        except _JSONError as exc:
+            quarantine.add("invalid_json", source, detail=str(exc)[:200], raw=_text(line))
+            return
     resource_spans = request.get("resourceSpans", request.get("resource_spans")) if isinstance(request, dict) else None
     if not isinstance(resource_spans, list):
-        quarantine.add("not_otlp", source, detail="no 'resourceSpans' list", raw=line.rstrip("\n"))
+        quarantine.add("not_otlp", source, detail="no 'resourceSpans' list", raw=_text(line))
         return
+    if len(line) <= limit:  # no value can be longer than its line: skip the per-attribute size check
+        limit = None
     trace_ids: dict[Any, str | None] = {}  # spans of one line share few trace ids: normalise (and store) each once
     for rs in resource_spans:
         scope_spans = (rs or {}).get("scopeSpans", (rs or {}).get("scope_spans")) or []
@@ -191,7 +229,7 @@ def _spans_of_line(line: str, source: str, quarantine: Quarantine, limit: int, s
                     yield raw
 
 
-def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int,
+def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int | None,
               trace_ids: dict[Any, str | None]) -> RawSpan | None:
     if not isinstance(span, dict):
         quarantine.add("not_otlp", source, detail="a span is not a JSON object", span=span)

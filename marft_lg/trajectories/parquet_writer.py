@@ -36,6 +36,12 @@ _JSON_COLUMNS = frozenset({"feedback", "metadata", "messages", "tool_calls"})  #
 assert set(EPISODE_COLUMNS) <= set(EPISODE_SCHEMA.names) and set(ACTION_COLUMNS) <= set(ACTION_SCHEMA.names)
 
 
+def _arrow(f: pa.Field, values: Any) -> pa.Array:
+    if hasattr(values, "to_arrow"):  # a TokenColumn
+        return values.to_arrow(f.type)
+    return pa.array(_as_json(values) if f.name in _JSON_COLUMNS else values, type=f.type)
+
+
 def _as_json(values: list[Any]) -> list[str | None]:
     return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
 
@@ -61,10 +67,20 @@ class DatasetParquetWriter:
         self._append("episodes", EPISODE_SCHEMA, episodes)
         self._append("actions", ACTION_SCHEMA, action_columns)
 
-    def _append(self, name: str, schema: pa.Schema, columns: dict[str, list[Any]]) -> None:
-        arrays = [pa.array(_as_json(columns[f.name]) if f.name in _JSON_COLUMNS else columns[f.name], type=f.type)
-                  for f in schema]
+    def _append(self, name: str, schema: pa.Schema, columns: dict[str, Any]) -> None:
+        arrays = [_arrow(f, columns[f.name]) for f in schema]
         self._writer(name, schema).write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+    def append_parts(self, directories: list[Path]) -> None:
+        """Copy datasets written by other `DatasetParquetWriter`s (a worker's part each), row group by row group."""
+        for d in directories:
+            for name, schema in (("episodes", EPISODE_SCHEMA), ("actions", ACTION_SCHEMA)):
+                path = Path(d) / f"{name}.parquet"
+                if not path.exists():
+                    continue
+                part = pq.ParquetFile(path)
+                for i in range(part.num_row_groups):
+                    self._writer(name, schema).write_table(part.read_row_group(i))
 
     def abort(self) -> None:
         """Close and delete what was written (nothing usable was mined)."""

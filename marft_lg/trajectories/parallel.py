@@ -1,0 +1,362 @@
+"""Mining on several cores: the input is cut into line-aligned byte ranges, one worker process per range.
+
+1. Each worker reads and interprets its range (`read_spans`) and sends back a `TraceSummary` per trace
+   and its feedback spans; its spans stay in the worker.
+2. The parent finds traces read by more than one worker (a trace cut by a range boundary, or re-exported
+   elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
+   quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
+3. Episodes whose traces all live in one worker are assembled there; the few that cross workers are
+   fetched and assembled by the parent. Batches come back as Python rows (`mine`) or as parquet part files
+   that the parent concatenates in worker order (`mine_to_parquet`).
+
+The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
+Quarantine records are the same too; only their order in the file differs (workers' in input order, then
+the parent's). Workers are spawned (not forked) so that a caller's threads cannot deadlock them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
+from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.pipeline import (
+    TOKEN_FIELDS,
+    TraceSummary,
+    assemble_batches,
+    feedback_index,
+    read_spans,
+    summarise_traces,
+)
+from marft_lg.trajectories.quarantine import Quarantine
+from marft_lg.trajectories.token_columns import TokenColumn
+
+_BLOCK = 16 * 1024 * 1024
+
+
+def default_workers() -> int:
+    """Cores this process may use, at most 8 (mining is I/O- and memory-bound beyond that)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+def plan_ranges(files: list[Path], workers: int) -> list[list[FileRange]]:
+    """Cut `files` (in order) into at most `workers` contiguous groups of about equal bytes, splitting plain
+    files at line boundaries (``.gz`` files stay whole); empty groups are dropped."""
+    sizes = [f.stat().st_size for f in files]
+    total = sum(sizes)
+    groups: list[list[FileRange]] = [[] for _ in range(max(1, workers))]
+    g, assigned = 0, 0
+    for path, size in zip(files, sizes, strict=True):
+        start, line = 0, 1
+        if size == 0:
+            groups[g].append(FileRange(path))
+            continue
+        while start < size:
+            room = int((g + 1) * total / len(groups)) - assigned
+            last = g == len(groups) - 1
+            if last or size - start <= room or path.name.endswith(".gz"):
+                groups[g].append(FileRange(path, start, None, line))
+                assigned += size - start
+                if not last and assigned >= (g + 1) * total / len(groups):
+                    g += 1
+                break
+            cut, cut_line = _line_boundary(path, start + max(room, 1), start, line)
+            if cut >= size:
+                groups[g].append(FileRange(path, start, None, line))
+                assigned += size - start
+                g += 1
+                break
+            groups[g].append(FileRange(path, start, cut, line))
+            assigned += cut - start
+            start, line = cut, cut_line
+            g += 1
+    return [grp for grp in groups if grp]
+
+
+def _line_boundary(path: Path, pos: int, start: int, line: int) -> tuple[int, int]:
+    """The first line start after `pos`, and its line number (counting from `line` at byte `start`)."""
+    with path.open("rb") as fh:
+        fh.seek(pos)
+        fh.readline()
+        cut = fh.tell()
+        fh.seek(start)
+        left, newlines = cut - start, 0
+        while left > 0:
+            block = fh.read(min(_BLOCK, left))
+            if not block:
+                break
+            newlines += block.count(b"\n")
+            left -= len(block)
+    return cut, line + newlines
+
+
+# --- worker side ---------------------------------------------------------------------------------
+
+
+def _worker_main(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, qpath: str | None,
+                 counter: Any) -> None:
+    try:
+        _work(conn, ranges, max_attribute_bytes, qpath, counter)
+    except BaseException:  # report, do not hang the parent
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, qpath: str | None, counter: Any) -> None:
+    def progress(n: int) -> None:
+        counter.value = n
+
+    with Quarantine(qpath) as q:
+        stats: dict[str, int] = {}
+        formats: Counter[str] = Counter()
+        spans = read_spans(ranges, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                           progress=progress)
+        kept = len(spans)
+        by_trace: dict[str, list[SpanInfo]] = defaultdict(list)
+        feedback: dict[str, list[SpanInfo]] = defaultdict(list)
+        for s in spans.values():
+            (feedback if s.kind == FEEDBACK else by_trace)[s.trace_id].append(s)
+        summaries = summarise_traces(spans.values())
+        del spans
+        conn.send(("parsed", summaries, feedback, stats, dict(formats), kept))
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them
+                conn.send([s for t in arg for s in (*by_trace.pop(t, ()), *feedback.pop(t, ()))])
+            elif cmd == "assemble":
+                episode_traces, fb_index, watermark, chunk_actions, part_dir = arg
+                episodes = {key: [s for t in tids for s in by_trace.pop(t)] for key, tids in episode_traces.items()}
+                by_trace.clear()
+                feedback.clear()
+                st: dict[str, int] = {}
+                seen: set[str] = set()
+                agents: Counter[str] = Counter()
+                batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents)
+                if part_dir is None:
+                    for rows, cols in batches:
+                        for name, kind in TOKEN_FIELDS.items():
+                            cols[name] = TokenColumn.decode(cols[name], kind)
+                        conn.send(("batch", rows, cols))
+                else:
+                    from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
+
+                    with DatasetParquetWriter(part_dir) as writer:
+                        for rows, cols in batches:
+                            writer.write(rows, cols)
+                q.close()
+                conn.send(("done", st, seen, dict(q.counts), dict(agents)))
+                return
+
+
+# --- parent side ---------------------------------------------------------------------------------
+
+
+class ParallelRun:
+    """One multi-process mining run; `batches()` yields what `assemble_batches` would, and fills the tallies."""
+
+    def __init__(self, groups: list[list[FileRange]], *, quarantine: str | Path | None, max_attribute_bytes: int,
+                 watermark: int | None, chunk_actions: int, progress: Callable[[int], None] | None,
+                 parquet: bool = False):
+        self.groups, self.max_attribute_bytes, self.parquet = groups, max_attribute_bytes, parquet
+        self.watermark, self.chunk_actions, self.progress = watermark, chunk_actions, progress
+        self.quarantine_path = Path(quarantine) if quarantine is not None else None
+        self._tmp = Path(tempfile.mkdtemp(prefix="marft-mine-"))
+        # the parent's own records (cross-worker duplicates, feedback, cross-worker episodes) go after the workers'
+        self.q = Quarantine(self._tmp / "quarantine-parent.jsonl" if quarantine is not None else None)
+        self.stats: dict[str, int] = {}
+        self.formats: Counter[str] = Counter()
+        self.spans_kept = 0
+        self.seen: set[str] = set()
+        self.agents: Counter[str] = Counter()
+        self.feedback_spans: list[SpanInfo] = []
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+
+    # lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._counters = [ctx.Value("q", 0, lock=False) for _ in self.groups]
+        for i, group in enumerate(self.groups):
+            parent, child = ctx.Pipe()
+            qpath = str(self._tmp / f"quarantine-{i}.jsonl") if self.quarantine_path is not None else None
+            p = ctx.Process(target=_worker_main, args=(child, group, self.max_attribute_bytes, qpath, self._counters[i]),
+                            name=f"marft-mine-{i}", daemon=True)
+            p.start()
+            child.close()
+            self._procs.append(p)
+            self._conns.append(parent)
+
+    def close(self) -> None:
+        self.q.close()
+        for c in self._conns:
+            c.close()
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _recv(self, i: int) -> Any:
+        try:
+            msg = self._conns[i].recv()
+        except EOFError as exc:
+            raise RuntimeError(f"mining worker {i} exited unexpectedly (exit code {self._procs[i].exitcode}); "
+                               "out of memory? try workers=1") from exc
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            raise RuntimeError(f"mining worker {i} failed:\n{msg[1]}")
+        return msg
+
+    # the run --------------------------------------------------------------------------------------
+    def parse(self) -> None:
+        """Phases 1-2: workers read; the parent merges shared traces and decides every trace's episode."""
+        pending = set(range(len(self._conns)))
+        parsed: dict[int, tuple] = {}
+        while pending:
+            ready = wait([self._conns[i] for i in pending], timeout=0.5)
+            if self.progress is not None:
+                self.progress(sum(c.value for c in self._counters))
+            for conn in ready:
+                i = self._conns.index(conn)
+                parsed[i] = self._recv(i)
+                pending.discard(i)
+        presence: dict[str, list[int]] = defaultdict(list)
+        summaries: list[dict[str, TraceSummary]] = []
+        fb_by_worker: list[dict[str, list[SpanInfo]]] = []
+        for i in range(len(self._conns)):
+            _, summ, feedback, stats, formats, kept = parsed.pop(i)
+            summaries.append(summ)
+            for t in {*summ, *feedback}:
+                presence[t].append(i)
+            for k, v in stats.items():
+                self.stats[k] = self.stats.get(k, 0) + v
+            self.formats.update(formats)
+            self.spans_kept += kept
+            fb_by_worker.append(feedback)
+        shared = sorted(t for t, where in presence.items() if len(where) > 1)
+        merged_traces, merged_feedback = self._merge_shared(shared)
+        shared_set = set(shared)
+        for feedback in fb_by_worker:
+            for t, spans in feedback.items():
+                if t not in shared_set:
+                    self.feedback_spans.extend(spans)
+        self.feedback_spans.extend(merged_feedback)
+        # every trace's episode key, and where its spans are
+        self._parent_traces = merged_traces  # trace id -> spans (read order), held here
+        trace_key: dict[str, str] = {}
+        for t, spans in merged_traces.items():
+            trace_key[t] = summarise_traces(spans)[t].key(t)
+        home: dict[str, int] = {}
+        for i, summ in enumerate(summaries):
+            for t, s in summ.items():
+                if t not in shared_set:
+                    trace_key[t] = s.key(t)
+                    home[t] = i
+        episodes: dict[str, list[str]] = defaultdict(list)
+        for t in sorted(trace_key):
+            episodes[trace_key[t]].append(t)
+        self._local: list[dict[str, list[str]]] = [{} for _ in self._conns]
+        self._global: dict[str, list[str]] = {}
+        for key, tids in episodes.items():
+            owners = {home.get(t, -1) for t in tids}
+            if len(owners) == 1 and -1 not in owners:
+                self._local[owners.pop()][key] = tids
+            else:
+                self._global[key] = tids
+        wanted: list[list[str]] = [[] for _ in self._conns]
+        for tids in self._global.values():
+            for t in tids:
+                if t in home:
+                    wanted[home[t]].append(t)
+        for i, tids in enumerate(wanted):
+            if tids:
+                self._conns[i].send(("ship", tids))
+                for s in self._recv(i):
+                    self._parent_traces.setdefault(s.trace_id, []).append(s)
+
+    def _merge_shared(self, shared: list[str]) -> tuple[dict[str, list[SpanInfo]], list[SpanInfo]]:
+        """Fetch traces read by several workers and merge them in input order, dropping re-exported copies."""
+        traces: dict[str, list[SpanInfo]] = defaultdict(list)
+        feedback: list[SpanInfo] = []
+        if not shared:
+            return traces, feedback
+        first: dict[tuple[str, str], SpanInfo] = {}
+        for i, conn in enumerate(self._conns):
+            conn.send(("ship", shared))
+            for s in self._recv(i):
+                key = (s.trace_id, s.span_id)
+                if key in first:
+                    self.q.add("duplicate", s.source, trace_id=s.trace_id, span_id=s.span_id,
+                               detail=f"first read at {first[key].source}")
+                    self.formats[s.fmt] -= 1
+                    self.spans_kept -= 1
+                    continue
+                first[key] = s
+                (feedback if s.kind == FEEDBACK else traces[s.trace_id]).append(s)
+        return traces, feedback
+
+    def batches(self) -> Iterator[tuple[list[dict], dict[str, Any]]]:
+        """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
+        as `TokenColumn`s. With `part_dirs` set (parquet), workers write their batches there instead."""
+        fb_index = feedback_index(self.feedback_spans, self.q)
+        for i, conn in enumerate(self._conns):
+            local = self._local[i]
+            fb = {k: fb_index[k] for k in local if k in fb_index}
+            part = str(self._tmp / f"part-{i}") if self.parquet else None
+            conn.send(("assemble", (local, fb, self.watermark, self.chunk_actions, part)))
+        episodes = {key: [s for t in tids for s in self._parent_traces.pop(t, ())] for key, tids in self._global.items()}
+        self._parent_traces = {}
+        fb = {k: fb_index[k] for k in episodes if k in fb_index}
+        for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
+                                           self.agents):
+            for name, kind in TOKEN_FIELDS.items():
+                cols[name] = TokenColumn.decode(cols[name], kind)
+            yield rows, cols
+        pending = set(range(len(self._conns)))
+        while pending:
+            for conn in wait([self._conns[i] for i in pending]):
+                i = self._conns.index(conn)
+                msg = self._recv(i)
+                if msg[0] == "batch":
+                    yield msg[1], msg[2]
+                else:
+                    _, st, seen, qcounts, agents = msg
+                    self.agents.update(agents)
+                    for k, v in st.items():
+                        self.stats[k] = self.stats.get(k, 0) + v
+                    self.seen |= seen
+                    self.q.counts.update(qcounts)
+                    pending.discard(i)
+
+    def part_dirs(self) -> list[Path]:
+        """Parquet parts written by the workers, in input order."""
+        return [self._tmp / f"part-{i}" for i in range(len(self._conns))]
+
+    def finish_quarantine(self) -> None:
+        """Append the workers' quarantine records (in input order), then the parent's, to the quarantine file."""
+        self.q.close()
+        if self.quarantine_path is None:
+            return
+        parts = [self._tmp / f"quarantine-{i}.jsonl" for i in range(len(self._conns))] + [self.q.path]
+        if not any(p.exists() for p in parts):
+            return
+        self.quarantine_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.quarantine_path.open("ab") as out:
+            for p in parts:
+                if p.exists():
+                    with p.open("rb") as fh:
+                        shutil.copyfileobj(fh, out)

@@ -1,0 +1,150 @@
+"""The steps of a mining run, shared by the one-process and the multi-process paths.
+
+`read_spans` (read, interpret, drop re-exports) -> `group_episodes` -> `assemble_batches` (episode rows
+and columnar action rows, `chunk_actions` actions at a time). No pandas here: worker processes import
+only this, the readers and the formats.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from marft_lg.trajectories.assembly import assemble_episode
+from marft_lg.trajectories.dataset import ACTION_COLUMNS
+from marft_lg.trajectories.formats import interpret
+from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
+from marft_lg.trajectories.otlp import iter_raw_spans
+from marft_lg.trajectories.quarantine import Quarantine
+
+SpanKey = tuple[str, str]
+ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
+TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
+_INTERNED = frozenset({"agent", "model", "adapter_version"})
+
+
+def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
+               progress: Callable[[int], None] | None = None) -> dict[SpanKey, SpanInfo]:
+    """Every usable span of `source` (paths or `FileRange`s) by (trace id, span id); re-exports are quarantined."""
+    spans: dict[SpanKey, SpanInfo] = {}
+    n = 0
+    for n, raw in enumerate(iter_raw_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
+        key = (raw.trace_id, raw.span_id)
+        first = spans.get(key)
+        if first is not None:
+            q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
+                  detail=f"first read at {first.source}")
+            continue
+        info = interpret(raw)
+        formats[info.fmt] += 1
+        spans[key] = info
+        if progress is not None and n % 10000 == 0:
+            progress(n)
+    if progress is not None:
+        progress(n)
+    return spans
+
+
+@dataclass(slots=True)
+class TraceSummary:
+    """What deciding a trace's episode needs (see `assembly.episode_key`), without its spans."""
+
+    first: tuple[int, str]  # (start, span id) of its earliest span
+    episode: tuple[int, str, str] | None = None  # earliest span naming an own episode id: (start, span id, id)
+    session: tuple[int, str, str] | None = None  # earliest span naming a session
+
+    def merge(self, other: TraceSummary) -> TraceSummary:
+        return TraceSummary(first=min(self.first, other.first), episode=_min(self.episode, other.episode),
+                            session=_min(self.session, other.session))
+
+    def key(self, trace_id: str) -> str:
+        if self.episode is not None:
+            return self.episode[2]
+        if self.session is not None:
+            return self.session[2]
+        return trace_id
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def summarise_traces(spans: Iterable[SpanInfo]) -> dict[str, TraceSummary]:
+    """Per trace, its `TraceSummary` (feedback spans are not part of any trace's episode)."""
+    out: dict[str, TraceSummary] = {}
+    for s in spans:
+        if s.kind == FEEDBACK:
+            continue
+        order = (s.start_ns, s.span_id)
+        cur = out.get(s.trace_id)
+        if cur is None:
+            cur = out[s.trace_id] = TraceSummary(first=order)
+        elif order < cur.first:
+            cur.first = order
+        if s.episode_id and (cur.episode is None or order < cur.episode[:2]):
+            cur.episode = (*order, s.episode_id)
+        if s.session and (cur.session is None or order < cur.session[:2]):
+            cur.session = (*order, str(s.session))
+    return out
+
+
+def new_columns() -> dict[str, list]:
+    return {c: [] for c in ACTION_FIELDS}
+
+
+def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: dict[str, int],
+                     feedback: dict[str, dict[str, Any]], watermark: int | None, seen: set[str],
+                     chunk_actions: int, agents: Counter[str]) -> Iterator[tuple[list[dict], dict[str, list]]]:
+    """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
+    their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
+    `agents` counts the kept actions per agent."""
+    rows: list[dict] = []
+    cols = new_columns()
+    for key in sorted(episodes):
+        built = assemble_episode(key, episodes.pop(key), q, stats)
+        if built is None:
+            continue
+        seen.add(key)
+        row, acts = built
+        if watermark is not None and row["end_time"] <= watermark:
+            stats["episodes_before_since"] = stats.get("episodes_before_since", 0) + 1
+            continue
+        row["feedback"] = dict(sorted(feedback.get(key, {}).items()))
+        stats["episodes"] = stats.get("episodes", 0) + 1
+        stats["actions"] = stats.get("actions", 0) + len(acts)
+        rows.append(row)
+        agents.update(a["agent"] for a in acts)
+        for name, column in cols.items():
+            column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
+        if len(cols["order"]) >= chunk_actions:
+            yield rows, cols
+            rows, cols = [], new_columns()
+    if rows:
+        yield rows, cols
+
+
+def feedback_index(spans: list[SpanInfo], q: Quarantine) -> dict[str, dict[str, Any]]:
+    """episode id -> feedback name -> value, the latest span of a name winning; unusable ones are quarantined."""
+    index: dict[str, dict[str, Any]] = {}
+    for fb in sorted(spans, key=lambda s: (s.end_ns, s.span_id)):
+        if not fb.episode_id or not fb.feedback_name:
+            q.add("bad_feedback", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
+                  detail="marft.feedback span needs marft.episode.id and marft.feedback.name")
+            continue
+        index.setdefault(fb.episode_id, {})[fb.feedback_name] = fb.feedback_value
+    return index
+
+
+def quarantine_orphan_feedback(spans: list[SpanInfo], seen: set[str], q: Quarantine) -> None:
+    """Feedback whose episode was not mined goes to the quarantine."""
+    for fb in sorted(spans, key=lambda s: (s.end_ns, s.span_id)):
+        if fb.episode_id and fb.feedback_name and fb.episode_id not in seen:
+            q.add("feedback_without_episode", fb.source, trace_id=fb.trace_id, span_id=fb.span_id,
+                  detail=f"episode {fb.episode_id!r} is not in the mined input")
+
+
+def _intern(value: object) -> object:
+    return sys.intern(value) if isinstance(value, str) else value

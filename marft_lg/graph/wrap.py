@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from marft_lg.graph import routing
 from marft_lg.graph.shadow import ShadowJob, ShadowMirror
-from marft_lg.tracing.provider import TraceSink, make_sink
 from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
+from marft_lg.tracing.sink import RecordSink, make_record_sink
 
 _SENTINEL = object()
 logger = logging.getLogger("marft_lg.graph")
@@ -48,7 +48,7 @@ def _with_callback(config: dict[str, Any], handler: EpisodeRecorder) -> dict[str
 class WrappedGraph:
     """A compiled graph plus routing and tracing; see `wrap`."""
 
-    def __init__(self, graph: Any, *, team: Any = None, sink: TraceSink, trace_dir: str | os.PathLike | None = None,
+    def __init__(self, graph: Any, *, team: Any = None, sink: RecordSink, trace_dir: str | os.PathLike | None = None,
                  node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
                  shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None):
@@ -126,7 +126,7 @@ class WrappedGraph:
             mirror_side=pair[1] if pair else None,
             workflow_name=self.workflow_name,
         )
-        recorder = EpisodeRecorder.start(self.sink.tracer, info)
+        recorder = EpisodeRecorder.start(self.sink, info)
         route = routing.EpisodeRoute(episode_id=episode_id, team=self.team, node_roles=self.node_roles,
                                      versions=dict(versions) if isinstance(versions, Mapping) else versions,
                                      seed=seed, engine_override=engine_override)
@@ -146,8 +146,7 @@ class WrappedGraph:
         except Exception:  # noqa: BLE001
             logger.exception("marft_lg: closing the trace of episode %s failed; the app's result is unaffected",
                              recorder.info.episode_id)
-            if not recorder.root_ended:
-                recorder.root.end()
+            recorder.end_root()
 
     def _mirror_pair(self, episode_id: str | None) -> tuple[str, str] | None:
         if self.mirror is None or not self.mirror.sample():
@@ -363,8 +362,8 @@ def wrap(
         raise TypeError(f"wrap: shadow must be a {{role: ref}} map, an alias name or a ChatEngine, got {type(shadow).__name__}")
     if shadow is not None and isinstance(shadow, Mapping | str) and team is None:
         raise ValueError("wrap: a version map or alias as shadow needs team=... (the Team that serves both versions)")
-    sink = make_sink(trace_dir, otlp_endpoint=otlp_endpoint, exporters=exporters, service_name=service_name,
-                     max_file_bytes=max_file_bytes)
+    sink = make_record_sink(trace_dir, otlp_endpoint=otlp_endpoint, exporters=exporters, service_name=service_name,
+                            max_file_bytes=max_file_bytes)
     mirror = (ShadowMirror(sample_rate, queue_size=shadow_queue_size, timeout_s=shadow_timeout_s, seed=shadow_seed)
               if shadow is not None and sample_rate > 0 else None)
     return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles, capture_messages=capture_messages,

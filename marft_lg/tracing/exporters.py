@@ -8,7 +8,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -48,7 +48,11 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        line = dumps_request(spans) + "\n"
+        return self.write_line(dumps_request(spans))
+
+    def write_line(self, line: str) -> SpanExportResult:
+        """Append one already encoded ``ExportTraceServiceRequest`` (no trailing newline) as a line."""
+        line += "\n"
         with self._lock:
             if self._file is None or self._size >= self.max_bytes:
                 if self._file is not None:
@@ -109,13 +113,17 @@ class GuardedExporter(SpanExporter):
         return SpanExportResult.FAILURE
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.run(lambda: self.inner.export(spans), len(spans))
+
+    def run(self, export: Callable[[], SpanExportResult], n_spans: int) -> SpanExportResult:
+        """Run one export call of `n_spans` spans under the guard (e.g. the file writer's `write_line`)."""
         try:
-            result = self.inner.export(spans)
+            result = export()
         except Exception as exc:  # noqa: BLE001 - an exporter must never break the app
             return self._fail(f"{type(exc).__name__}: {exc}")
         if result is not SpanExportResult.SUCCESS:
             return self._fail(f"exporter returned {result.name}")
-        self.exported += len(spans)
+        self.exported += n_spans
         return result
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

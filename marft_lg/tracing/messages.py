@@ -27,12 +27,13 @@ def message_to_dict(message: BaseMessage | dict[str, Any]) -> dict[str, Any]:
     """One LangChain message (or an already plain dict) -> ``{"role","content"}`` plus tool fields."""
     if isinstance(message, dict):
         return dict(message)
-    role = _ROLES.get(message.type, getattr(message, "role", None) or message.type)
+    kind = message.type
+    role = _ROLES.get(kind) or getattr(message, "role", None) or kind
     out: dict[str, Any] = {"role": role, "content": content_text(message.content)}
-    tool_calls = getattr(message, "tool_calls", None)
+    tool_calls = getattr(message, "tool_calls", None) if kind == "ai" or kind not in _ROLES else None
     if tool_calls:
         out["tool_calls"] = [{"id": tc.get("id"), "name": tc.get("name"), "args": tc.get("args")} for tc in tool_calls]
-    if message.type == "tool":
+    if kind == "tool":
         out["tool_call_id"] = getattr(message, "tool_call_id", None)
     if getattr(message, "name", None):
         out["name"] = message.name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -108,3 +109,86 @@ def encode_request(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 def dumps_request(spans: Sequence[ReadableSpan]) -> str:
     """Spans -> one compact JSON line (no trailing newline)."""
     return json.dumps(encode_request(spans), ensure_ascii=False, separators=(",", ":"))
+
+
+# -- the fast path: SpanRecords straight to OTLP/JSON text ---------------------------------------
+# Produces the same bytes `dumps_request` writes for the equivalent SDK spans (compact separators,
+# ``ensure_ascii=False``), without building the intermediate dicts.
+_str = encode_basestring
+_FLOAT_SPECIAL = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
+
+
+def _float_json(value: float) -> str:
+    if value != value:
+        return "NaN"
+    return _FLOAT_SPECIAL.get(value) or float.__repr__(value)
+
+
+def value_json(value: Any) -> str:
+    """One attribute value -> OTLP/JSON ``AnyValue`` text."""
+    kind = type(value)
+    if kind is str:
+        return '{"stringValue":' + _str(value) + "}"
+    if kind is int:
+        return '{"intValue":"' + int.__repr__(value) + '"}'
+    if kind is float:
+        return '{"doubleValue":' + _float_json(value) + "}"
+    if kind is bool:
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if kind is list or kind is tuple:
+        return '{"arrayValue":{"values":[' + ",".join(value_json(v) for v in value) + "]}}"
+    return json.dumps(any_value(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def attributes_json(attributes: Mapping[str, Any]) -> str:
+    """Attributes -> the text of an OTLP ``KeyValue`` list (without brackets); None values are skipped."""
+    parts = []
+    append = parts.append
+    heads = _KEY_HEADS
+    for k, v in attributes.items():
+        head = heads.get(k)
+        if head is None:
+            head = '{"key":' + _str(k) + ',"value":'
+            if len(heads) < 4096:
+                heads[k] = head
+        kind = type(v)
+        if kind is str:
+            append(head + '{"stringValue":' + _str(v) + "}}")
+        elif kind is int:
+            append(head + '{"intValue":"' + int.__repr__(v) + '"}}')
+        elif v is not None:
+            append(head + value_json(v) + "}")
+    return ",".join(parts)
+
+
+_KEY_HEADS: dict[str, str] = {}
+
+
+def encode_record(record: Any) -> str:
+    """One `SpanRecord` -> OTLP/JSON ``Span`` text."""
+    parent = f'"{record.parent_id:016x}"' if record.parent_id else '""'
+    status = (f'{{"code":{record.status_code},"message":{_str(record.status_message)}}}' if record.status_message
+              else f'{{"code":{record.status_code}}}')
+    events = ""
+    if record.events:
+        events = ',"events":[' + ",".join(
+            f'{{"timeUnixNano":"{ts}","name":{_str(name)},"attributes":[{attributes_json(attrs)}]}}'
+            for ts, name, attrs in record.events) + "]"
+    return (f'{{"traceId":"{record.trace_id:032x}","spanId":"{record.span_id:016x}","parentSpanId":{parent},'
+            f'"name":{_str(record.name)},"kind":{record.kind},"startTimeUnixNano":"{record.start_ns}",'
+            f'"endTimeUnixNano":"{record.end_ns or record.start_ns}","attributes":[{attributes_json(record.attributes)}],'
+            f'"status":{status}{events}}}')
+
+
+def request_frame(resource: Any, scope_name: str, scope_version: str | None = None) -> tuple[str, str]:
+    """The text before and after the span list of a one-resource, one-scope ``ExportTraceServiceRequest``."""
+    head = ('{"resourceSpans":[{"resource":{"attributes":'
+            + json.dumps(key_values(resource.attributes if resource else {}), ensure_ascii=False, separators=(",", ":"))
+            + '},"scopeSpans":[{"scope":{"name":' + _str(scope_name) + ',"version":' + _str(scope_version or "")
+            + '},"spans":[')
+    return head, "]}]}]}"
+
+
+def dumps_records(encoded_spans: Sequence[str], frame: tuple[str, str]) -> str:
+    """Already encoded spans -> one compact ``ExportTraceServiceRequest`` line (no trailing newline)."""
+    return frame[0] + ",".join(encoded_spans) + frame[1]

@@ -14,12 +14,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
@@ -28,6 +27,14 @@ from marft_lg.tracing.messages import (
     redact_messages,
     redact_value,
     to_jsonable,
+)
+from marft_lg.tracing.records import (
+    KIND_CLIENT,
+    KIND_INTERNAL,
+    STATUS_ERROR,
+    STATUS_OK,
+    SpanRecord,
+    new_trace_id,
 )
 
 UNRESOLVED_MODEL = "marft-team"  # TeamChatModel's label before it knows which engine answers
@@ -91,23 +98,28 @@ def _is_control_flow(error: BaseException) -> bool:
 
 
 class EpisodeRecorder(BaseCallbackHandler):
-    """Callback handler for one episode; thread-safe (parallel `Send` tasks call it from many threads)."""
+    """Callback handler for one episode; thread-safe (parallel `Send` tasks call it from many threads).
+
+    Spans are `SpanRecord`s (plain data): a callback fills in attributes and, when the span ends,
+    hands the record to the sink's queue; OTLP/JSON encoding and file writes happen in batches in
+    the sink's writer, not here.
+    """
 
     run_inline = True
     raise_error = False
 
-    def __init__(self, tracer: trace.Tracer, info: EpisodeInfo, root: Span):
-        self.tracer = tracer
+    def __init__(self, sink: Any, info: EpisodeInfo, root: SpanRecord):
+        self.sink = sink
         self.info = info
         self.root = root
-        self._ctx_root = trace.set_span_in_context(root)
+        self._trace_id = root.trace_id
+        self._submit = sink.submit
         self._lock = threading.Lock()
-        self._parent: dict[UUID, Span] = {}  # run id -> span its children hang under
-        self._own: dict[UUID, Span] = {}  # run id -> span this recorder opened for it
-        self._tasks: dict[str, Span] = {}  # langgraph checkpoint ns -> invoke_agent span
+        self._parent: dict[UUID, SpanRecord] = {}  # run id -> span its children hang under
+        self._own: dict[UUID, SpanRecord] = {}  # run id -> span this recorder opened for it
+        self._tasks: dict[str, SpanRecord] = {}  # langgraph checkpoint ns -> invoke_agent span
         self._t0: dict[UUID, float] = {}
         self._attr_cache: dict[str, dict[str, Any]] = {}
-        self._contexts: dict[int, Any] = {}  # id(span) -> OTel context with it as parent (spans outlive the episode's calls)
         self.n_chat = 0
         self.n_errors = 0
         self.finished = False
@@ -115,7 +127,7 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     # -- lifecycle ---------------------------------------------------------------------------
     @classmethod
-    def start(cls, tracer: trace.Tracer, info: EpisodeInfo) -> EpisodeRecorder:
+    def start(cls, sink: Any, info: EpisodeInfo) -> EpisodeRecorder:
         """Open the episode's ``invoke_workflow`` root span and return the recorder for its callbacks."""
         attrs: dict[str, Any] = {
             A.GEN_AI_OPERATION_NAME: A.OP_WORKFLOW,
@@ -131,8 +143,8 @@ class EpisodeRecorder(BaseCallbackHandler):
         if info.mirror_pair_id:
             attrs[A.MARFT_MIRROR_PAIR_ID] = info.mirror_pair_id
             attrs[A.MARFT_MIRROR_SIDE] = info.mirror_side or "live"
-        root = tracer.start_span(f"{A.OP_WORKFLOW} {info.workflow_name}", kind=SpanKind.INTERNAL, attributes=attrs)
-        return cls(tracer, info, root)
+        root = SpanRecord(new_trace_id(), 0, f"{A.OP_WORKFLOW} {info.workflow_name}", KIND_INTERNAL, attrs)
+        return cls(sink, info, root)
 
     def finish(self, *, error: BaseException | None = None, outcome: Any = None, has_outcome: bool = False) -> None:
         """Close spans left open (error status when the run failed), then the root span (once)."""
@@ -144,21 +156,34 @@ class EpisodeRecorder(BaseCallbackHandler):
             self._own.clear()
         for _, span in reversed(leftovers):
             if error is not None:
-                span.set_status(Status(StatusCode.ERROR, f"episode failed: {type(error).__name__}"))
-            span.end()
-        if error is not None and not _is_control_flow(error):
-            self.root.record_exception(error)
-            self.root.set_attribute(A.ERROR_TYPE, type(error).__qualname__)
-            self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        elif error is None:
-            self.root.set_status(Status(StatusCode.OK))
-            if has_outcome and self.info.capture_messages:
-                self.root.set_attribute(A.MARFT_OUTCOME, _json(redact_value(_plain(outcome), self.info.redact)))
-        self.root.end()
-        self.root_ended = True
+                span.set_status(STATUS_ERROR, f"episode failed: {type(error).__name__}")
+            self._end(span)
+        try:
+            if error is not None and not _is_control_flow(error):
+                self.root.record_exception(error)
+                self.root.attributes[A.ERROR_TYPE] = type(error).__qualname__
+                self.root.set_status(STATUS_ERROR, f"{type(error).__name__}: {error}")
+            elif error is None:
+                self.root.set_status(STATUS_OK)
+                if has_outcome and self.info.capture_messages:
+                    self.root.attributes[A.MARFT_OUTCOME] = _outcome_json(outcome, self.info.redact)
+        finally:
+            self.end_root()
+
+    def end_root(self) -> None:
+        """End the root span and queue it for export (once)."""
+        with self._lock:
+            if self.root_ended:
+                return
+            self.root_ended = True
+        self._end(self.root)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _parent_span(self, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> Span:
+    def _end(self, span: SpanRecord) -> None:
+        span.end_ns = time.time_ns()
+        self._submit(span)
+
+    def _parent_span(self, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> SpanRecord:
         span = self._parent.get(parent_run_id) if parent_run_id is not None else None
         if span is None and metadata:
             span = self._tasks.get(metadata.get("langgraph_checkpoint_ns", ""))
@@ -181,7 +206,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         if md.get("langgraph_step") is not None:
             attrs[A.MARFT_LANGGRAPH_STEP] = int(md["langgraph_step"])
         if md.get("langgraph_triggers") is not None:
-            attrs[A.MARFT_LANGGRAPH_TRIGGERS] = json.dumps(list(md["langgraph_triggers"]))
+            attrs[A.MARFT_LANGGRAPH_TRIGGERS] = _json_str_list(md["langgraph_triggers"])
         if ns:
             attrs[A.MARFT_LANGGRAPH_CHECKPOINT_NS] = ns
             last = ns.rsplit("|", 1)[-1]
@@ -190,20 +215,14 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._attr_cache[ns] = attrs
         return dict(attrs)
 
-    def _context(self, parent: Span) -> Any:
-        ctx = self._contexts.get(id(parent))
-        if ctx is None:
-            ctx = self._contexts[id(parent)] = trace.set_span_in_context(parent)
-        return ctx
-
-    def _open(self, run_id: UUID, name: str, parent: Span, kind: SpanKind, attrs: dict[str, Any]) -> Span:
-        span = self.tracer.start_span(name, context=self._context(parent), kind=kind, attributes=attrs)
+    def _open(self, run_id: UUID, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any]) -> SpanRecord:
+        span = SpanRecord(self._trace_id, parent.span_id, name, kind, attrs)
         with self._lock:
             self._own[run_id] = span
             self._parent[run_id] = span
         return span
 
-    def _close(self, run_id: UUID, error: BaseException | None = None) -> Span | None:
+    def _close(self, run_id: UUID, error: BaseException | None = None) -> SpanRecord | None:
         with self._lock:
             span = self._own.pop(run_id, None)
             self._parent.pop(run_id, None)
@@ -213,11 +232,11 @@ class EpisodeRecorder(BaseCallbackHandler):
         if error is not None and not _is_control_flow(error):
             self.n_errors += 1
             span.record_exception(error)
-            span.set_attribute(A.ERROR_TYPE, type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.attributes[A.ERROR_TYPE] = type(error).__qualname__
+            span.set_status(STATUS_ERROR, f"{type(error).__name__}: {error}")
         elif error is None:
-            span.set_status(Status(StatusCode.OK))
-        span.end()
+            span.set_status(STATUS_OK)
+        self._end(span)
         return span
 
     # -- chains: the graph and its node tasks -----------------------------------------------
@@ -225,38 +244,33 @@ class EpisodeRecorder(BaseCallbackHandler):
         md = metadata or {}
         node = md.get("langgraph_node")
         ns = md.get("langgraph_checkpoint_ns") or ""
-        name = kwargs.get("name")
         is_task = (
             node is not None
-            and name == node
+            and kwargs.get("name") == node
             and not str(node).startswith("__")
             and ns.rsplit("|", 1)[-1].startswith(f"{node}:")
             and ns not in self._tasks
         )
         parent = self._parent_span(parent_run_id, None)
         if not is_task:
-            with self._lock:
-                self._parent[run_id] = parent
+            self._parent[run_id] = parent
             return
         attrs = self._graph_attrs(md)
         attrs[A.GEN_AI_OPERATION_NAME] = A.OP_AGENT
-        span = self._open(run_id, f"{A.OP_AGENT} {attrs[A.MARFT_AGENT_NODE]}", parent, SpanKind.INTERNAL, attrs)
-        with self._lock:
-            self._tasks[ns] = span
+        span = self._open(run_id, f"{A.OP_AGENT} {attrs[A.MARFT_AGENT_NODE]}", parent, KIND_INTERNAL, attrs)
+        self._tasks[ns] = span
 
     def on_chain_end(self, outputs, *, run_id, **kwargs):
         if run_id in self._own:
             self._close(run_id)
         else:
-            with self._lock:
-                self._parent.pop(run_id, None)
+            self._parent.pop(run_id, None)
 
     def on_chain_error(self, error, *, run_id, **kwargs):
         if run_id in self._own:
             self._close(run_id, error)
         else:
-            with self._lock:
-                self._parent.pop(run_id, None)
+            self._parent.pop(run_id, None)
 
     # -- chat model calls ---------------------------------------------------------------------
     def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
@@ -275,12 +289,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         attrs[A.GEN_AI_PROVIDER_NAME] = str(md.get("ls_provider") or params.get("_type") or "langchain")
         attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
         attrs[A.GEN_AI_CONVERSATION_ID] = self.info.conversation_id or self.info.episode_id
-        for key, attr in (
-            ("temperature", A.GEN_AI_REQUEST_TEMPERATURE),
-            ("top_p", A.GEN_AI_REQUEST_TOP_P),
-            ("max_tokens", A.GEN_AI_REQUEST_MAX_TOKENS),
-            ("seed", A.GEN_AI_REQUEST_SEED),
-        ):
+        for key, attr in _SAMPLING:
             value = params.get(key, md.get(f"ls_{key}"))
             if isinstance(value, int | float) and not isinstance(value, bool):
                 attrs[attr] = value
@@ -291,10 +300,9 @@ class EpisodeRecorder(BaseCallbackHandler):
             chat = redact_messages(messages_to_dicts(messages[0]), self.info.redact)
             attrs[A.GEN_AI_INPUT_MESSAGES] = A.to_genai_messages(chat)
         parent = self._parent_span(parent_run_id, md)
-        self._open(run_id, f"{A.OP_CHAT} {model}", parent, SpanKind.CLIENT, attrs)
-        with self._lock:
-            self._t0[run_id] = time.perf_counter()
-            self.n_chat += 1
+        self._open(run_id, f"{A.OP_CHAT} {model}", parent, KIND_CLIENT, attrs)
+        self._t0[run_id] = time.perf_counter()
+        self.n_chat += 1
 
     def on_llm_start(self, serialized, prompts, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
         msgs = [[{"role": "user", "content": p}] for p in prompts[:1]]
@@ -309,9 +317,9 @@ class EpisodeRecorder(BaseCallbackHandler):
         t0 = self._t0.get(run_id)
         gen = _first_generation(response)
         message = getattr(gen, "message", None)
-        rmeta = dict(getattr(message, "response_metadata", None) or {})
+        rmeta = getattr(message, "response_metadata", None) or {}
         meta = rmeta.get(A.RESPONSE_METADATA_KEY) or {}
-        attrs: dict[str, Any] = {}
+        attrs = span.attributes
         if t0 is not None:
             attrs[A.MARFT_LATENCY_S] = time.perf_counter() - t0
         text = content_text(message.content) if message is not None else str(getattr(gen, "text", "") or "")
@@ -354,10 +362,10 @@ class EpisodeRecorder(BaseCallbackHandler):
         model = meta.get("model") or rmeta.get("model_name") or rmeta.get("model")
         if model:
             attrs[A.GEN_AI_RESPONSE_MODEL] = str(model)
-            if meta and getattr(span, "name", None) == f"{A.OP_CHAT} {UNRESOLVED_MODEL}":
+            if meta and span.name == _UNRESOLVED_SPAN:
                 # TeamChatModel learns its engine (hence the model) only when the call runs.
                 attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
-                span.update_name(f"{A.OP_CHAT} {model}")
+                span.name = f"{A.OP_CHAT} {model}"
         finish = meta.get("finish_reason") or rmeta.get("finish_reason") or (getattr(gen, "generation_info", None) or {}).get(
             "finish_reason"
         )
@@ -370,7 +378,6 @@ class EpisodeRecorder(BaseCallbackHandler):
             attrs[A.GEN_AI_USAGE_INPUT_TOKENS] = int(n_in)
         if n_out is not None:
             attrs[A.GEN_AI_USAGE_OUTPUT_TOKENS] = int(n_out)
-        span.set_attributes(attrs)
         self._close(run_id)
 
     def on_llm_error(self, error, *, run_id, **kwargs):
@@ -388,7 +395,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         if self.info.capture_messages:
             args = kwargs.get("inputs")
             attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(redact_value(args if args is not None else input_str, self.info.redact))
-        self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), SpanKind.INTERNAL, attrs)
+        self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), KIND_INTERNAL, attrs)
 
     def on_tool_end(self, output, *, run_id, **kwargs):
         span = self._own.get(run_id)
@@ -396,19 +403,44 @@ class EpisodeRecorder(BaseCallbackHandler):
             return
         if self.info.capture_messages:
             result = content_text(output.content) if hasattr(output, "content") else output
-            span.set_attribute(A.GEN_AI_TOOL_CALL_RESULT, _json(redact_value(_plain(result), self.info.redact)))
+            span.attributes[A.GEN_AI_TOOL_CALL_RESULT] = _json(redact_value(_plain(result), self.info.redact))
         if getattr(output, "status", None) == "error":
-            span.set_status(Status(StatusCode.ERROR, "tool returned an error result"))
-            span.set_attribute(A.ERROR_TYPE, "ToolError")
+            span.set_status(STATUS_ERROR, "tool returned an error result")
+            span.attributes[A.ERROR_TYPE] = "ToolError"
             with self._lock:
-                self._own.pop(run_id, None)
+                span = self._own.pop(run_id, None)
                 self._parent.pop(run_id, None)
-            span.end()
+            if span is not None:
+                self._end(span)
             return
         self._close(run_id)
 
     def on_tool_error(self, error, *, run_id, **kwargs):
         self._close(run_id, error)
+
+
+_SAMPLING = (
+    ("temperature", A.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", A.GEN_AI_REQUEST_TOP_P),
+    ("max_tokens", A.GEN_AI_REQUEST_MAX_TOKENS),
+    ("seed", A.GEN_AI_REQUEST_SEED),
+)
+_UNRESOLVED_SPAN = f"{A.OP_CHAT} {UNRESOLVED_MODEL}"
+
+
+def _json_str_list(values: Any) -> str:
+    """``json.dumps(list(values))``, built directly when every item is a string (LangGraph triggers are)."""
+    items = list(values)
+    if all(type(v) is str for v in items):
+        return "[" + ", ".join(map(encode_basestring_ascii, items)) + "]"
+    return json.dumps(items)
+
+
+def _outcome_json(outcome: Any, redact: Callable[[str], str] | None) -> str:
+    """The final graph output as JSON text (redacted); without a hook no round trip is needed."""
+    if redact is None:
+        return _json(outcome)
+    return _json(redact_value(_plain(outcome), redact))
 
 
 def _plain(value: Any) -> Any:

@@ -254,8 +254,11 @@ class WrappedGraph:
                scenario_id: str | None = None, seed: int | None = None, versions: Mapping[str, str] | str | None = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Any]:
         """Stream one episode (same chunks as ``graph.stream``); the episode ends with the stream."""
-        cfg, recorder = self._begin(config, episode_id=episode_id, scenario_id=scenario_id, seed=seed,
-                                    versions=versions, metadata=metadata)
+        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
+        pair = self._mirror_pair(episode_id)
+        if pair is not None:
+            episode_id = pair[1]
+        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
         last = _SENTINEL
         try:
             for chunk in self.graph.stream(input, cfg, **kwargs):
@@ -264,6 +267,9 @@ class WrappedGraph:
         except BaseException as exc:
             self._end(recorder, None if isinstance(exc, GeneratorExit) else exc)
             raise
+        finally:
+            if pair is not None:
+                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=False)
         self._end(recorder, outcome=last if self._values_mode(kwargs) else _SENTINEL)
 
     async def astream(self, input: Any, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None,
@@ -271,8 +277,11 @@ class WrappedGraph:
                       versions: Mapping[str, str] | str | None = None, metadata: Mapping[str, Any] | None = None,
                       **kwargs: Any) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
-        cfg, recorder = self._begin(config, episode_id=episode_id, scenario_id=scenario_id, seed=seed,
-                                    versions=versions, metadata=metadata)
+        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
+        pair = self._mirror_pair(episode_id)
+        if pair is not None:
+            episode_id = pair[1]
+        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
         last = _SENTINEL
         try:
             async for chunk in self.graph.astream(input, cfg, **kwargs):
@@ -281,6 +290,9 @@ class WrappedGraph:
         except BaseException as exc:
             self._end(recorder, None if isinstance(exc, GeneratorExit) else exc)
             raise
+        finally:
+            if pair is not None:
+                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=True)
         self._end(recorder, outcome=last if self._values_mode(kwargs) else _SENTINEL)
 
     def batch(self, inputs: Sequence[Any], config: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, *,
@@ -353,8 +365,9 @@ def wrap(
     prompts, completions, tool arguments/results and the final output (False keeps token ids and
     log-probs only). redact: ``str -> str`` applied to every recorded text. otlp_endpoint: also export
     to this OTLP/HTTP collector. exporters: extra `SpanExporter`s. shadow: a ``{role: ref}`` map, an
-    alias name, or another engine; with probability `sample_rate` each `invoke`/`ainvoke` is re-run
-    on it in the background and both episodes are tagged as a mirrored pair.
+    alias name, or another engine; with probability `sample_rate` each episode (`invoke`, `ainvoke`,
+    `stream`, `astream`, and each input of `batch`/`abatch`) is re-run on it in the background (the
+    shadow runs the whole graph with ``invoke``) and both episodes are tagged as a mirrored pair.
     """
     if shadow is None and sample_rate > 0:
         raise ValueError("wrap: sample_rate > 0 needs shadow=<{role: ref} map, alias or engine> to mirror to")

@@ -141,27 +141,43 @@ def value_json(value: Any) -> str:
 
 
 def attributes_json(attributes: Mapping[str, Any]) -> str:
-    """Attributes -> the text of an OTLP ``KeyValue`` list (without brackets); None values are skipped."""
+    """Attributes -> the text of an OTLP ``KeyValue`` list (without brackets); None values are skipped.
+
+    Spans of one task share their attribute strings (episode id, agent, namespace, ...): the last
+    encoded string of each key is remembered by identity and its text reused.
+    """
     parts = []
     append = parts.append
-    heads = _KEY_HEADS
     for k, v in attributes.items():
-        head = heads.get(k)
-        if head is None:
-            head = '{"key":' + _str(k) + ',"value":'
-            if len(heads) < 4096:
-                heads[k] = head
         kind = type(v)
         if kind is str:
-            append(head + '{"stringValue":' + _str(v) + "}}")
+            memo = _MEMO.get(k)
+            if memo is not None and memo[0] is v:
+                append(memo[1])
+                continue
+            text = _head(k) + '{"stringValue":' + _str(v) + "}}"
+            if memo is not None or len(_MEMO) < 4096:
+                _MEMO[k] = (v, text)
+            append(text)
         elif kind is int:
-            append(head + '{"intValue":"' + int.__repr__(v) + '"}}')
+            append(_head(k) + '{"intValue":"' + int.__repr__(v) + '"}}')
         elif v is not None:
-            append(head + value_json(v) + "}")
+            append(_head(k) + value_json(v) + "}")
     return ",".join(parts)
 
 
-_KEY_HEADS: dict[str, str] = {}
+class _Heads(dict):
+    """``key -> '{"key":<key>,"value":'`` (bounded)."""
+
+    def __missing__(self, key: str) -> str:
+        head = '{"key":' + _str(key) + ',"value":'
+        if len(self) < 4096:
+            self[key] = head
+        return head
+
+
+_head = _Heads().__getitem__
+_MEMO: dict[str, tuple[str, str]] = {}  # attribute name -> (its last string value, that KeyValue's text)
 
 
 def encode_record(record: Any) -> str:

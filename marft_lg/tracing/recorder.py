@@ -152,9 +152,13 @@ class EpisodeRecorder(BaseCallbackHandler):
             if self.finished:
                 return
             self.finished = True
-            leftovers = list(self._own.items())
-            self._own.clear()
-        for _, span in reversed(leftovers):
+        leftovers = []
+        while True:  # popitem is atomic: a span a late callback closes meanwhile is never ended twice
+            try:
+                leftovers.append(self._own.popitem()[1])
+            except KeyError:
+                break
+        for span in leftovers:
             if error is not None:
                 span.set_status(STATUS_ERROR, f"episode failed: {type(error).__name__}")
             self._end(span)
@@ -217,16 +221,14 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     def _open(self, run_id: UUID, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any]) -> SpanRecord:
         span = SpanRecord(self._trace_id, parent.span_id, name, kind, attrs)
-        with self._lock:
-            self._own[run_id] = span
-            self._parent[run_id] = span
+        self._own[run_id] = span
+        self._parent[run_id] = span
         return span
 
     def _close(self, run_id: UUID, error: BaseException | None = None) -> SpanRecord | None:
-        with self._lock:
-            span = self._own.pop(run_id, None)
-            self._parent.pop(run_id, None)
-            self._t0.pop(run_id, None)
+        span = self._own.pop(run_id, None)  # dict operations are atomic: no lock needed on the hot path
+        self._parent.pop(run_id, None)
+        self._t0.pop(run_id, None)
         if span is None:
             return None
         if error is not None and not _is_control_flow(error):
@@ -407,9 +409,8 @@ class EpisodeRecorder(BaseCallbackHandler):
         if getattr(output, "status", None) == "error":
             span.set_status(STATUS_ERROR, "tool returned an error result")
             span.attributes[A.ERROR_TYPE] = "ToolError"
-            with self._lock:
-                span = self._own.pop(run_id, None)
-                self._parent.pop(run_id, None)
+            span = self._own.pop(run_id, None)
+            self._parent.pop(run_id, None)
             if span is not None:
                 self._end(span)
             return

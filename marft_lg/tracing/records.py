@@ -53,7 +53,7 @@ class SpanRecord:
 
     def __init__(self, trace_id: int, parent_id: int, name: str, kind: int, attributes: dict[str, Any]):
         self.trace_id = trace_id
-        self.span_id = new_span_id()
+        self.span_id = _rand(64) or new_span_id()
         self.parent_id = parent_id  # 0: a root span
         self.name = name
         self.kind = kind

@@ -47,10 +47,14 @@ class _ToSink(SpanProcessor):
 
 
 class RecordSink:
-    """Queue + batch writer for span records; see the module docstring. Thread-safe."""
+    """Queue + batch writer for span records; see the module docstring. Thread-safe.
+
+    `schedule_delay_s`: how often the background thread drains the queue (None: no thread, the
+    owner drains); `max_batch`: spans per written line (one ``ExportTraceServiceRequest``).
+    """
 
     def __init__(self, file_exporter: JsonLinesSpanExporter | None = None, exporters: Sequence[SpanExporter] = (),
-                 *, service_name: str = "marft_lg", schedule_delay_s: float = 0.5, max_batch: int = 512):
+                 *, service_name: str = "marft_lg", schedule_delay_s: float | None = 0.5, max_batch: int = 512):
         self.resource = Resource.create({"service.name": service_name})
         limits = SpanLimits(max_span_attributes=256, max_span_attribute_length=SpanLimits.UNSET)
         self.provider = TracerProvider(resource=self.resource, span_limits=limits, shutdown_on_exit=False)
@@ -71,14 +75,19 @@ class RecordSink:
         self.schedule_delay_s = schedule_delay_s
         self._stop = threading.Event()
         self._closed = False
-        self._thread = threading.Thread(target=_drain_loop, args=(weakref.ref(self), self._stop, schedule_delay_s),
-                                        name="marft-trace-writer", daemon=True)
-        self._thread.start()
+        if schedule_delay_s is not None:  # None: no writer thread; the owner calls drain()/flush() itself
+            threading.Thread(target=_drain_loop, args=(weakref.ref(self), self._stop, schedule_delay_s),
+                             name="marft-trace-writer", daemon=True).start()
         atexit.register(self.shutdown)  # flush on exit (a strong reference, as the SDK's provider keeps)
 
     @property
     def export_failures(self) -> int:
         return sum(e.failures for e in self.exporters)
+
+    @property
+    def pending(self) -> int:
+        """Finished spans queued and not yet written."""
+        return len(self._queue)
 
     def submit(self, record: SpanRecord) -> None:
         """Queue a finished span (cheap: one deque append); written at the next drain."""

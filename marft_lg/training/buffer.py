@@ -40,6 +40,8 @@ class ActionRecord:
     ret: float = 0.0
     token_advantages: torch.Tensor | None = None
     token_returns: torch.Tensor | None = None
+    ref_logprobs: list[float] | None = None
+    """Log-probs of the completion under the reference (adapters disabled), when KL-to-reference is on."""
 
     @property
     def n_tokens(self) -> int:

@@ -74,7 +74,17 @@ class MARFTConfig:
     ppo_epochs: int = 1
     num_minibatches: int = 1
     grad_accum_steps: int = 1
-    """Chunks each minibatch is split into for the backward pass (the paper's gradient_cp_steps)."""
+    """Chunks each agent's minibatch is split into for the backward pass, at least (the paper's
+    gradient_cp_steps); `micro_batch_tokens` may split further. Losses are scaled so the gradient
+    is the same however the minibatch is split."""
+    micro_batch_tokens: int | None = 1024
+    """Most padded tokens (rows x longest row) one forward+backward of the policy holds: an agent's
+    minibatch runs in length-sorted micro-batches of at most this size with a backward after each,
+    so peak activation memory is set by this, not by the batch size or the number of agents. An
+    action longer than this is a micro-batch of its own; null: split only by `grad_accum_steps`."""
+    inference_batch_tokens: int | None = 4096
+    """Most padded tokens per batch in the no-gradient passes (behaviour/reference log-probs, critic
+    features, post-update check); those batches are length-sorted too."""
     max_grad_norm: float = 0.5
     value_head_hidden: int = 64
     seed: int = 0
@@ -119,6 +129,10 @@ class MARFTConfig:
                      "offline_episodes_per_iteration", "offline_passes", "rollout_concurrency"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"MARFTConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("micro_batch_tokens", "inference_batch_tokens"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ConfigError(f"MARFTConfig.{name} must be >= 1 or null (no limit), got {value!r}")
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
                               "compares K rollouts of one scenario)")

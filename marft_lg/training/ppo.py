@@ -54,14 +54,57 @@ def _batches(records: list[ActionRecord], size: int) -> list[list[ActionRecord]]
     return [records[i:i + size] for i in range(0, len(records), max(1, size))]
 
 
+def _length(r: ActionRecord) -> int:
+    return len(r.prompt_ids) + r.n_tokens
+
+
+def micro_batches(records: list[ActionRecord], max_tokens: int | None, *, groups: int = 1,
+                  max_rows: int | None = None) -> list[list[ActionRecord]]:
+    """Length-sorted micro-batches of `records`: at least `groups` of them, each at most `max_tokens`
+    padded tokens (rows x longest row) and `max_rows` rows; an action longer than `max_tokens` is a
+    micro-batch of its own.
+
+    Sorting by length first puts rows of similar length together, so little padding is computed.
+    The order is deterministic (stable sort by length).
+    """
+    ordered = sorted(records, key=_length)
+    n_groups = max(1, min(groups, len(ordered)))
+    bounds = [round(i * len(ordered) / n_groups) for i in range(n_groups + 1)]
+    out: list[list[ActionRecord]] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        cur: list[ActionRecord] = []
+        for r in ordered[lo:hi]:
+            too_wide = max_tokens is not None and bool(cur) and _length(r) * (len(cur) + 1) > max_tokens
+            too_many = max_rows is not None and len(cur) >= max_rows
+            if too_wide or too_many:
+                out.append(cur)
+                cur = []
+            cur.append(r)
+        if cur:
+            out.append(cur)
+    return out
+
+
+def _inference_batches(records: list[ActionRecord], cfg: MARFTConfig, batch_size: int) -> list[list[ActionRecord]]:
+    """Batches for the no-gradient passes: length-sorted, at most `batch_size` rows and
+    `inference_batch_tokens` padded tokens."""
+    return micro_batches(records, cfg.inference_batch_tokens, max_rows=batch_size)
+
+
+def _scatter(mask: torch.Tensor, rows: list[Any]) -> torch.Tensor:
+    """`[B, T]` float tensor holding row b's values, in order, at the positions where `mask[b]` is set."""
+    flat = torch.cat([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in rows])
+    return torch.zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, flat)
+
+
 def evaluate_critic(model: torch.nn.Module, head: ValueHead | None, buffer: RolloutBuffer, cfg: MARFTConfig,
                     pad_id: int, batch_size: int = 8) -> None:
-    """Fill `features` and `value`/`token_values` of every record (values 0 without a critic)."""
-    for batch in _batches(buffer.records, batch_size):
-        if head is None:
-            for r in batch:
-                r.value, r.token_values = 0.0, torch.zeros(r.n_tokens)
-            continue
+    """Fill `features` and `value`/`token_values` of every record (values 0 without a critic, no model pass)."""
+    if head is None:
+        for r in buffer.records:
+            r.value, r.token_values = 0.0, torch.zeros(r.n_tokens)
+        return
+    for batch in _inference_batches(buffer.records, cfg, batch_size):
         t = collate(batch, pad_id)
         feats = critic_features(model, t["input_ids"], t["attention_mask"], t["prompt_lens"],
                                 t["completion_mask"], cfg.granularity)
@@ -85,12 +128,31 @@ def recompute_behaviour(model: torch.nn.Module, buffer: RolloutBuffer, adapter_f
         by_adapter[adapter_for(r)].append(r)
     for adapter, recs in by_adapter.items():
         with only_adapter_trainable(model, adapter):
-            for batch in _batches(recs, batch_size):
+            for batch in _inference_batches(recs, cfg, batch_size):
                 t = collate(batch, pad_id)
                 lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                        chunk_size=cfg.logprob_chunk)
                 for b, r in enumerate(batch):
                     r.behaviour_logprobs = lp[b][t["completion_mask"][b].bool()].tolist()
+
+
+@torch.no_grad()
+def reference_logprobs(model: torch.nn.Module, records: list[ActionRecord], cfg: MARFTConfig, pad_id: int,
+                       batch_size: int = 8) -> None:
+    """Fill `ref_logprobs` (base model, adapters disabled) of the records that lack them.
+
+    The reference is frozen, so this runs once per update instead of once per epoch and minibatch.
+    """
+    todo = [r for r in records if r.ref_logprobs is None]
+    if not todo:
+        return
+    with model.disable_adapter():
+        for batch in _inference_batches(todo, cfg, batch_size):
+            t = collate(batch, pad_id)
+            lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
+                                   chunk_size=cfg.logprob_chunk)
+            for b, r in enumerate(batch):
+                r.ref_logprobs = lp[b][t["completion_mask"][b].bool()].tolist()
 
 
 def compute_advantages(buffer: RolloutBuffer, cfg: MARFTConfig) -> None:
@@ -165,52 +227,94 @@ def _action_logp(token_lp: torch.Tensor, mask: torch.Tensor, words: torch.Tensor
     return total
 
 
-def _policy_chunk_loss(model: torch.nn.Module, chunk: list[ActionRecord], cfg: MARFTConfig, pad_id: int,
-                       ) -> tuple[torch.Tensor, dict[str, float]]:
-    t = collate(chunk, pad_id)
-    mask = t["completion_mask"].float()
+def _policy_loss(model: torch.nn.Module, mb: list[ActionRecord], cfg: MARFTConfig, pad_id: int, n_rows: int,
+                 n_tok: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one micro-batch of an agent's minibatch, scaled so the micro-batch losses sum to the
+    minibatch loss (row means over `n_rows` rows, token means over `n_tok` tokens): the gradient
+    does not depend on how the minibatch was split."""
+    t = collate(mb, pad_id)
+    sel = t["completion_mask"].bool()
+    mask = sel.float()
     new_lp, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                      chunk_size=cfg.logprob_chunk)
-    old_lp = torch.zeros_like(new_lp)
-    adv_tok = torch.zeros_like(new_lp)
-    for b, r in enumerate(chunk):
-        pos = t["completion_mask"][b].bool()
-        old_lp[b, pos] = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-        if cfg.granularity == "token":
-            adv_tok[b, pos] = r.token_advantages.float()
-    n_tok = mask.sum().clamp(min=1)
+    old_lp = _scatter(sel, [r.behaviour_logprobs for r in mb])
+    lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
     if cfg.granularity == "action":
-        words = torch.tensor([float(r.words) for r in chunk])
+        words = torch.tensor([float(r.words) for r in mb])
         logratio = _action_logp(new_lp, mask, words, cfg.logprob_norm) - _action_logp(old_lp, mask, words, cfg.logprob_norm)
-        adv = torch.tensor([r.advantage for r in chunk])
+        adv = torch.tensor([r.advantage for r in mb])
         ratio = logratio.exp()
-        pg = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * adv).mean()
-        ent = ((entropy * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        pg = -torch.min(ratio * adv, ratio.clamp(lo, hi) * adv).sum() / n_rows
+        ent = ((entropy * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / n_rows
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).sum() / n_rows
+            clipfrac = ((ratio - 1).abs() > cfg.clip_high).float().sum() / n_rows
     else:
+        adv_tok = _scatter(sel, [r.token_advantages for r in mb])
         logratio = (new_lp - old_lp) * mask
         ratio = logratio.exp()
-        per_tok = -torch.min(ratio * adv_tok, ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * adv_tok)
+        per_tok = -torch.min(ratio * adv_tok, ratio.clamp(lo, hi) * adv_tok)
         pg = (per_tok * mask).sum() / n_tok
         ent = (entropy * mask).sum() / n_tok
+        with torch.no_grad():
+            approx_kl = (((ratio - 1) - logratio) * mask).sum() / n_tok
+            clipfrac = (((ratio - 1).abs() > cfg.clip_high).float() * mask).sum() / n_tok
     loss = pg - cfg.entropy_coef * ent
-    kl_ref = torch.tensor(0.0)
+    kl_ref = torch.zeros(())
     if cfg.kl_ref_coef > 0:
-        with torch.no_grad(), model.disable_adapter():
-            ref_lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                                       chunk_size=cfg.logprob_chunk)
-        d = (ref_lp - new_lp) * mask
+        d = (_scatter(sel, [r.ref_logprobs for r in mb]) - new_lp) * mask
         kl_ref = ((d.exp() - d - 1) * mask).sum() / n_tok
         loss = loss + cfg.kl_ref_coef * kl_ref
-    with torch.no_grad():
-        if cfg.granularity == "action":
-            approx_kl = ((ratio - 1) - logratio).mean()
-            clipfrac = ((ratio - 1).abs() > cfg.clip_high).float().mean()
-        else:
-            approx_kl = (((ratio - 1) - logratio) * mask).sum() / n_tok
-            clipfrac = ((((ratio - 1).abs() > cfg.clip_high).float()) * mask).sum() / n_tok
-    info = {"pg": float(pg.detach()), "approx_kl": float(approx_kl), "entropy": float(ent.detach()),
-            "clipfrac": float(clipfrac), "kl_ref": float(kl_ref.detach()), "tokens": int(mask.sum())}
+    info = {"pg": pg.detach(), "approx_kl": approx_kl, "entropy": ent.detach(), "clipfrac": clipfrac,
+            "kl_ref": kl_ref.detach(), "tokens": mask.sum()}
     return loss, info
+
+
+def _policy_step(model: torch.nn.Module, recs: list[ActionRecord], cfg: MARFTConfig, pad_id: int, agent: str,
+                 adapter: str, optimizer: torch.optim.Optimizer, stats: UpdateStats) -> None:
+    """One optimizer step of one agent's adapter on its records of a minibatch.
+
+    The records are processed in length-sorted micro-batches (`micro_batches`) with a backward
+    after each, so at most one micro-batch's activations are alive, whatever the minibatch size.
+    """
+    st = stats.agents[agent]
+    n_rows, n_tok = len(recs), max(1, sum(r.n_tokens for r in recs))
+    optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, torch.Tensor] = {}
+    finite = True
+    with only_adapter_trainable(model, adapter):
+        for mb in micro_batches(recs, cfg.micro_batch_tokens, groups=cfg.grad_accum_steps):
+            loss, info = _policy_loss(model, mb, cfg, pad_id, n_rows, n_tok)
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            del loss
+            for k, v in info.items():
+                totals[k] = totals[k] + v if k in totals else v
+    mb_info = {k: float(v) for k, v in totals.items()}
+    st.minibatches += 1
+    tokens = int(mb_info.get("tokens", 0))
+    st.tokens += tokens
+    stats.tokens += tokens
+    for key, attr in (("pg", "policy_loss"), ("approx_kl", "approx_kl"), ("entropy", "entropy"),
+                      ("clipfrac", "clip_fraction"), ("kl_ref", "kl_ref")):
+        setattr(st, attr, getattr(st, attr) + mb_info.get(key, 0.0))
+    if not finite:
+        st.skipped_nonfinite += 1
+        stats.nonfinite.append(f"{agent}: non-finite policy loss")
+    elif cfg.kl_cut is not None and mb_info.get("approx_kl", 0.0) > cfg.kl_cut:
+        st.skipped_kl_cut += 1
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(adapter_parameters(model, adapter), cfg.max_grad_norm)
+        if not torch.isfinite(norm):
+            st.skipped_nonfinite += 1
+            stats.nonfinite.append(f"{agent}: non-finite gradient norm")
+        else:
+            optimizer.step()
+            st.grad_norm += float(norm)
+            st.steps += 1
+    optimizer.zero_grad(set_to_none=True)  # no agent's gradients stay alive while the next one trains
 
 
 def ppo_update(
@@ -226,11 +330,18 @@ def ppo_update(
     pad_id: int,
     generator: torch.Generator,
 ) -> UpdateStats:
-    """One MARFT update over the buffer for the given agents (one agent in the sequential scheme)."""
+    """One MARFT update over the buffer for the given agents (one agent in the sequential scheme).
+
+    Per epoch and minibatch the agents are updated one after another, each on its own records
+    against the rollout's behaviour log-probs (so the simultaneous scheme needs no joint graph);
+    each agent's records go through bounded micro-batches (`MARFTConfig.micro_batch_tokens`).
+    """
     stats = UpdateStats(agents={a: AgentStats() for a in agents})
     train_records = [r for r in buffer.records if r.agent in agents]
     if cfg.normalize_advantages:
         normalize_advantages(train_records, cfg.granularity)
+    if cfg.kl_ref_coef > 0:
+        reference_logprobs(model, train_records, cfg, pad_id)
     for _epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(len(train_records), generator=generator).tolist()
         shuffled = [train_records[i] for i in perm]
@@ -239,48 +350,8 @@ def ppo_update(
             # --- policy: one adapter at a time, only its tensors get gradients -----------------
             for agent in agents:
                 recs = [r for r in minibatch if r.agent == agent]
-                if not recs:
-                    continue
-                st, adapter = stats.agents[agent], adapter_names[agent]
-                params = adapter_parameters(model, adapter)
-                optimizers[agent].zero_grad(set_to_none=True)
-                chunk_size = max(1, -(-len(recs) // cfg.grad_accum_steps))
-                mb_info: dict[str, float] = defaultdict(float)
-                finite = True
-                with only_adapter_trainable(model, adapter):
-                    for chunk in _batches(recs, chunk_size):
-                        weight = len(chunk) / len(recs)
-                        loss, info = _policy_chunk_loss(model, chunk, cfg, pad_id)
-                        if not torch.isfinite(loss):
-                            finite = False
-                            break
-                        (loss * weight).backward()
-                        for k, v in info.items():
-                            mb_info[k] += v * (1 if k == "tokens" else weight)
-                st.minibatches += 1
-                st.tokens += int(mb_info["tokens"])
-                stats.tokens += int(mb_info["tokens"])
-                for key, attr in (("pg", "policy_loss"), ("approx_kl", "approx_kl"), ("entropy", "entropy"),
-                                  ("clipfrac", "clip_fraction"), ("kl_ref", "kl_ref")):
-                    setattr(st, attr, getattr(st, attr) + mb_info[key])
-                if not finite:
-                    st.skipped_nonfinite += 1
-                    stats.nonfinite.append(f"{agent}: non-finite policy loss")
-                    optimizers[agent].zero_grad(set_to_none=True)
-                    continue
-                if cfg.kl_cut is not None and mb_info["approx_kl"] > cfg.kl_cut:
-                    st.skipped_kl_cut += 1
-                    optimizers[agent].zero_grad(set_to_none=True)
-                    continue
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                if not torch.isfinite(norm):
-                    st.skipped_nonfinite += 1
-                    stats.nonfinite.append(f"{agent}: non-finite gradient norm")
-                    optimizers[agent].zero_grad(set_to_none=True)
-                    continue
-                optimizers[agent].step()
-                st.grad_norm += float(norm)
-                st.steps += 1
+                if recs:
+                    _policy_step(model, recs, cfg, pad_id, agent, adapter_names[agent], optimizers[agent], stats)
             # --- critic: the value head on cached frozen-base features ---------------------------
             if head is not None and critic_optimizer is not None:
                 _critic_step(head, critic_optimizer, minibatch, cfg, stats)
@@ -331,7 +402,7 @@ def post_update_check(model: torch.nn.Module, records: list[ActionRecord], adapt
     """
     kls, ents, n = 0.0, 0.0, 0
     model.set_adapter(adapter)
-    for batch in _batches(records, batch_size):
+    for batch in _inference_batches(records, cfg, batch_size):
         t = collate(batch, pad_id)
         mask = t["completion_mask"].bool()
         lp, ent = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],

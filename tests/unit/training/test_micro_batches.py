@@ -1,0 +1,181 @@
+"""The PPO update runs each agent's minibatch in bounded, length-sorted micro-batches, one agent after another.
+
+What must hold: the update does not depend on how a minibatch is split (same gradient within float
+tolerance), no forward of the policy holds more than `micro_batch_tokens` padded tokens and each is
+followed by its backward, an agent's step touches only its own adapter, and the simultaneous
+scheme gives every agent the same update it would get alone (no joint graph).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from marft_lg.training.buffer import ActionRecord, build_buffer
+from marft_lg.training.config import ConfigError, MARFTConfig
+from marft_lg.training.policy import adapter_parameters, lm_parts
+from marft_lg.training.ppo import (
+    compute_advantages,
+    evaluate_critic,
+    micro_batches,
+    ppo_update,
+)
+
+ROLES = ["reasoner", "actor"]
+
+
+def _record(i: int, prompt: int, completion: int, agent: str = "a") -> ActionRecord:
+    return ActionRecord(episode_id=f"e{i}", scenario_id="s", order=0, agent=agent, adapter_version=None,
+                        prompt_ids=[1] * prompt, completion_ids=[2] * completion, behaviour_logprobs=[0.0] * completion,
+                        reward=0.0, done=True, words=1)
+
+
+def test_micro_batches_are_sorted_bounded_and_cover_every_record_once():
+    rng = np.random.default_rng(0)
+    recs = [_record(i, int(rng.integers(5, 60)), int(rng.integers(1, 30))) for i in range(40)]
+    recs.append(_record(40, 300, 10))  # longer than the budget: a micro-batch of its own
+    out = micro_batches(recs, 200, groups=3)
+    assert sorted(id(r) for mb in out for r in mb) == sorted(id(r) for r in recs)
+    lengths = [len(r.prompt_ids) + r.n_tokens for mb in out for r in mb]
+    assert lengths[-1] == 310 and [len(mb) for mb in out][-1] == 1
+    for mb in out[:-1]:
+        assert len(mb) * max(len(r.prompt_ids) + r.n_tokens for r in mb) <= 200
+    assert len(out) >= 3
+    # each of the `groups` accumulation chunks is sorted by length, so little padding is computed
+    padded = sum(len(mb) * max(len(r.prompt_ids) + r.n_tokens for r in mb) for mb in out)
+    assert padded < 1.15 * sum(lengths)
+    assert [len(mb) for mb in micro_batches(recs[:7], None, groups=3)] == [2, 3, 2]
+    assert [len(mb) for mb in micro_batches(recs[:5], None, max_rows=2)] == [2, 2, 1]
+
+
+def test_config_validates_and_loads_micro_batch_fields(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("micro_batch_tokens: null\ninference_batch_tokens: 512\n")
+    cfg = MARFTConfig.from_yaml(p)
+    assert cfg.micro_batch_tokens is None and cfg.inference_batch_tokens == 512
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        MARFTConfig(micro_batch_tokens=0)
+
+
+def _buffer(chain_dataset, policy, cfg, seed=0):
+    ds, _ = chain_dataset
+    rng = np.random.default_rng(seed)
+    rewards = {e: rng.normal(size=2) for e in ds.episode_ids}
+    buf = build_buffer(ds, rewards, policy.tokenizer, max_context=4096)
+    # vary the lengths (so micro-batches differ) and move the behaviour policy away from the current one
+    for k, r in enumerate(buf.records):
+        r.prompt_ids = r.prompt_ids[: len(r.prompt_ids) - 3 * (k % 4)]
+        r.behaviour_logprobs = [v + float(rng.normal(0, 0.6)) for v in r.behaviour_logprobs]
+    evaluate_critic(policy.model, None, buf, cfg, policy.tokenizer.pad_token_id)
+    compute_advantages(buf, cfg)
+    return buf
+
+
+def _randomise_adapters(policy):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for role in ROLES:
+            for p in adapter_parameters(policy.model, policy.adapter_name(role)):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def _snapshot(policy, role):
+    return [p.detach().clone() for p in adapter_parameters(policy.model, policy.adapter_name(role))]
+
+
+def _sgd_update(policy, buf, cfg, agents):
+    """One update with plain SGD (lr 1, no clipping): the weight change is minus the gradient."""
+    start = {r: _snapshot(policy, r) for r in ROLES}
+    opts = {r: torch.optim.SGD(adapter_parameters(policy.model, policy.adapter_name(r)), lr=1.0) for r in ROLES}
+    stats = ppo_update(policy.model, None, buf, cfg, agents=agents, adapter_names={r: policy.adapter_name(r) for r in ROLES},
+                       optimizers=opts, critic_optimizer=None, pad_id=policy.tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0))
+    delta = {r: [a - b for a, b in zip(_snapshot(policy, r), start[r], strict=True)] for r in ROLES}
+    with torch.no_grad():  # put the weights back for the next variant
+        for r in ROLES:
+            for p, s in zip(adapter_parameters(policy.model, policy.adapter_name(r)), start[r], strict=True):
+                p.copy_(s)
+    return delta, stats
+
+
+@pytest.mark.parametrize("kw", [{"granularity": "action", "logprob_norm": "token"},
+                                {"granularity": "action", "logprob_norm": "sum", "kl_ref_coef": 0.1},
+                                {"granularity": "token", "kl_ref_coef": 0.1}])
+def test_micro_batched_update_equals_one_batch(chain_dataset, two_agent_policy, kw):
+    _randomise_adapters(two_agent_policy)
+    common = {"use_critic": False, "group_size": 2, "kl_cut": None, "max_grad_norm": 1e9, "entropy_coef": 0.05,
+              "update_scheme": "simultaneous", **kw}
+    whole = MARFTConfig(micro_batch_tokens=None, grad_accum_steps=1, **common)
+    buf = _buffer(chain_dataset, two_agent_policy, whole)
+    budget = 2 * max(len(r.prompt_ids) + r.n_tokens for r in buf.records)
+    split = MARFTConfig(micro_batch_tokens=budget, grad_accum_steps=2, **common)
+    assert len(micro_batches(buf.for_agent("actor"), budget, groups=2)) >= 3
+    d_whole, s_whole = _sgd_update(two_agent_policy, buf, whole, ROLES)
+    d_split, s_split = _sgd_update(two_agent_policy, buf, split, ROLES)
+    for role in ROLES:
+        assert any(d.abs().sum() > 0 for d in d_whole[role])
+        for a, b in zip(d_whole[role], d_split[role], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        for key in ("policy_loss", "approx_kl", "entropy", "clip_fraction", "kl_ref", "tokens"):
+            assert getattr(s_split.agents[role], key) == pytest.approx(getattr(s_whole.agents[role], key), rel=1e-4,
+                                                                      abs=1e-7), key
+    assert s_whole.agents["actor"].clip_fraction > 0  # the clip is exercised, not only the unclipped branch
+
+
+def test_every_forward_is_bounded_and_followed_by_its_backward(chain_dataset, two_agent_policy):
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, update_scheme="simultaneous", ppo_epochs=2,
+                      kl_ref_coef=0.1)
+    buf = _buffer(chain_dataset, two_agent_policy, cfg)
+    budget = 2 * max(len(r.prompt_ids) + r.n_tokens for r in buf.records) + 5
+    cfg.micro_batch_tokens = budget
+    body, _ = lm_parts(two_agent_policy.model)
+    events: list[tuple[str, int, bool]] = []
+
+    def on_forward(module, args, kwargs, out):
+        events.append(("F", int(kwargs["input_ids"].numel()), torch.is_grad_enabled()))
+        if out.last_hidden_state.requires_grad:
+            out.last_hidden_state.register_hook(lambda g: events.append(("B", 0, True)))
+
+    hook = body.register_forward_hook(on_forward, with_kwargs=True)
+    try:
+        _sgd_update(two_agent_policy, buf, cfg, ROLES)
+    finally:
+        hook.remove()
+    grad_events = [e for e in events if e[2]]
+    assert grad_events and all(n <= budget for kind, n, _ in grad_events if kind == "F")
+    kinds = "".join(k for k, _, _ in grad_events)
+    assert kinds == "FB" * (len(kinds) // 2)  # one micro-batch alive at a time
+    expected = sum(len(micro_batches(buf.for_agent(r), budget)) for r in ROLES) * cfg.ppo_epochs
+    assert len(kinds) // 2 == expected
+    # the frozen reference runs once per update (no-grad passes), not once per epoch
+    no_grad = [e for e in events if not e[2]]
+    assert len(no_grad) == len(micro_batches(buf.records, cfg.inference_batch_tokens, max_rows=8))
+    assert all(r.ref_logprobs is not None and len(r.ref_logprobs) == r.n_tokens for r in buf.records)
+
+
+def test_agent_step_touches_only_its_adapter(chain_dataset, two_agent_policy):
+    _randomise_adapters(two_agent_policy)
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, micro_batch_tokens=120)
+    buf = _buffer(chain_dataset, two_agent_policy, cfg)
+    base = {n: p.detach().clone() for n, p in two_agent_policy.model.named_parameters() if "lora_" not in n}
+    delta, stats = _sgd_update(two_agent_policy, buf, cfg, ["reasoner"])
+    assert stats.agents["reasoner"].steps == 1 and set(stats.agents) == {"reasoner"}
+    assert any(d.abs().sum() > 0 for d in delta["reasoner"])
+    assert all(torch.equal(d, torch.zeros_like(d)) for d in delta["actor"])
+    assert all(torch.equal(p, base[n]) for n, p in two_agent_policy.model.named_parameters() if "lora_" not in n)
+    assert all(p.grad is None for p in two_agent_policy.model.parameters())  # no gradients left behind
+
+
+def test_simultaneous_update_equals_each_agent_alone(chain_dataset, two_agent_policy):
+    """Agents share the rollout and its behaviour log-probs but not a graph: the joint update is the
+    union of the single-agent updates (advantage normalisation off, one minibatch)."""
+    _randomise_adapters(two_agent_policy)
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, max_grad_norm=1e9, normalize_advantages=False,
+                      update_scheme="simultaneous", micro_batch_tokens=120)
+    buf = _buffer(chain_dataset, two_agent_policy, cfg)
+    joint, _ = _sgd_update(two_agent_policy, buf, cfg, ROLES)
+    for role in ROLES:
+        alone, _ = _sgd_update(two_agent_policy, buf, cfg, [role])
+        for a, b in zip(joint[role], alone[role], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -166,26 +166,52 @@ def generate(fmt: str, n_spans: int, path: Path) -> dict:
 
 
 _CHILD = """
-import json, resource, sys, tempfile, time
+import json, resource, sys, tempfile, threading, time
+import psutil
 from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
+
+peak = [0]
+stop = threading.Event()
+
+def watch():  # the whole process tree: mining may run worker processes
+    me = psutil.Process()
+    while not stop.is_set():
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        stop.wait(0.05)
+
+threading.Thread(target=watch, daemon=True).start()
+workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
 t = time.perf_counter()
 if sys.argv[2] == "memory":
-    ds, rep = mine_with_report(sys.argv[1])
+    ds, rep = mine_with_report(sys.argv[1], workers=workers)
 else:
     with tempfile.TemporaryDirectory() as out:
-        rep = mine_to_parquet(sys.argv[1], out)
+        rep = mine_to_parquet(sys.argv[1], out, workers=workers)
 dt = time.perf_counter() - t
-ru = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "episodes": rep.episodes, "actions": rep.actions, "spans_kept": rep.spans_kept,
+stop.set()
+me = resource.getrusage(resource.RUSAGE_SELF)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": dt, "cpu_seconds": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+                  "parent_cpu_seconds": me.ru_utime + me.ru_stime,
+                  "episodes": rep.episodes, "actions": rep.actions, "spans_kept": rep.spans_kept,
                   "quarantined": rep.quarantined_total,
-                  "peak_rss_mb": ru.ru_maxrss / 1024}))
+                  "peak_rss_mb": max(peak[0] / 2**20, me.ru_maxrss / 1024),
+                  "parent_peak_rss_mb": me.ru_maxrss / 1024, "largest_worker_peak_rss_mb": kids.ru_maxrss / 1024}))
 """
 
 
-def measure(path: Path, mode: str) -> dict:
-    """Mine `path` in a fresh process: `memory` = `mine()` (the whole dataset in RAM), `parquet` = `marft-lg mine --out`."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), mode], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def measure(path: Path, mode: str, workers: str = "auto") -> dict:
+    """Mine `path` in a fresh process: `memory` = `mine()` (the whole dataset in RAM), `parquet` = `marft-lg mine --out`.
+    Peak RSS is the largest sum over the process and its mining workers (sampled every 50 ms), and at least
+    the parent's own ru_maxrss."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), mode, workers], capture_output=True, text=True,
+                         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -213,11 +239,13 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--formats", default="own,openinference")
     parser.add_argument("--modes", default="parquet,memory", help="parquet: marft-lg mine --out; memory: mine()")
+    parser.add_argument("--workers", default="auto",
+                        help="mining worker processes, comma-separated to compare (auto: one per usable core)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) generated files here")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mining.json")
     args = parser.parse_args()
     console = _console()
-    results = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+    results = {"machine": {"cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(), "platform": platform.platform(),
                            "load_average_at_start": os.getloadavg()},
                "targets": {"spans_per_s": TARGET_SPANS_PER_S, "peak_rss_mb": TARGET_PEAK_RSS_MB}, "runs": {}}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="marft-mining-bench-"))
@@ -232,20 +260,25 @@ def main() -> None:
                 gen = generate(fmt, args.spans, path)
             meta.write_text(json.dumps(gen))
         for mode in args.modes.split(","):
-            with console.status(f"mining {fmt} ({mode})"):
-                t = time.perf_counter()
-                run = measure(path, mode)
-                wall = time.perf_counter() - t
-            rate = gen["spans"] / run["seconds"]
-            results["runs"][f"{fmt}/{mode}"] = {
-                "format": fmt, "mode": mode, **gen, **run, "bytes_per_span": round(gen["file_bytes"] / gen["spans"]),
-                "spans_per_s": round(rate), "spans_per_cpu_s": round(gen["spans"] / run["cpu_seconds"]),
-                "process_wall_s": round(wall, 2),
-                "meets_speed_target": rate >= TARGET_SPANS_PER_S,
-                "meets_memory_target": run["peak_rss_mb"] <= TARGET_PEAK_RSS_MB}
-            console.print(f"{fmt} ({mode}): {gen['spans']:,} spans ({gen['file_bytes'] / 2**20:.0f} MiB) in"
-                          f" {run['seconds']:.1f} s = {rate:,.0f} spans/s ({gen['spans'] / run['cpu_seconds']:,.0f} per CPU-s), peak RSS {run['peak_rss_mb']:.0f} MB,"
-                          f" {run['episodes']:,} episodes, {run['actions']:,} actions")
+            for workers in args.workers.split(","):
+                name = f"{fmt}/{mode}" if workers == "auto" else f"{fmt}/{mode}/workers={workers}"
+                with console.status(f"mining {name}"):
+                    t = time.perf_counter()
+                    run = measure(path, mode, workers)
+                    wall = time.perf_counter() - t
+                rate = gen["spans"] / run["seconds"]
+                results["runs"][name] = {
+                    "format": fmt, "mode": mode, "workers": workers, **gen, **run,
+                    "bytes_per_span": round(gen["file_bytes"] / gen["spans"]),
+                    "spans_per_s": round(rate), "spans_per_cpu_s": round(gen["spans"] / run["cpu_seconds"]),
+                    "process_wall_s": round(wall, 2),
+                    "meets_speed_target": rate >= TARGET_SPANS_PER_S,
+                    "meets_memory_target": run["peak_rss_mb"] <= TARGET_PEAK_RSS_MB}
+                console.print(f"{name}: {gen['spans']:,} spans ({gen['file_bytes'] / 2**20:.0f} MiB) in"
+                              f" {run['seconds']:.1f} s = {rate:,.0f} spans/s ({gen['spans'] / run['cpu_seconds']:,.0f}"
+                              f" per CPU-s, parent {run['parent_cpu_seconds']:.1f} CPU-s), peak RSS {run['peak_rss_mb']:.0f} MB"
+                              f" (parent {run['parent_peak_rss_mb']:.0f}, largest worker {run['largest_worker_peak_rss_mb']:.0f}),"
+                              f" {run['episodes']:,} episodes, {run['actions']:,} actions")
     results["machine"]["load_average_at_end"] = os.getloadavg()
     if args.workdir is None:
         import shutil

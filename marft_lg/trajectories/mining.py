@@ -22,8 +22,8 @@ from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, Traje
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
-    TOKEN_FIELDS,
     assemble_batches,
+    decode_tokens,
     feedback_index,
     new_columns,
     quarantine_orphan_feedback,
@@ -153,9 +153,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents):
-            for name, kind in TOKEN_FIELDS.items():
-                cols[name] = TokenColumn.decode(cols[name], kind)
-            yield rows, cols
+            yield rows, decode_tokens(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q.counts, agents)
 

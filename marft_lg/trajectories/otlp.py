@@ -35,6 +35,9 @@ DEFAULT_MAX_ATTRIBUTE_BYTES = 8 * 1024 * 1024
 _HEX_ID = re.compile("[0-9a-fA-F]+")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
+_LOWER_HEX = "0123456789abcdef"
+_MISSING = object()
+_EMPTY: dict[str, Any] = {}
 
 
 @dataclass(slots=True)
@@ -74,6 +77,8 @@ def expand_paths(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
 
 def normalise_id(value: Any, length: int) -> str | None:
     """A trace/span id as lower-case hex of `length` chars; accepts hex or base64 (protobuf JSON); None if unusable."""
+    if type(value) is str and len(value) == length and not value.strip(_LOWER_HEX):  # the usual case
+        return None if value in (_ZERO_TRACE, _ZERO_SPAN) else value
     if not value or not isinstance(value, str):
         return None
     if len(value) == length and _HEX_ID.fullmatch(value):
@@ -234,21 +239,25 @@ def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int | None,
     if not isinstance(span, dict):
         quarantine.add("not_otlp", source, detail="a span is not a JSON object", span=span)
         return None
-    raw_trace = span.get("traceId", span.get("trace_id"))
+    raw_trace = span.get("traceId", _MISSING)
+    if raw_trace is _MISSING:
+        raw_trace = span.get("trace_id")
     try:
         trace_id = trace_ids[raw_trace]
     except (KeyError, TypeError):
         trace_id = normalise_id(raw_trace, 32)
         if isinstance(raw_trace, str):
             trace_ids[raw_trace] = trace_id
-    span_id = normalise_id(span.get("spanId", span.get("span_id")), 16)
+    raw_span = span.get("spanId", _MISSING)
+    span_id = normalise_id(span.get("span_id") if raw_span is _MISSING else raw_span, 16)
     if trace_id is None or span_id is None:
         quarantine.add("missing_id", source, span=span,
                        detail=f"traceId={span.get('traceId')!r} spanId={span.get('spanId')!r}; ids must be hex (or base64)")
         return None
+    start, end = span.get("startTimeUnixNano", _MISSING), span.get("endTimeUnixNano", _MISSING)
     try:
-        start = int(span.get("startTimeUnixNano", span.get("start_time_unix_nano")))
-        end = int(span.get("endTimeUnixNano", span.get("end_time_unix_nano")))
+        start = int(span.get("start_time_unix_nano") if start is _MISSING else start)
+        end = int(span.get("end_time_unix_nano") if end is _MISSING else end)
     except (TypeError, ValueError):
         quarantine.add("bad_time", source, span=span, trace_id=trace_id, span_id=span_id,
                        detail="startTimeUnixNano/endTimeUnixNano missing or not integers")
@@ -263,11 +272,13 @@ def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int | None,
         quarantine.add("attribute_too_large", source, span=span, trace_id=trace_id, span_id=span_id,
                        detail=f"attribute {big.args[0]!r} exceeds {limit} bytes; raise max_attribute_bytes to keep it")
         return None
-    parent = span.get("parentSpanId", span.get("parent_span_id"))
+    parent = span.get("parentSpanId", _MISSING)
+    if parent is _MISSING:
+        parent = span.get("parent_span_id")
     parent_id = normalise_id(parent, 16) if parent else None
-    status = span.get("status") or {}
+    status = span.get("status") or _EMPTY
     code = status.get("code")
-    events = span.get("events") or []
+    events = span.get("events")
     return RawSpan(
         trace_id=trace_id,
         span_id=span_id,
@@ -279,6 +290,6 @@ def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int | None,
         error=code in (2, "2", "STATUS_CODE_ERROR", "ERROR"),
         status_message=str(status.get("message") or ""),
         events=[{"name": e.get("name"), "attributes": attribute_dict(e.get("attributes"))} for e in events
-                if isinstance(e, dict)],
+                if isinstance(e, dict)] if events else [],
         source=source,
     )

@@ -11,7 +11,7 @@
 
 The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
 Quarantine records are the same too; only their order in the file differs (workers' in input order, then
-the parent's). Workers are spawned (not forked) so that a caller's threads cannot deadlock them.
+the parent's). Workers are forked from a single-threaded caller, spawned otherwise (see `_start_method`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,14 @@ from typing import Any
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import FileRange
 from marft_lg.trajectories.pipeline import (
-    TOKEN_FIELDS,
     TraceSummary,
     assemble_batches,
+    decode_tokens,
     feedback_index,
     read_spans,
     summarise_traces,
 )
 from marft_lg.trajectories.quarantine import Quarantine
-from marft_lg.trajectories.token_columns import TokenColumn
 
 _BLOCK = 16 * 1024 * 1024
 
@@ -103,6 +102,16 @@ def _line_boundary(path: Path, pos: int, start: int, line: int) -> tuple[int, in
     return cut, line + newlines
 
 
+def _start_method() -> str:
+    """fork when this process runs no other thread (cheap, and an unguarded script is not re-imported);
+    spawn otherwise, since forking while another thread holds a lock can deadlock the child."""
+    import threading
+
+    if "fork" in mp.get_all_start_methods() and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
 # --- worker side ---------------------------------------------------------------------------------
 
 
@@ -148,15 +157,13 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents)
                 if part_dir is None:
                     for rows, cols in batches:
-                        for name, kind in TOKEN_FIELDS.items():
-                            cols[name] = TokenColumn.decode(cols[name], kind)
-                        conn.send(("batch", rows, cols))
+                        conn.send(("batch", rows, decode_tokens(cols)))
                 else:
                     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
                     with DatasetParquetWriter(part_dir) as writer:
                         for rows, cols in batches:
-                            writer.write(rows, cols)
+                            writer.write(rows, decode_tokens(cols))
                 q.close()
                 conn.send(("done", st, seen, dict(q.counts), dict(agents)))
                 return
@@ -188,7 +195,7 @@ class ParallelRun:
 
     # lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(_start_method())
         self._counters = [ctx.Value("q", 0, lock=False) for _ in self.groups]
         for i, group in enumerate(self.groups):
             parent, child = ctx.Pipe()
@@ -323,9 +330,7 @@ class ParallelRun:
         fb = {k: fb_index[k] for k in episodes if k in fb_index}
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
                                            self.agents):
-            for name, kind in TOKEN_FIELDS.items():
-                cols[name] = TokenColumn.decode(cols[name], kind)
-            yield rows, cols
+            yield rows, decode_tokens(cols)
         pending = set(range(len(self._conns)))
         while pending:
             for conn in wait([self._conns[i] for i in pending]):

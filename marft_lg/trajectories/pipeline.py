@@ -19,6 +19,7 @@ from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import iter_raw_spans
 from marft_lg.trajectories.quarantine import Quarantine
+from marft_lg.trajectories.token_columns import TokenColumn
 
 SpanKey = tuple[str, str]
 ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
@@ -124,6 +125,13 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
             rows, cols = [], new_columns()
     if rows:
         yield rows, cols
+
+
+def decode_tokens(cols: dict[str, Any]) -> dict[str, Any]:
+    """Replace the encoded token columns of a batch by `TokenColumn`s (in place; returns `cols`)."""
+    for name, kind in TOKEN_FIELDS.items():
+        cols[name] = TokenColumn.decode(cols[name], kind)
+    return cols
 
 
 def feedback_index(spans: list[SpanInfo], q: Quarantine) -> dict[str, dict[str, Any]]:

@@ -12,12 +12,9 @@ from marft_lg.trajectories.otlp import RawSpan
 FORMATS = (own, openinference, openllmetry, genai)
 
 
-# short strings repeated on many spans: one shared copy each (a large share of memory on big inputs)
-_SHARED_FIELDS = ("name", "agent", "episode_id", "session", "scenario_id", "task", "model", "adapter_version", "tool_name")
-
-
 def interpret(raw: RawSpan) -> SpanInfo:
-    """Parse a span with the first format that recognises it; unknown spans stay in the tree as `other`."""
+    """Parse a span with the first format that recognises it; unknown spans stay in the tree as `other`.
+    Short strings repeated on many spans (names, agents, ids of episodes and tasks) share one copy each."""
     attrs = raw.attributes
     for fmt in FORMATS:
         if fmt.detect(attrs):
@@ -26,10 +23,24 @@ def interpret(raw: RawSpan) -> SpanInfo:
     else:
         info = base_info(raw, "unknown")
         info.kind = OTHER
-    for name in _SHARED_FIELDS:
-        value = getattr(info, name)
-        if type(value) is str:
-            setattr(info, name, sys.intern(value))
+    intern = sys.intern
+    info.name = intern(info.name)
+    if type(info.agent) is str:
+        info.agent = intern(info.agent)
+    if type(info.episode_id) is str:
+        info.episode_id = intern(info.episode_id)
+    if type(info.session) is str:
+        info.session = intern(info.session)
+    if type(info.scenario_id) is str:
+        info.scenario_id = intern(info.scenario_id)
+    if type(info.task) is str:
+        info.task = intern(info.task)
+    if type(info.model) is str:
+        info.model = intern(info.model)
+    if type(info.adapter_version) is str:
+        info.adapter_version = intern(info.adapter_version)
+    if type(info.tool_name) is str:
+        info.tool_name = intern(info.tool_name)
     return info
 
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from marft_lg.trajectories.otlp import RawSpan
+from marft_lg.trajectories.otlp import RawSpan, loads_json
 
 LLM, TOOL, AGENT, WORKFLOW, FEEDBACK, OTHER = "llm", "tool", "agent", "workflow", "feedback", "other"
 
@@ -73,15 +73,24 @@ def error_message(raw: RawSpan) -> str:
     return raw.status_message or str(raw.attributes.get("error.type") or "error")
 
 
+_JSON_STARTS = frozenset('{["-0123456789tfnNI')  # what a JSON text (or json's NaN/Infinity) starts with
+
+
 def json_or(value: Any, default: Any = None) -> Any:
     """Parse JSON text; non-JSON text and non-strings come back as they are (or `default` when None)."""
     if value is None:
         return default
     if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
+        head = value.lstrip(" \t\n\r")[:1]
+        if not head or head not in _JSON_STARTS:  # plain text: skip two failing parsers
             return value
+        try:
+            return loads_json(value)
+        except ValueError:  # orjson refuses what json accepts (NaN, huge ints, lone surrogates): ask json
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
     return value
 
 

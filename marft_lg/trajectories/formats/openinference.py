@@ -43,8 +43,7 @@ def parse(raw: RawSpan) -> SpanInfo:
     info.scenario_id = meta.get("scenario_id")
     if kind == "LLM":
         info.kind = LLM
-        info.messages = flat_messages(a, "llm.input_messages.")
-        out = flat_messages(a, "llm.output_messages.")
+        info.messages, out = io_messages(a)
         if out:
             info.completion = str(out[-1].get("content") or "")
             info.tool_calls = out[-1].get("tool_calls") or None
@@ -71,37 +70,58 @@ def parse(raw: RawSpan) -> SpanInfo:
     return info
 
 
+_IN, _OUT = "llm.input_messages.", "llm.output_messages."
+
+
+def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`flat_messages` of the input and of the output side, in one pass over the attributes."""
+    inputs: dict[int, dict[str, Any]] = {}
+    outputs: dict[int, dict[str, Any]] = {}
+    for key, value in a.items():
+        if key.startswith(_IN):
+            _add_field(inputs, key[len(_IN):], value)
+        elif key.startswith(_OUT):
+            _add_field(outputs, key[len(_OUT):], value)
+    return [inputs[i] for i in sorted(inputs)], [outputs[i] for i in sorted(outputs)]
+
+
 def flat_messages(a: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     """`llm.input_messages.N.message.{role,content,tool_call_id,tool_calls.M.tool_call.*,contents.K...}` -> chat messages."""
     by_index: dict[int, dict[str, Any]] = {}
     n = len(prefix)
     for key, value in a.items():
-        if not key.startswith(prefix):
-            continue
-        idx, _, rest = key[n:].partition(".")
-        if not idx.isdigit() or not rest.startswith("message."):
-            continue
-        field = rest[len("message."):]
-        msg = by_index.setdefault(int(idx), {"role": "user", "content": ""})
-        if field == "role":
-            msg["role"] = value
-        elif field == "content":
-            msg["content"] = str(value)
-        elif field == "tool_call_id":
-            msg["tool_call_id"] = value
-        elif field.startswith("contents.") and field.endswith("message_content.text"):
-            msg["content"] = str(msg.get("content") or "") + str(value)
-        elif field.startswith("tool_calls."):
-            t_idx, _, t_field = field[len("tool_calls."):].partition(".")
-            if not t_idx.isdigit():
-                continue
-            calls = msg.setdefault("tool_calls", [])
-            while len(calls) <= int(t_idx):
-                calls.append({"id": None, "name": None, "args": None})
-            if t_field == "tool_call.id":
-                calls[int(t_idx)]["id"] = value
-            elif t_field == "tool_call.function.name":
-                calls[int(t_idx)]["name"] = value
-            elif t_field == "tool_call.function.arguments":
-                calls[int(t_idx)]["args"] = json_or(value)
+        if key.startswith(prefix):
+            _add_field(by_index, key[n:], value)
     return [by_index[i] for i in sorted(by_index)]
+
+
+def _add_field(by_index: dict[int, dict[str, Any]], key: str, value: Any) -> None:
+    """One `N.message.<field>` attribute into message N."""
+    idx, _, rest = key.partition(".")
+    if not idx.isdigit() or not rest.startswith("message."):
+        return
+    field = rest[len("message."):]
+    msg = by_index.get(int(idx))
+    if msg is None:
+        msg = by_index[int(idx)] = {"role": "user", "content": ""}
+    if field == "role":
+        msg["role"] = value
+    elif field == "content":
+        msg["content"] = str(value)
+    elif field == "tool_call_id":
+        msg["tool_call_id"] = value
+    elif field.startswith("contents.") and field.endswith("message_content.text"):
+        msg["content"] = str(msg.get("content") or "") + str(value)
+    elif field.startswith("tool_calls."):
+        t_idx, _, t_field = field[len("tool_calls."):].partition(".")
+        if not t_idx.isdigit():
+            return
+        calls = msg.setdefault("tool_calls", [])
+        while len(calls) <= int(t_idx):
+            calls.append({"id": None, "name": None, "args": None})
+        if t_field == "tool_call.id":
+            calls[int(t_idx)]["id"] = value
+        elif t_field == "tool_call.function.name":
+            calls[int(t_idx)]["name"] = value
+        elif t_field == "tool_call.function.arguments":
+            calls[int(t_idx)]["args"] = json_or(value)

@@ -161,6 +161,8 @@ def attributes_json(attributes: Mapping[str, Any]) -> str:
             append(text)
         elif kind is int:
             append(_head(k) + '{"intValue":"' + int.__repr__(v) + '"}}')
+        elif kind is float and v - v == 0.0:  # finite
+            append(_head(k) + '{"doubleValue":' + float.__repr__(v) + "}}")
         elif v is not None:
             append(_head(k) + value_json(v) + "}")
     return ",".join(parts)

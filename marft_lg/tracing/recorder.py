@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from typing import Any
-from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
@@ -115,10 +114,10 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._trace_id = root.trace_id
         self._submit = sink.submit
         self._lock = threading.Lock()
-        self._parent: dict[UUID, SpanRecord] = {}  # run id -> span its children hang under
-        self._own: dict[UUID, SpanRecord] = {}  # run id -> span this recorder opened for it
+        self._parent: dict[int, SpanRecord] = {}  # run id (as int: cheaper to hash) -> span its children hang under
+        self._own: dict[int, SpanRecord] = {}  # run id -> span this recorder opened for it
         self._tasks: dict[str, SpanRecord] = {}  # langgraph checkpoint ns -> invoke_agent span
-        self._t0: dict[UUID, float] = {}
+        self._t0: dict[int, float] = {}
         self._attr_cache: dict[str, dict[str, Any]] = {}
         self.n_chat = 0
         self.n_errors = 0
@@ -187,7 +186,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         span.end_ns = time.time_ns()
         self._submit(span)
 
-    def _parent_span(self, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> SpanRecord:
+    def _parent_span(self, parent_run_id: int | None, metadata: Mapping[str, Any] | None) -> SpanRecord:
         span = self._parent.get(parent_run_id) if parent_run_id is not None else None
         if span is None and metadata:
             span = self._tasks.get(metadata.get("langgraph_checkpoint_ns", ""))
@@ -219,13 +218,13 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._attr_cache[ns] = attrs
         return dict(attrs)
 
-    def _open(self, run_id: UUID, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any]) -> SpanRecord:
+    def _open(self, run_id: int, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any]) -> SpanRecord:
         span = SpanRecord(self._trace_id, parent.span_id, name, kind, attrs)
         self._own[run_id] = span
         self._parent[run_id] = span
         return span
 
-    def _close(self, run_id: UUID, error: BaseException | None = None) -> SpanRecord | None:
+    def _close(self, run_id: int, error: BaseException | None = None) -> SpanRecord | None:
         span = self._own.pop(run_id, None)  # dict operations are atomic: no lock needed on the hot path
         self._parent.pop(run_id, None)
         self._t0.pop(run_id, None)
@@ -243,6 +242,7 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     # -- chains: the graph and its node tasks -----------------------------------------------
     def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        run_id, parent_run_id = run_id.int, parent_run_id.int if parent_run_id is not None else None
         md = metadata or {}
         node = md.get("langgraph_node")
         ns = md.get("langgraph_checkpoint_ns") or ""
@@ -263,12 +263,14 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._tasks[ns] = span
 
     def on_chain_end(self, outputs, *, run_id, **kwargs):
+        run_id = run_id.int
         if run_id in self._own:
             self._close(run_id)
         else:
             self._parent.pop(run_id, None)
 
     def on_chain_error(self, error, *, run_id, **kwargs):
+        run_id = run_id.int
         if run_id in self._own:
             self._close(run_id, error)
         else:
@@ -276,6 +278,7 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     # -- chat model calls ---------------------------------------------------------------------
     def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        run_id, parent_run_id = run_id.int, parent_run_id.int if parent_run_id is not None else None
         md = metadata or {}
         params = kwargs.get("invocation_params") or {}
         model = (
@@ -291,9 +294,11 @@ class EpisodeRecorder(BaseCallbackHandler):
         attrs[A.GEN_AI_PROVIDER_NAME] = str(md.get("ls_provider") or params.get("_type") or "langchain")
         attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
         attrs[A.GEN_AI_CONVERSATION_ID] = self.info.conversation_id or self.info.episode_id
-        for key, attr in _SAMPLING:
-            value = params.get(key, md.get(f"ls_{key}"))
-            if isinstance(value, int | float) and not isinstance(value, bool):
+        for key, ls_key, attr in _SAMPLING:
+            value = params.get(key)
+            if value is None:
+                value = md.get(ls_key)
+            if type(value) is float or type(value) is int or (isinstance(value, int | float) and not isinstance(value, bool)):
                 attrs[attr] = value
         stop = params.get("stop") or md.get("ls_stop")
         if stop:
@@ -313,6 +318,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         )
 
     def on_llm_end(self, response, *, run_id, **kwargs):
+        run_id = run_id.int
         span = self._own.get(run_id)
         if span is None:
             return
@@ -383,10 +389,12 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._close(run_id)
 
     def on_llm_error(self, error, *, run_id, **kwargs):
+        run_id = run_id.int
         self._close(run_id, error)
 
     # -- tools --------------------------------------------------------------------------------
     def on_tool_start(self, serialized, input_str, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        run_id, parent_run_id = run_id.int, parent_run_id.int if parent_run_id is not None else None
         md = metadata or {}
         tool = kwargs.get("name") or (serialized or {}).get("name") or "tool"
         attrs = self._graph_attrs(md)
@@ -400,6 +408,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), KIND_INTERNAL, attrs)
 
     def on_tool_end(self, output, *, run_id, **kwargs):
+        run_id = run_id.int
         span = self._own.get(run_id)
         if span is None:
             return
@@ -417,14 +426,15 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._close(run_id)
 
     def on_tool_error(self, error, *, run_id, **kwargs):
+        run_id = run_id.int
         self._close(run_id, error)
 
 
 _SAMPLING = (
-    ("temperature", A.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", A.GEN_AI_REQUEST_TOP_P),
-    ("max_tokens", A.GEN_AI_REQUEST_MAX_TOKENS),
-    ("seed", A.GEN_AI_REQUEST_SEED),
+    ("temperature", "ls_temperature", A.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", "ls_top_p", A.GEN_AI_REQUEST_TOP_P),
+    ("max_tokens", "ls_max_tokens", A.GEN_AI_REQUEST_MAX_TOKENS),
+    ("seed", "ls_seed", A.GEN_AI_REQUEST_SEED),
 )
 _UNRESOLVED_SPAN = f"{A.OP_CHAT} {UNRESOLVED_MODEL}"
 

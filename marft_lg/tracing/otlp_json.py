@@ -143,21 +143,27 @@ def value_json(value: Any) -> str:
 def attributes_json(attributes: Mapping[str, Any]) -> str:
     """Attributes -> the text of an OTLP ``KeyValue`` list (without brackets); None values are skipped.
 
-    Spans of one task share their attribute strings (episode id, agent, namespace, ...): the last
-    encoded string of each key is remembered by identity and its text reused.
+    Short string values repeat across spans (episode id, agent, model, operation, ...): their
+    KeyValue text is remembered per attribute name (a few dozen values each) and reused.
     """
     parts = []
     append = parts.append
     for k, v in attributes.items():
         kind = type(v)
         if kind is str:
-            memo = _MEMO.get(k)
-            if memo is not None and memo[0] is v:
-                append(memo[1])
+            if len(v) > 128:  # long texts (messages, token ids) are unique: not worth remembering
+                append(_head(k) + '{"stringValue":' + _str(v) + "}}")
                 continue
-            text = _head(k) + '{"stringValue":' + _str(v) + "}}"
-            if memo is not None or len(_MEMO) < 4096:
-                _MEMO[k] = (v, text)
+            memo = _MEMO.get(k)
+            if memo is None:
+                if len(_MEMO) >= 4096:
+                    _MEMO.clear()
+                memo = _MEMO[k] = {}
+            text = memo.get(v)
+            if text is None:
+                if len(memo) >= 64:
+                    memo.clear()
+                text = memo[v] = _head(k) + '{"stringValue":' + _str(v) + "}}"
             append(text)
         elif kind is int:
             append(_head(k) + '{"intValue":"' + int.__repr__(v) + '"}}')
@@ -179,7 +185,7 @@ class _Heads(dict):
 
 
 _head = _Heads().__getitem__
-_MEMO: dict[str, tuple[str, str]] = {}  # attribute name -> (its last string value, that KeyValue's text)
+_MEMO: dict[str, dict[str, str]] = {}  # attribute name -> {short string value: its KeyValue text}
 
 
 def encode_record(record: Any) -> str:

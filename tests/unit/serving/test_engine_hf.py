@@ -179,3 +179,37 @@ def test_adapters_load_and_unload_between_steps(engine, tmp_path):
     assert "ad3" not in engine.loaded_adapters()
     with pytest.raises(UnknownAgentError):
         engine.generate([req], ["ad3"])
+
+
+SYSTEM = {"role": "system", "content": "You are the Actor. Work step by step and answer inside \\boxed{}. " * 3}
+SHARED = [[SYSTEM, {"role": "user", "content": q}] for q in ("What is 2 + 3?", "Add seven and one, please.", "9 - 4?")]
+
+
+@pytest.mark.parametrize("adapter", ["ad1", None])
+def test_shared_prefix_is_prefilled_once_with_the_same_results(engine, adapter):
+    reqs = [ChatRequest(m, max_tokens=6, seed=i, temperature=0.8, ignore_eos=True) for i, m in enumerate(SHARED)]
+    before = engine.stats["shared_prefix_tokens"]
+    shared = engine.generate(reqs, [adapter] * 3)
+    prefix = min(len(c.prompt_token_ids) for c in shared)
+    assert engine.stats["shared_prefix_tokens"] - before >= 2 * 16  # prefix prefilled once, not three times
+    saved, engine.min_shared_prefix = engine.min_shared_prefix, 10**9
+    try:
+        plain = engine.generate(reqs, [adapter] * 3)
+    finally:
+        engine.min_shared_prefix = saved
+    for a, b in zip(shared, plain, strict=True):
+        assert a.completion_token_ids == b.completion_token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        expected, _ = _recompute(engine, a.prompt_token_ids, a.completion_token_ids, adapter)
+        assert torch.allclose(torch.tensor(a.logprobs), expected, atol=1e-4)
+    assert prefix > 16
+
+
+def test_one_adapter_batches_leave_other_adapters_intact(engine):
+    req = ChatRequest(MSG, max_tokens=5, temperature=0, ignore_eos=True)
+    mixed = engine.generate([req, req], ["ad1", "ad2"])
+    alone1, alone2 = engine.generate([req], ["ad1"])[0], engine.generate([req], ["ad2"])[0]
+    assert alone1.completion_token_ids == mixed[0].completion_token_ids
+    assert alone2.completion_token_ids == mixed[1].completion_token_ids
+    assert alone1.logprobs == pytest.approx(mixed[0].logprobs, abs=1e-4)
+    assert alone2.logprobs == pytest.approx(mixed[1].logprobs, abs=1e-4)

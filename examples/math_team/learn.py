@@ -28,7 +28,7 @@ def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float
     """Per-scenario reward of one greedy episode each, plus component means."""
     from marft_lg.training.rollout import GraphCollector
 
-    collector = GraphCollector(app, concurrency=8, run_id=tag)
+    collector = GraphCollector(app, concurrency=len(scenarios), run_id=tag)
     ds = collector.collect(list(scenarios), 1, 0, seed)
     result = reward.score(ds, scenarios)
     table = result.episodes.merge(ds.episodes[["episode_id", "scenario_id"]], on="episode_id")
@@ -43,12 +43,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--minutes", type=float, default=20.0, help="training time budget (evaluation not included)")
     ap.add_argument("--run-dir", default="runs/math_team_learn")
     ap.add_argument("--out", default="benchmarks/results/math_team_learning.json")
-    ap.add_argument("--train", type=int, default=16, help="train problems per iteration pool")
-    ap.add_argument("--heldout", type=int, default=48)
-    ap.add_argument("--k", type=int, default=4, help="episodes per train problem per iteration")
-    ap.add_argument("--scenarios-per-iteration", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=5e-5)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--train", type=int, default=64, help="train problems (cycled through)")
+    ap.add_argument("--heldout", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4, help="episodes per train problem per iteration (group size)")
+    ap.add_argument("--scenarios-per-iteration", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--ppo-epochs", type=int, default=2)
+    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.8, help="rollout sampling temperature")
+    ap.add_argument("--reasoner-tokens", type=int, default=32)
+    ap.add_argument("--actor-tokens", type=int, default=24)
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -69,9 +73,11 @@ def main(argv: list[str] | None = None) -> dict:
     train, heldout = problems.split("train"), problems.split("heldout")
     reward = math_reward()
     team = Team(args.model, ROLES, registry=run / "registry", versions=None, seed=args.seed)
-    sample_app = wrap(build_graph(TeamChatModel(team=team, max_tokens=args.max_tokens, temperature=1.0)),
+    caps = {"reasoner_tokens": args.reasoner_tokens, "actor_tokens": args.actor_tokens}
+    max_tokens = max(caps.values())
+    sample_app = wrap(build_graph(TeamChatModel(team=team, max_tokens=max_tokens, temperature=args.temperature), **caps),
                       team=team, trace_dir=run / "traces")
-    greedy_app = wrap(build_graph(TeamChatModel(team=team, max_tokens=args.max_tokens, temperature=0.0)),
+    greedy_app = wrap(build_graph(TeamChatModel(team=team, max_tokens=max_tokens, temperature=0.0), **caps),
                       team=team, trace_dir=run / "eval_traces")
     t0 = time.perf_counter()
     before, before_comps = evaluate(greedy_app, heldout, reward, tag="before", seed=args.seed + 7)
@@ -79,8 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"untuned held-out reward {np.mean(before):.3f} {before_comps} ({eval_s:.0f}s)")
 
     cfg = MARFTConfig(learning_rate=args.lr, update_scheme="simultaneous", use_critic=False, group_size=args.k,
-                      ppo_epochs=2, kl_cut=None, entropy_coef=0.0, max_new_tokens=args.max_tokens,
-                      max_context=1024, seed=args.seed, checkpoint_every=5)
+                      ppo_epochs=args.ppo_epochs, num_minibatches=args.minibatches, kl_cut=None, entropy_coef=0.0,
+                      max_new_tokens=max_tokens, temperature=args.temperature, max_context=1024, seed=args.seed,
+                      checkpoint_every=5, rollout_concurrency=args.k * args.scenarios_per_iteration)
     trainer = MARFTTrainer(team, reward, cfg, run / "train")
     deadline = time.perf_counter() + args.minutes * 60
     rows, it = [], 0
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         "heldout_problems": len(heldout), "before": {"reward_mean": float(np.mean(before)), **before_comps},
         "after": {"reward_mean": float(np.mean(after)), **after_comps}, "paired_difference_ci95": ci.to_dict(),
         "ci_excludes_zero": bool(ci.defined and ci.low > 0),
-        "train_curve": [r["reward_mean"] for r in rows], "config": cfg.to_dict(),
+        "train_curve": [r["reward_mean"] for r in rows], "eval_seconds": round(eval_s, 1),
+        "args": vars(args), "config": cfg.to_dict(),
         "versions": team.versions(),
     }
     out = Path(args.out)

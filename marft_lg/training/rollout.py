@@ -50,7 +50,7 @@ class GraphCollector:
         def run(i: int) -> None:
             s, j = jobs[i]
             try:
-                self.app.invoke(s.inputs, episode_id=ids[i], scenario_id=s.scenario_id, seed=seed * 1_000_003 + i)
+                self.app.invoke(s.inputs, episode_id=ids[i], scenario_id=s.scenario_id, seed=seed * 1_000_003 + iteration * 10_007 + i)
             except Exception as exc:  # a failed episode is still traced (status error) and scored by the reward
                 self.errors.append(f"{ids[i]}: {type(exc).__name__}: {exc}")
 

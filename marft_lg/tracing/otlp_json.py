@@ -1,4 +1,4 @@
-"""Encode SDK spans as OTLP/JSON ``ExportTraceServiceRequest`` objects (hex ids, as OTLP/JSON requires).
+"""Encode spans (SDK spans or `SpanRecord`s) as OTLP/JSON ``ExportTraceServiceRequest`` lines (hex ids, as OTLP/JSON requires).
 
 Written by hand rather than through protobuf so the file exporter needs no protobuf runtime and
 stays cheap: one dict per span, one JSON line per export batch.

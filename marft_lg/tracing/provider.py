@@ -1,4 +1,8 @@
-"""A private OpenTelemetry `TracerProvider` per wrapped app: never touches the user's global provider."""
+"""A private OpenTelemetry `TracerProvider` with SDK span processors: never touches the user's global provider.
+
+Used for `record_feedback` and by code that makes SDK spans itself; wrapped apps record through the
+cheaper `marft_lg.tracing.sink.RecordSink` (same files, same bytes).
+"""
 
 from __future__ import annotations
 

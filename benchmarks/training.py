@@ -2,16 +2,23 @@
 
     python benchmarks/training.py [--model embedded:smollm2-135m-instruct] [--quick]
 
-1. Peak RSS of one PPO step (simultaneous scheme) with 4 agents vs 1 agent: one base model, N
-   LoRA adapters, so the ratio should stay near 1 (target <= 1.2x).
+1. Peak RSS of one PPO step (simultaneous scheme) with 4 agents vs 1 agent, like with like: every
+   agent has the same data (`per_role` actions of the same tokens) and the same micro-batch size
+   (`micro_batch_tokens`), so the 4-agent step does 4x the work of the 1-agent step on one base
+   model with 4 LoRA adapters. Memory must not scale with the agents (target <= 1.2x).
 2. Peak RSS growth of a log-prob forward+backward: chunked gather vs naive full `[B, T, V]` logits.
-3. PPO update tokens/s vs a plain forward+backward (cross-entropy) over the same tokens (target >= 0.7x).
+3. PPO update tokens/s vs a plain forward+backward (cross-entropy, one padded batch per agent) over
+   the same tokens (target >= 0.7x), on uniform random actions and on a mixed-length batch shaped
+   like the math team's (reasoner prompt ~100 tokens, actor prompt ~90 + the reasoner's answer,
+   completions 3-48 tokens); plus the whole update of one math-team-sized iteration (2 agents x 16
+   actions, 2 PPO epochs, no critic) with its post-update checks.
 Each case runs in a fresh process so peak RSS is its own. Results: benchmarks/results/training.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import subprocess
@@ -28,23 +35,48 @@ def _peak_rss_mb() -> float:
 
 
 def _records(tokenizer, roles, per_role, prompt_len, completion_len, seed=0):
+    """`per_role` random actions per role; every role gets the same tokens (like-for-like data)."""
     import numpy as np
     import torch
 
     from marft_lg.training.buffer import ActionRecord
 
-    g = torch.Generator().manual_seed(seed)
-    out = []
     vocab = len(tokenizer)
-    for i in range(per_role * len(roles)):
+    out = []
+    for i in range(per_role):
+        g = torch.Generator().manual_seed(seed * 100_003 + i)
         ids = torch.randint(0, vocab, (prompt_len + completion_len,), generator=g).tolist()
-        out.append(ActionRecord(episode_id=f"e{i}", scenario_id="s", order=0, agent=roles[i % len(roles)],
-                                adapter_version="v0", prompt_ids=ids[:prompt_len], completion_ids=ids[prompt_len:],
-                                behaviour_logprobs=None, reward=float(np.sin(i)), done=True, words=completion_len))
+        for k, role in enumerate(roles):
+            out.append(ActionRecord(episode_id=f"e{i}", scenario_id=f"s{i // 2}", order=k, agent=role,
+                                    adapter_version="v0", prompt_ids=ids[:prompt_len], completion_ids=ids[prompt_len:],
+                                    behaviour_logprobs=None, reward=float(np.sin(i)), done=k == len(roles) - 1,
+                                    words=completion_len))
     return out
 
 
-def _setup(model, n_agents, per_role, prompt_len, completion_len):
+def _mixed_records(tokenizer, per_role, seed=0):
+    """A math-team-shaped batch: reasoner (prompt 97-103, answer 8-48, half at the 48 limit) then actor
+    (prompt 89-95 + the reasoner's answer, answer 3-48), one episode per pair."""
+    import numpy as np
+
+    from marft_lg.training.buffer import ActionRecord
+
+    rng = np.random.default_rng(seed)
+    vocab = len(tokenizer)
+    out = []
+    for e in range(per_role):
+        rc = 48 if rng.random() < 0.5 else int(rng.integers(8, 48))
+        shapes = (("reasoner", int(rng.integers(97, 104)), rc), ("actor", int(rng.integers(89, 96)) + rc, int(rng.integers(3, 49))))
+        for order, (agent, p, c) in enumerate(shapes):
+            ids = rng.integers(0, vocab, p + c).tolist()
+            out.append(ActionRecord(episode_id=f"e{e}", scenario_id=f"s{e // 4}", order=order, agent=agent,
+                                    adapter_version="v0", prompt_ids=ids[:p], completion_ids=ids[p:],
+                                    behaviour_logprobs=None, reward=float(rng.random() < 0.3) if order else 0.0,
+                                    done=bool(order), words=max(1, c // 2)))
+    return out
+
+
+def _setup(model, n_agents, per_role, prompt_len, completion_len, mixed=False, **cfg_kw):
     import torch
 
     from marft_lg.training.buffer import RolloutBuffer
@@ -53,11 +85,13 @@ def _setup(model, n_agents, per_role, prompt_len, completion_len):
     from marft_lg.training.ppo import compute_advantages, evaluate_critic, recompute_behaviour
 
     torch.set_num_threads(2)
-    roles = [f"agent{i}" for i in range(n_agents)]
+    roles = ["reasoner", "actor"] if mixed else [f"agent{i}" for i in range(n_agents)]
     pol = LocalPolicy(model, roles)
-    cfg = MARFTConfig(update_scheme="simultaneous", use_critic=False, group_size=2, kl_cut=None, learning_rate=1e-5,
-                      logprob_chunk=256)
-    buf = RolloutBuffer(_records(pol.tokenizer, roles, per_role, prompt_len, completion_len))
+    cfg = MARFTConfig(**{"update_scheme": "simultaneous", "use_critic": False, "group_size": 2, "kl_cut": None,
+                         "learning_rate": 1e-5, "logprob_chunk": 256, **cfg_kw})
+    recs = (_mixed_records(pol.tokenizer, per_role) if mixed
+            else _records(pol.tokenizer, roles, per_role, prompt_len, completion_len))
+    buf = RolloutBuffer(recs)
     pad = pol.tokenizer.pad_token_id
     recompute_behaviour(pol.model, buf, lambda r: pol.adapter_name(r.agent), cfg, pad)
     evaluate_critic(pol.model, None, buf, cfg, pad)
@@ -65,20 +99,28 @@ def _setup(model, n_agents, per_role, prompt_len, completion_len):
     return pol, roles, cfg, buf
 
 
-def case_ppo_step(model, n_agents, per_role, prompt_len, completion_len):
-    """Peak RSS of one PPO step over `per_role` actions of each of `n_agents` agents... per agent."""
+def case_ppo_step(model, n_agents, per_role, prompt_len, completion_len, micro_batch_tokens):
+    """Peak RSS of one PPO step over `per_role` actions of each of `n_agents` agents (same data per agent)."""
     import torch
 
     from marft_lg.training.policy import adapter_parameters
-    from marft_lg.training.ppo import ppo_update
+    from marft_lg.training.ppo import micro_batches, ppo_update
 
-    pol, roles, cfg, buf = _setup(model, n_agents, per_role, prompt_len, completion_len)
+    pol, roles, cfg, buf = _setup(model, n_agents, per_role, prompt_len, completion_len,
+                                  micro_batch_tokens=micro_batch_tokens)
     opts = {r: torch.optim.Adam(adapter_parameters(pol.model, pol.adapter_name(r)), lr=1e-5) for r in roles}
+    per_agent_mb = {}
+    for r in roles:
+        n_params = sum(p.numel() for p in adapter_parameters(pol.model, pol.adapter_name(r)))
+        per_agent_mb[r] = n_params * 4 * 4 / 2**20  # weights + gradient + two Adam moments, float32
+    before = _peak_rss_mb()
     t = time.perf_counter()
     stats = ppo_update(pol.model, None, buf, cfg, agents=roles, adapter_names={r: pol.adapter_name(r) for r in roles},
                        optimizers=opts, critic_optimizer=None, pad_id=pol.tokenizer.pad_token_id,
                        generator=torch.Generator().manual_seed(0))
-    return {"peak_rss_mb": _peak_rss_mb(), "seconds": time.perf_counter() - t, "tokens": stats.tokens}
+    return {"peak_rss_mb": _peak_rss_mb(), "peak_before_update_mb": before, "seconds": time.perf_counter() - t,
+            "tokens": stats.tokens, "micro_batches_per_agent": len(micro_batches(buf.for_agent(roles[0]), micro_batch_tokens)),
+            "adapter_state_mb_per_agent": per_agent_mb[roles[0]]}
 
 
 def case_logprob_memory(model, mode, batch, prompt_len, completion_len):
@@ -109,37 +151,55 @@ def case_logprob_memory(model, mode, batch, prompt_len, completion_len):
     return {"baseline_rss_mb": base, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - base}
 
 
-def case_throughput(model, per_role, prompt_len, completion_len, repeats):
-    """Tokens/s of the PPO update vs plain forward+backward (CE on the same completion tokens)."""
+def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=False, micro_batch_tokens=1024):
+    """Tokens/s of the PPO update vs a plain forward+backward (CE on the same completion tokens, one
+    padded batch per agent, as a naive trainer would run it)."""
     import torch
 
     from marft_lg.training.buffer import collate
     from marft_lg.training.policy import adapter_parameters, only_adapter_trainable
     from marft_lg.training.ppo import ppo_update
 
-    pol, roles, cfg, buf = _setup(model, 1, per_role, prompt_len, completion_len)
-    name = pol.adapter_name(roles[0])
-    opt = torch.optim.Adam(adapter_parameters(pol.model, name), lr=1e-5)
-    t = collate(buf.records, pol.tokenizer.pad_token_id)
-    n_tokens = int(t["completion_mask"].sum())
-    ppo_s, plain_s = [], []
+    pol, roles, cfg, buf = _setup(model, 1, per_role, prompt_len, completion_len, mixed=mixed,
+                                  micro_batch_tokens=micro_batch_tokens)
+    names = {r: pol.adapter_name(r) for r in roles}
+    opts = {r: torch.optim.Adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}
+    batches = {r: collate(buf.for_agent(r), pol.tokenizer.pad_token_id) for r in roles}
+    n_tokens = sum(r.n_tokens for r in buf.records)
+    seq_tokens = sum(len(r.prompt_ids) + r.n_tokens for r in buf.records)
+    padded_tokens = sum(int(t["input_ids"].numel()) for t in batches.values())
+    from marft_lg.training.buffer import RolloutBuffer
+
+    warm = RolloutBuffer([buf.for_agent(r)[0] for r in roles])  # Adam state and lazy inits outside the timing
+    ppo_update(pol.model, None, warm, cfg, agents=roles, adapter_names=names, optimizers=opts, critic_optimizer=None,
+               pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
+    one_batch = dataclasses.replace(cfg, micro_batch_tokens=None)  # one padded batch per agent: the old path
+    ppo_s, one_batch_s, plain_s = [], [], []
     for _ in range(repeats):
+        for c, times in ((cfg, ppo_s), (one_batch, one_batch_s)):
+            s = time.perf_counter()
+            ppo_update(pol.model, None, buf, c, agents=roles, adapter_names=names, optimizers=opts, critic_optimizer=None,
+                       pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
+            times.append(time.perf_counter() - s)
         s = time.perf_counter()
-        ppo_update(pol.model, None, buf, cfg, agents=roles, adapter_names={roles[0]: name}, optimizers={roles[0]: opt},
-                   critic_optimizer=None, pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
-        ppo_s.append(time.perf_counter() - s)
-        s = time.perf_counter()
-        with only_adapter_trainable(pol.model, name):
-            opt.zero_grad()
-            logits = pol.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
-            labels = t["input_ids"][:, 1:].masked_fill(t["completion_mask"][:, 1:] == 0, -100)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
-            loss.backward()
-            opt.step()
+        for r, t in batches.items():
+            with only_adapter_trainable(pol.model, names[r]):
+                opts[r].zero_grad()
+                logits = pol.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
+                labels = t["input_ids"][:, 1:].masked_fill(t["completion_mask"][:, 1:] == 0, -100)
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                         labels.reshape(-1))
+                loss.backward()
+                opts[r].step()
+                del logits, loss
         plain_s.append(time.perf_counter() - s)
     ppo, plain = min(ppo_s), min(plain_s)
-    return {"tokens": n_tokens, "ppo_tokens_per_s": n_tokens / ppo, "plain_tokens_per_s": n_tokens / plain,
-            "ratio": plain / ppo}
+    return {"agents": len(roles), "actions": len(buf.records), "tokens": n_tokens, "sequence_tokens": seq_tokens,
+            "padded_tokens_one_batch_per_agent": padded_tokens, "micro_batch_tokens": micro_batch_tokens,
+            "ppo_seconds": ppo, "plain_seconds": plain, "ppo_tokens_per_s": n_tokens / ppo,
+            "ppo_one_batch_per_agent_tokens_per_s": n_tokens / min(one_batch_s),
+            "plain_tokens_per_s": n_tokens / plain, "ratio": plain / ppo,
+            "speedup_vs_one_batch_per_agent": min(one_batch_s) / ppo}
 
 
 def _sub(case: str, **kw) -> dict:
@@ -169,15 +229,34 @@ def main() -> None:
     shape = {"prompt_len": 64 if q else 192, "completion_len": 32 if q else 64}
     from rich.progress import Progress
 
-    results: dict = {"model": args.model, "quick": q, **shape}
+    results: dict = {"model": args.model, "quick": q, **shape, "complete": False}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every case, so a long run that is stopped keeps what it measured
+        out.write_text(json.dumps(results, indent=2))
+
     with Progress() as prog:
-        task = prog.add_task("training benchmarks", total=5)
-        one = _sub("ppo_step", n_agents=1, per_role=4, **shape)
+        task = prog.add_task("training benchmarks", total=6)
+        step = {"per_role": 4, "micro_batch_tokens": 2 * (shape["prompt_len"] + shape["completion_len"]), **shape}
+        one = _sub("ppo_step", n_agents=1, **step)
         prog.advance(task)
-        four = _sub("ppo_step", n_agents=4, per_role=4, **shape)
+        four = _sub("ppo_step", n_agents=4, **step)
         prog.advance(task)
-        results["ppo_step_rss"] = {"one_agent": one, "four_agents": four,
-                                   "ratio_4_vs_1": four["peak_rss_mb"] / one["peak_rss_mb"], "target": "<= 1.2"}
+        results["ppo_step_rss"] = {
+            "per_role": step["per_role"], "micro_batch_tokens": step["micro_batch_tokens"],
+            "one_agent": one, "four_agents": four, "ratio_4_vs_1": four["peak_rss_mb"] / one["peak_rss_mb"],
+            "growth_ratio_4_vs_1": ((four["peak_rss_mb"] - four["peak_before_update_mb"])
+                                    / max(one["peak_rss_mb"] - one["peak_before_update_mb"], 1e-9)),
+            "target": "<= 1.2"}
+        save()
+        results["throughput_mixed"] = {**_sub("throughput", per_role=4 if q else 8, repeats=1, mixed=True,
+                                              prompt_len=0, completion_len=0), "target": ">= 0.7"}
+        prog.advance(task)
+        save()
+        results["throughput"] = {**_sub("throughput", per_role=4, repeats=2, **shape), "target": ">= 0.7"}
+        prog.advance(task)
+        save()
         lp_shape = {"batch": 2 if q else 4, "prompt_len": 64 if q else 128, "completion_len": 128 if q else 384}
         chunked = _sub("logprob_memory", mode="chunked", **lp_shape)
         prog.advance(task)
@@ -185,11 +264,8 @@ def main() -> None:
         prog.advance(task)
         results["logprob_memory"] = {**lp_shape, "chunked": chunked, "naive": naive,
                                      "growth_ratio_chunked_vs_naive": chunked["growth_mb"] / max(naive["growth_mb"], 1e-9)}
-        results["throughput"] = {**_sub("throughput", per_role=4, repeats=2, **shape), "target": ">= 0.7"}
-        prog.advance(task)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+        results["complete"] = True
+        save()
     print(json.dumps(results, indent=2))
 
 

@@ -173,17 +173,17 @@ from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
 peak = [0]
 stop = threading.Event()
 
-def watch():  # the whole process tree: mining may run worker processes
+def watch():  # the whole process tree: mining runs worker processes (spawned here, so no page is shared)
     me = psutil.Process()
     while not stop.is_set():
-        total = 0
+        rss = 0
         for p in [me, *me.children(recursive=True)]:
             try:
-                total += p.memory_info().rss
+                rss += p.memory_info().rss
             except psutil.Error:
                 pass
-        peak[0] = max(peak[0], total)
-        stop.wait(0.05)
+        peak[0] = max(peak[0], rss)
+        stop.wait(0.1)
 
 threading.Thread(target=watch, daemon=True).start()
 workers = None if sys.argv[3] == "auto" else int(sys.argv[3])
@@ -208,8 +208,9 @@ print(json.dumps({"seconds": dt, "cpu_seconds": me.ru_utime + me.ru_stime + kids
 
 def measure(path: Path, mode: str, workers: str = "auto") -> dict:
     """Mine `path` in a fresh process: `memory` = `mine()` (the whole dataset in RAM), `parquet` = `marft-lg mine --out`.
-    Peak RSS is the largest sum over the process and its mining workers (sampled every 50 ms), and at least
-    the parent's own ru_maxrss."""
+    Peak memory (`peak_rss_mb`) is the largest RSS summed over the process and its mining workers (sampled every
+    100 ms; the sampling thread makes mining spawn its workers, so they share no pages), and at least the
+    parent's own ru_maxrss."""
     out = subprocess.run([sys.executable, "-c", _CHILD, str(path), mode, workers], capture_output=True, text=True,
                          check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])

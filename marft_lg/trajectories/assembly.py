@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -63,7 +64,14 @@ def repair_parents(spans: list[SpanInfo], stats: dict[str, int]) -> None:
 
 class _Tree:
     def __init__(self, spans: list[SpanInfo]):
-        self.by_id = {(s.trace_id, s.span_id): s for s in spans}
+        self._spans = spans
+        self._by_id: dict[tuple[str, str], SpanInfo] | None = None
+
+    @property
+    def by_id(self) -> dict[tuple[str, str], SpanInfo]:  # built on first use: own spans rarely need their ancestors
+        if self._by_id is None:
+            self._by_id = {(s.trace_id, s.span_id): s for s in self._spans}
+        return self._by_id
 
     def ancestors(self, s: SpanInfo) -> Iterable[SpanInfo]:
         seen = 0
@@ -121,7 +129,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             "step": steps[order],
             "agent": tree.agent_of(c) or "unknown",
             "span_id": c.span_id,
-            "messages": c.messages or [],
+            "messages": _shared_roles(c.messages or []),
             "completion": c.completion or "",
             # as the span carried them ("i32:<base64>", a list, ...): decoded a column at a time (TokenColumn)
             "prompt_token_ids": c.prompt_token_ids,
@@ -151,8 +159,8 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     for w in workflows:
         metadata.update(w.metadata or {})
     outcome = next((w.outcome for w in reversed(workflows) if w.outcome is not None), None)
-    scenario = next((s.scenario_id for s in sorted(spans, key=lambda s: (s.kind != WORKFLOW, s.start_ns, s.span_id))
-                     if s.scenario_id), None)
+    named = [s for s in spans if s.scenario_id]  # the first in (workflow first, start, span id) order wins
+    scenario = min(named, key=lambda s: (s.kind != WORKFLOW, s.start_ns, s.span_id)).scenario_id if named else None
     failed = any(s.error for s in workflows) or any(c.error for c in calls)
     episode = {
         "episode_id": key,
@@ -169,6 +177,14 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "trace_ids": sorted({s.trace_id for s in spans}),
     }
     return episode, actions
+
+
+def _shared_roles(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One copy of each role name ("system", "user", ...) across all messages: ~100 bytes an action."""
+    for m in messages:
+        if isinstance(m, dict) and type(m.get("role")) is str:
+            m["role"] = sys.intern(m["role"])
+    return messages
 
 
 def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],

@@ -14,6 +14,8 @@ def mine(
     quarantine: Path | None = typer.Option(
         None, "--quarantine", help="JSONL file receiving every unusable line/span with its reason and file:line."),
     max_attribute_mb: float = typer.Option(8.0, "--max-attribute-mb", help="Larger attribute values quarantine their span."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Worker processes (default: one per usable core for inputs over 64 MB, else 1)."),
 ) -> None:
     """Mine OpenTelemetry traces (marft_lg, OpenInference, OpenLLMetry, GenAI semconv) into trajectories."""
     from rich.console import Console
@@ -31,7 +33,7 @@ def mine(
             task = bar.add_task("mine", total=None)
             report = mine_to_parquet(
                 paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
-                progress=lambda n: bar.update(task, completed=n))
+                progress=lambda n: bar.update(task, completed=n), workers=workers)
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]marft-lg mine: {exc}[/red]")
         raise typer.Exit(2) from exc

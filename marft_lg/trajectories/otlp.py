@@ -118,22 +118,26 @@ def any_value(v: dict[str, Any]) -> Any:
 
 def attribute_dict(kvs: list[dict[str, Any]] | None, limit: int | None = None) -> dict[str, Any]:
     """OTLP ``KeyValue`` list -> dict (fast path for strings); raises `_TooLarge` past `limit` chars."""
-    out: dict[str, Any] = {}
     if not kvs:
-        return out
+        return {}
     if limit is None:
-        for kv in kvs:
-            v = kv.get("value") or {}
-            s = v.get("stringValue")
-            out[kv.get("key")] = any_value(v) if s is None else s
-        return out
+        try:  # well-formed lists (nearly all): one lookup per key and value
+            out = {}
+            for kv in kvs:
+                v = kv["value"]
+                s = v.get("stringValue")
+                out[kv["key"]] = any_value(v) if s is None else s
+            return out
+        except (KeyError, TypeError, AttributeError):
+            pass
+    out = {}
     for kv in kvs:
         v = kv.get("value") or {}
         s = v.get("stringValue")
         if s is None:
             out[kv.get("key")] = any_value(v)
         else:
-            if len(s) > limit:
+            if limit is not None and len(s) > limit:
                 raise _TooLarge(str(kv.get("key")))
             out[kv.get("key")] = s
     return out

@@ -6,8 +6,8 @@
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
 3. Episodes whose traces all live in one worker are assembled there; the few that cross workers are
-   fetched and assembled by the parent. Batches come back as Python rows (`mine`) or as parquet part files
-   that the parent concatenates in worker order (`mine_to_parquet`).
+   fetched and assembled by the parent. Workers leave their rows on disk (pickled, for `mine`; parquet
+   parts that the parent concatenates in worker order, for `mine_to_parquet`) and exit.
 
 The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
 Quarantine records are the same too; only their order in the file differs (workers' in input order, then
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import tempfile
 import traceback
@@ -155,9 +156,10 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 seen: set[str] = set()
                 agents: Counter[str] = Counter()
                 batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents)
-                if part_dir is None:
-                    for rows, cols in batches:
-                        conn.send(("batch", rows, decode_tokens(cols)))
+                if part_dir.endswith(".pickle"):  # mine(): rows wait on disk until every worker has exited
+                    with open(part_dir, "wb") as fh:
+                        for rows, cols in batches:
+                            pickle.dump((rows, decode_tokens(cols)), fh, protocol=pickle.HIGHEST_PROTOCOL)
                 else:
                     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
@@ -318,12 +320,14 @@ class ParallelRun:
 
     def batches(self) -> Iterator[tuple[list[dict], dict[str, Any]]]:
         """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
-        as `TokenColumn`s. With `part_dirs` set (parquet), workers write their batches there instead."""
+        as `TokenColumn`s: the parent's, then (`mine`) the workers', which they pickle to disk and which are
+        loaded only once the workers have exited, so that their span memory and the rows never add up.
+        In parquet mode the workers write parquet parts instead (`part_dirs`)."""
         fb_index = feedback_index(self.feedback_spans, self.q)
         for i, conn in enumerate(self._conns):
             local = self._local[i]
             fb = {k: fb_index[k] for k in local if k in fb_index}
-            part = str(self._tmp / f"part-{i}") if self.parquet else None
+            part = str(self._tmp / (f"part-{i}" if self.parquet else f"rows-{i}.pickle"))
             conn.send(("assemble", (local, fb, self.watermark, self.chunk_actions, part)))
         episodes = {key: [s for t in tids for s in self._parent_traces.pop(t, ())] for key, tids in self._global.items()}
         self._parent_traces = {}
@@ -331,21 +335,25 @@ class ParallelRun:
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
                                            self.agents):
             yield rows, decode_tokens(cols)
-        pending = set(range(len(self._conns)))
-        while pending:
-            for conn in wait([self._conns[i] for i in pending]):
-                i = self._conns.index(conn)
-                msg = self._recv(i)
-                if msg[0] == "batch":
-                    yield msg[1], msg[2]
-                else:
-                    _, st, seen, qcounts, agents = msg
-                    self.agents.update(agents)
-                    for k, v in st.items():
-                        self.stats[k] = self.stats.get(k, 0) + v
-                    self.seen |= seen
-                    self.q.counts.update(qcounts)
-                    pending.discard(i)
+        for i in range(len(self._conns)):
+            _, st, seen, qcounts, agents = self._recv(i)
+            self.agents.update(agents)
+            for k, v in st.items():
+                self.stats[k] = self.stats.get(k, 0) + v
+            self.seen |= seen
+            self.q.counts.update(qcounts)
+        for p in self._procs:  # their memory is free before the rows are loaded here
+            p.join()
+        if not self.parquet:
+            for i in range(len(self._conns)):
+                path = self._tmp / f"rows-{i}.pickle"
+                with path.open("rb") as fh:
+                    while True:
+                        try:
+                            yield pickle.load(fh)
+                        except EOFError:
+                            break
+                path.unlink()
 
     def part_dirs(self) -> list[Path]:
         """Parquet parts written by the workers, in input order."""

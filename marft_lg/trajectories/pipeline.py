@@ -40,6 +40,10 @@ def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: d
                   detail=f"first read at {first.source}")
             continue
         info = interpret(raw)
+        if info.parent_id is not None:  # share the parent's id string when it came first (65 bytes a span)
+            parent = spans.get((info.trace_id, info.parent_id))
+            if parent is not None:
+                info.parent_id = parent.span_id
         formats[info.fmt] += 1
         spans[key] = info
         if progress is not None and n % 10000 == 0:
@@ -104,6 +108,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
     `agents` counts the kept actions per agent."""
     rows: list[dict] = []
     cols = new_columns()
+    texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
     for key in sorted(episodes):
         built = assemble_episode(key, episodes.pop(key), q, stats)
         if built is None:
@@ -118,11 +123,15 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)
         agents.update(a["agent"] for a in acts)
+        for a in acts:
+            for m in a["messages"]:
+                if isinstance(m, dict) and type(m.get("content")) is str:
+                    m["content"] = texts.setdefault(m["content"], m["content"])
         for name, column in cols.items():
             column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
         if len(cols["order"]) >= chunk_actions:
             yield rows, cols
-            rows, cols = [], new_columns()
+            rows, cols, texts = [], new_columns(), {}
     if rows:
         yield rows, cols
 

@@ -45,22 +45,23 @@ class TokenColumn:
         """Decode encoded attribute values; a value that does not decode becomes None (as `decode_ints` would fail)."""
         prefix, dtype = _PREFIX[kind], _DTYPE[kind]
         fallback = decode_ints if kind == "int" else decode_floats
-        parts: list[bytes | np.ndarray] = []
-        lengths = np.zeros(len(raw), dtype=np.int64)
-        valid = np.zeros(len(raw), dtype=bool)
+        b64decode = base64.b64decode
+        parts: list[bytes] = []
+        lengths = [0] * len(raw)
+        valid = [False] * len(raw)
         chunks: list[np.ndarray] = []
         for i, v in enumerate(raw):
             if v is None:
                 continue
             if type(v) is str and v.startswith(prefix):
                 try:
-                    data = base64.b64decode(v[4:])
+                    data = b64decode(v[4:])
                 except ValueError:
                     continue
                 if len(data) % 4:
                     continue
                 parts.append(data)
-                lengths[i] = len(data) // 4
+                lengths[i] = len(data) >> 2
                 valid[i] = True
                 continue
             try:
@@ -80,8 +81,8 @@ class TokenColumn:
         out_dtype = np.int64 if kind == "int" else np.float64
         values = np.concatenate([c.astype(out_dtype) for c in chunks]) if chunks else np.zeros(0, dtype=out_dtype)
         offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return cls(kind=kind, values=values, offsets=offsets, valid=valid)
+        np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+        return cls(kind=kind, values=values, offsets=offsets, valid=np.asarray(valid, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.valid)

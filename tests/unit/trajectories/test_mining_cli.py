@@ -52,3 +52,17 @@ def test_mine_since_after_everything_writes_empty_tables(tmp_path):
     assert result.exit_code == 0, result.output
     assert len(TrajectoryDataset.from_parquet(tmp_path / "out")) == 0
     assert "episodes before --since" in result.output
+
+
+def test_mine_with_worker_processes_matches_one_process(tmp_path):
+    bad = write(tmp_path / "bad.jsonl", ["garbage", line(own_episode(1, "e1"))])
+    outs = {}
+    for workers in ("1", "2"):
+        out, q = tmp_path / f"out{workers}", tmp_path / f"q{workers}.jsonl"
+        result = CliRunner().invoke(_app(), ["mine", str(SAMPLES), str(bad), "--out", str(out), "--quarantine", str(q),
+                                             "--workers", workers])
+        assert result.exit_code == 0, result.output
+        outs[workers] = (TrajectoryDataset.from_parquet(out), q.read_text())
+    (one, q1), (two, q2) = outs["1"], outs["2"]
+    assert one.episodes.equals(two.episodes) and one.actions.equals(two.actions)
+    assert len(one) == 10 and q1 == q2

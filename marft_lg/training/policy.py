@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from marft_lg.training.shared_prefix import body_hidden_states
+
 
 def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(transformer body returning hidden states, output projection) of a causal LM or PeftModel."""
@@ -25,9 +27,12 @@ def lm_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Last-layer hidden states `[B, T, H]` (LoRA layers active as the model is currently set)."""
+    """Last-layer hidden states `[B, T, H]` (LoRA layers active as the model is currently set).
+
+    Rows are right-padded; a prompt prefix all rows share is computed once (`shared_prefix`).
+    """
     body, _ = lm_parts(model)
-    return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    return body_hidden_states(body, input_ids, attention_mask)
 
 
 def _chunk_logp_entropy(h: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +204,7 @@ class LocalPolicy:
         position = (attn.cumsum(-1) - 1).clamp(min=0)
         for _ in range(max_new_tokens):
             res = self.model(input_ids=cur, attention_mask=cur_attn, past_key_values=past, use_cache=True,
-                             position_ids=position[:, -cur.shape[1]:])
+                             position_ids=position[:, -cur.shape[1]:], logits_to_keep=1)
             past = res.past_key_values
             logits = res.logits[:, -1].float()
             logp = torch.log_softmax(logits, -1)

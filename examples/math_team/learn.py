@@ -34,7 +34,7 @@ def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float
     table = result.episodes.merge(ds.episodes[["episode_id", "scenario_id"]], on="episode_id")
     by_sid = dict(zip(table["scenario_id"], table["reward"].astype(float), strict=True))
     scores = [by_sid.get(s.scenario_id, 0.0) for s in scenarios]  # an episode that failed scores 0
-    comps = {c: float(table[c].astype(float).mean()) for c in ("task_completion", "format_compliance") if c in table}
+    comps = {c: float(table[c].astype(float).mean()) for c in ("task_completion", "format_compliance", "goal_progress") if c in table}
     return scores, comps
 
 
@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--train", type=int, default=64, help="train problems (cycled through)")
     ap.add_argument("--heldout", type=int, default=64)
     ap.add_argument("--k", type=int, default=4, help="episodes per train problem per iteration (group size)")
-    ap.add_argument("--scenarios-per-iteration", type=int, default=6)
-    ap.add_argument("--lr", type=float, default=1e-4)
-    ap.add_argument("--ppo-epochs", type=int, default=2)
+    ap.add_argument("--scenarios-per-iteration", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--ppo-epochs", type=int, default=1)
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.8, help="rollout sampling temperature")
     ap.add_argument("--reasoner-tokens", type=int, default=32)
@@ -92,11 +92,14 @@ def main(argv: list[str] | None = None) -> dict:
     deadline = time.perf_counter() + args.minutes * 60
     rows, it = [], 0
     pool = list(train)
-    while time.perf_counter() < deadline:
+    last = 0.0  # an iteration starts only if one as long as the previous still fits the budget
+    while time.perf_counter() + last < deadline:
+        t_it = time.perf_counter()
         start = (it * args.scenarios_per_iteration) % len(pool)
         batch = (pool + pool)[start:start + args.scenarios_per_iteration]
         rows += trainer.fit_online(sample_app, batch, iterations=it + 1)
         it += 1
+        last = time.perf_counter() - t_it
         print(f"iteration {it}: train reward {rows[-1]['reward_mean']:.3f} ({(time.perf_counter() - t0) / 60:.1f} min)")
     train_minutes = (time.perf_counter() - (deadline - args.minutes * 60)) / 60
     after, after_comps = evaluate(greedy_app, heldout, reward, tag="after", seed=args.seed + 7)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from marft_lg.rewards.composite import CompositeReward
 
 REWARD_CONFIG = {
-    "weights": {"task_completion": 1.0, "format_compliance": 0.5},
+    "weights": {"task_completion": 1.0, "format_compliance": 0.5, "goal_progress": 0.5},
     "components": {
         "task_completion": {"match": "exact", "boxed": True, "last_number_fallback": True},
         "format_compliance": {"agents": {"actor": r"\\boxed\{\s*-?\d+\s*\}"}},
+        "goal_progress": {},
     },
     "credit": "terminal",
     "answer_agents": ["actor"],

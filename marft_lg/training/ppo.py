@@ -128,12 +128,18 @@ def recompute_behaviour(model: torch.nn.Module, buffer: RolloutBuffer, adapter_f
         by_adapter[adapter_for(r)].append(r)
     for adapter, recs in by_adapter.items():
         with only_adapter_trainable(model, adapter):
-            for batch in _inference_batches(recs, cfg, batch_size):
-                t = collate(batch, pad_id)
-                lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                                       chunk_size=cfg.logprob_chunk)
-                for b, r in enumerate(batch):
-                    r.behaviour_logprobs = lp[b][t["completion_mask"][b].bool()].tolist()
+            _fill_logprobs(model, recs, "behaviour_logprobs", cfg, pad_id, batch_size)
+
+
+def _fill_logprobs(model: torch.nn.Module, records: list[ActionRecord], field: str, cfg: MARFTConfig, pad_id: int,
+                   batch_size: int) -> None:
+    """Set `record.<field>` to its completion tokens' log-probs under the model as currently set."""
+    for batch in _inference_batches(records, cfg, batch_size):
+        t = collate(batch, pad_id)
+        lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
+                               chunk_size=cfg.logprob_chunk)
+        for b, r in enumerate(batch):
+            setattr(r, field, lp[b][t["completion_mask"][b].bool()].tolist())
 
 
 @torch.no_grad()
@@ -147,12 +153,7 @@ def reference_logprobs(model: torch.nn.Module, records: list[ActionRecord], cfg:
     if not todo:
         return
     with model.disable_adapter():
-        for batch in _inference_batches(todo, cfg, batch_size):
-            t = collate(batch, pad_id)
-            lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                                   chunk_size=cfg.logprob_chunk)
-            for b, r in enumerate(batch):
-                r.ref_logprobs = lp[b][t["completion_mask"][b].bool()].tolist()
+        _fill_logprobs(model, todo, "ref_logprobs", cfg, pad_id, batch_size)
 
 
 def compute_advantages(buffer: RolloutBuffer, cfg: MARFTConfig) -> None:

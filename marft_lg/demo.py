@@ -70,9 +70,9 @@ def _examples() -> Any:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     import examples.math_team as math_team
-    from examples.math_team import graph, problems, reward
+    from examples.math_team import graph, problems, reward, settings
 
-    math_team.graph, math_team.problems, math_team.reward = graph, problems, reward
+    math_team.graph, math_team.problems, math_team.reward, math_team.settings = graph, problems, reward, settings
     return math_team
 
 
@@ -135,7 +135,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
 
         trace_dir = trace_root / f"demo-{run_dir.name}"
         sampling = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
-                                                                  temperature=0.8)),
+                                                                  temperature=math_team.settings.ROLLOUT_TEMPERATURE)),
                         team=team, trace_dir=trace_dir)
 
         log.stage(f"2/8 run the untuned team on {len(train)} training problems (traced to {trace_dir})")
@@ -153,9 +153,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         console.print(f"{len(dataset)} episodes, actions per agent {per_agent}; untuned train reward {untuned_reward:.3f}")
 
         log.stage("4/8 offline MARFT from the traces")
-        # the settings of examples/math_team/learn.py, where the 20-minute learning evidence is measured
-        cfg = MARFTConfig(learning_rate=5e-4, update_scheme="simultaneous", use_critic=False, temperature=0.8,
-                          group_size=budget.group_size, ppo_epochs=1, num_minibatches=2, kl_cut=None, entropy_coef=0.0,
+        cfg = MARFTConfig(**math_team.settings.MARFT_SETTINGS, group_size=budget.group_size,
                           max_new_tokens=budget.max_tokens, max_context=1024, seed=seed,
                           offline_passes=budget.offline_passes, offline_episodes_per_iteration=max(8, n // 2),
                           checkpoint_every=1000,

@@ -22,6 +22,7 @@ import numpy as np
 from examples.math_team.graph import ROLES, build_graph
 from examples.math_team.problems import make_problems
 from examples.math_team.reward import math_reward
+from examples.math_team.settings import MARFT_SETTINGS
 
 
 def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float], dict[str, float]]:
@@ -47,10 +48,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--heldout", type=int, default=64)
     ap.add_argument("--k", type=int, default=4, help="episodes per train problem per iteration (group size)")
     ap.add_argument("--scenarios-per-iteration", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--ppo-epochs", type=int, default=1)
-    ap.add_argument("--minibatches", type=int, default=2)
-    ap.add_argument("--temperature", type=float, default=0.8, help="rollout sampling temperature")
+    ap.add_argument("--lr", type=float, default=MARFT_SETTINGS["learning_rate"])
+    ap.add_argument("--ppo-epochs", type=int, default=MARFT_SETTINGS["ppo_epochs"])
+    ap.add_argument("--minibatches", type=int, default=MARFT_SETTINGS["num_minibatches"])
+    ap.add_argument("--temperature", type=float, default=MARFT_SETTINGS["temperature"], help="rollout sampling temperature")
     ap.add_argument("--reasoner-tokens", type=int, default=32)
     ap.add_argument("--actor-tokens", type=int, default=24)
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -84,9 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     eval_s = time.perf_counter() - t0
     print(f"untuned held-out reward {np.mean(before):.3f} {before_comps} ({eval_s:.0f}s)")
 
-    cfg = MARFTConfig(learning_rate=args.lr, update_scheme="simultaneous", use_critic=False, group_size=args.k,
-                      ppo_epochs=args.ppo_epochs, num_minibatches=args.minibatches, kl_cut=None, entropy_coef=0.0,
-                      max_new_tokens=max_tokens, temperature=args.temperature, max_context=1024, seed=args.seed,
+    settings = {**MARFT_SETTINGS, "learning_rate": args.lr, "ppo_epochs": args.ppo_epochs,
+                "num_minibatches": args.minibatches, "temperature": args.temperature}
+    cfg = MARFTConfig(**settings, group_size=args.k, max_new_tokens=max_tokens, max_context=1024, seed=args.seed,
                       checkpoint_every=5, rollout_concurrency=args.k * args.scenarios_per_iteration)
     trainer = MARFTTrainer(team, reward, cfg, run / "train")
     deadline = time.perf_counter() + args.minutes * 60

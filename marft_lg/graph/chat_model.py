@@ -34,6 +34,11 @@ from marft_lg.tracing.messages import content_text, message_to_dict
 from marft_lg.tracing.recorder import UNRESOLVED_MODEL, agent_path
 
 
+def _may_stream(handler: Any) -> bool:
+    """Whether `handler` could be a LangChain streaming handler (has a ``tap_output_*`` method)."""
+    return getattr(handler, "tap_output_iter", None) is not None or getattr(handler, "tap_output_aiter", None) is not None
+
+
 class UnmappedNodeError(ValueError):
     """A call came from a node that has no agent role while ``unmapped="error"``."""
 
@@ -104,6 +109,17 @@ class TeamChatModel(BaseChatModel):
         if stop or self.stop:
             params["ls_stop"] = stop or self.stop
         return params
+
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        """LangChain's decision, minus its runtime-`Protocol` check for handlers that cannot stream.
+
+        Before Python 3.12, ``isinstance(handler, _StreamingCallbackHandler)`` costs ~20 µs per handler
+        and call (the tracer's handler is attached to every call); a handler without the protocol's
+        ``tap_output_iter`` / ``tap_output_aiter`` can never pass it, so it is not asked.
+        """
+        if run_manager is not None and not any(_may_stream(h) for h in run_manager.handlers):
+            run_manager = None
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
     # -- routing -------------------------------------------------------------------------------
     def _engine(self, route: routing.EpisodeRoute | None) -> Any:

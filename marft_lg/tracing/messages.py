@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -42,6 +43,26 @@ def message_to_dict(message: BaseMessage | dict[str, Any]) -> dict[str, Any]:
 
 def messages_to_dicts(messages: Sequence[BaseMessage | dict[str, Any]]) -> list[dict[str, Any]]:
     return [message_to_dict(m) for m in messages]
+
+
+_TEXT_ROLES = {"human": "user", "ai": "assistant", "system": "system"}
+
+
+def genai_text_messages_json(messages: Sequence[Any]) -> str | None:
+    """``to_genai_messages(messages_to_dicts(messages))`` for plain-text LangChain messages, without the dicts.
+
+    None when a message is anything else (tool calls, tool results, content blocks, dicts): use the
+    general path then. The bytes are the same as the general path's.
+    """
+    items = []
+    for m in messages:
+        role = _TEXT_ROLES.get(getattr(m, "type", None))
+        content = getattr(m, "content", None)
+        if role is None or type(content) is not str or (role == "assistant" and m.tool_calls):
+            return None
+        part = '{"type": "text", "content": ' + encode_basestring(content) + "}" if content else ""
+        items.append('{"role": "' + role + '", "parts": [' + part + "]}")
+    return "[" + ", ".join(items) + "]"
 
 
 def redact_value(value: Any, redact: Callable[[str], str] | None) -> Any:

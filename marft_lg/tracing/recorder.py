@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
+from json.encoder import encode_basestring, encode_basestring_ascii
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -22,6 +22,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
     content_text,
+    genai_text_messages_json,
     messages_to_dicts,
     redact_messages,
     redact_value,
@@ -304,8 +305,10 @@ class EpisodeRecorder(BaseCallbackHandler):
         if stop:
             attrs[A.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop] if isinstance(stop, str) else [str(s) for s in stop]
         if self.info.capture_messages and messages:
-            chat = redact_messages(messages_to_dicts(messages[0]), self.info.redact)
-            attrs[A.GEN_AI_INPUT_MESSAGES] = A.to_genai_messages(chat)
+            text = genai_text_messages_json(messages[0]) if self.info.redact is None else None
+            if text is None:
+                text = A.to_genai_messages(redact_messages(messages_to_dicts(messages[0]), self.info.redact))
+            attrs[A.GEN_AI_INPUT_MESSAGES] = text
         parent = self._parent_span(parent_run_id, md)
         self._open(run_id, f"{A.OP_CHAT} {model}", parent, KIND_CLIENT, attrs)
         self._t0[run_id] = time.perf_counter()
@@ -342,10 +345,15 @@ class EpisodeRecorder(BaseCallbackHandler):
         if tool_calls or invalid:
             attrs[A.MARFT_TOOL_CALLS] = _json(redact_value(tool_calls + invalid, self.info.redact))
         if self.info.capture_messages:
-            out = {"role": "assistant", "content": text}
-            if tool_calls:
-                out["tool_calls"] = tool_calls
-            attrs[A.GEN_AI_OUTPUT_MESSAGES] = A.to_genai_messages(redact_messages([out], self.info.redact))
+            if tool_calls or self.info.redact is not None:
+                out = {"role": "assistant", "content": text}
+                if tool_calls:
+                    out["tool_calls"] = tool_calls
+                attrs[A.GEN_AI_OUTPUT_MESSAGES] = A.to_genai_messages(redact_messages([out], self.info.redact))
+            else:
+                attrs[A.GEN_AI_OUTPUT_MESSAGES] = (
+                    '[{"role": "assistant", "parts": [{"type": "text", "content": ' + encode_basestring(text) + "}]}]"
+                    if text else '[{"role": "assistant", "parts": []}]')
         prompt_ids = meta.get("prompt_token_ids")
         completion_ids = meta.get("completion_token_ids")
         logprobs = meta.get("logprobs")

@@ -9,3 +9,6 @@ MARFT_SETTINGS = {
     "learning_rate": 5e-4, "update_scheme": "simultaneous", "use_critic": False, "temperature": ROLLOUT_TEMPERATURE,
     "ppo_epochs": 1, "num_minibatches": 2, "kl_cut": None, "entropy_coef": 0.0,
 }
+
+# Per-agent reply caps: the reasoner's set-up fits in 32 tokens, the actor's boxed answer in 24.
+REPLY_TOKENS = {"reasoner_tokens": 32, "actor_tokens": 24}

@@ -235,6 +235,26 @@ def _console():
         return Plain()
 
 
+NOTE = ("'runs' = the latest `python benchmarks/mining.py` (spans_per_s: wall; spans_per_cpu_s: CPU time of the"
+        " process and its workers; peak_rss_mb: RSS summed over the process and its workers). 'before' = the"
+        " one-process miner on an idle 16-core Xeon pinned to 2 cores; 'history' = earlier measurements kept for"
+        " comparison (those under load say so).")
+
+
+def _with_history(results: dict, out: Path) -> dict:
+    """The new results, keeping the 'before' section and earlier runs of an existing results file."""
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    history = dict(previous.get("history", {}))
+    for key, value in previous.items():
+        if key not in ("note", "targets", "before", "history", "machine", "runs"):
+            history.setdefault(key, value)
+    if "runs" in previous:
+        history[f"previous_run_{previous.get('machine', {}).get('finished', 'unknown')}"] = {
+            "machine": previous.get("machine"), "runs": previous["runs"]}
+    return {"note": NOTE, **results, **({"before": previous["before"]} if "before" in previous else {}),
+            "history": history}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
@@ -281,12 +301,13 @@ def main() -> None:
                               f" (parent {run['parent_peak_rss_mb']:.0f}, largest worker {run['largest_worker_peak_rss_mb']:.0f}),"
                               f" {run['episodes']:,} episodes, {run['actions']:,} actions")
     results["machine"]["load_average_at_end"] = os.getloadavg()
+    results["machine"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.workdir is None:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    args.out.write_text(json.dumps(_with_history(results, args.out), indent=2) + "\n")
     console.print(f"wrote {args.out}")
 
 

@@ -15,39 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-EPISODE_COLUMNS: tuple[str, ...] = (
-    "episode_id",
-    "scenario_id",
-    "start_time",  # pandas Timestamp, UTC
-    "end_time",
-    "n_actions",
-    "agents",  # list[str], in order of first action
-    "status",  # "ok" | "error"
-    "outcome",  # JSON string of the final graph output, or None
-    "feedback",  # dict name -> value (latest wins), from record_feedback
-    "metadata",  # dict: user metadata given to the wrapped invoke (mirror pair ids live here too)
-)
-
-ACTION_COLUMNS: tuple[str, ...] = (
-    "episode_id",
-    "order",  # 0..n-1 within the episode
-    "step",  # LangGraph super-step, or None
-    "agent",  # role (node name, namespaced for subgraphs)
-    "span_id",  # hex
-    "messages",  # list of {"role","content",...}: the prompt in chat form
-    "completion",  # str
-    "prompt_token_ids",  # list[int] or None
-    "completion_token_ids",  # list[int] or None
-    "completion_logprobs",  # list[float] or None (source had none)
-    "depends_on",  # list[int]: orders of earlier actions this one could see
-    "tool_calls",  # list of {"name","args","id","result","error"}
-    "tool_errors",  # int: failed tool calls issued by this action
-    "input_tokens",
-    "output_tokens",
-    "latency_s",
-    "model",
-    "adapter_version",
-)
+from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 
 
 @dataclass

@@ -14,23 +14,28 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from marft_lg.trajectories.assembly import group_episodes
-from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, TrajectoryDataset
+from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
     assemble_batches,
     decode_tokens,
     feedback_index,
+    gc_paused,
     new_columns,
     quarantine_orphan_feedback,
     read_spans,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.token_columns import TokenColumn
+
+if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining workers never need it
+    import pandas as pd
+
+    from marft_lg.trajectories.dataset import TrajectoryDataset
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 
@@ -78,17 +83,18 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     episode_rows: list[dict] = []
     action_cols: dict[str, list] = new_columns()
-    for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                               chunk_actions=20_000):
-        episode_rows.extend(rows)
-        for name, values in cols.items():
-            if isinstance(values, TokenColumn):
-                values = values.to_lists()
-            elif name in _INTERNED:  # one shared copy per name, also for rows that came from a worker
-                values = [_intern(v) for v in values]
-            action_cols[name].extend(values)
-        del rows, cols
-    return _to_dataset(episode_rows, action_cols), report
+    with gc_paused():
+        for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
+                                   chunk_actions=20_000):
+            episode_rows.extend(rows)
+            for name, values in cols.items():
+                if isinstance(values, TokenColumn):
+                    values = values.to_lists()
+                elif name in _INTERNED:  # one shared copy per name, also for rows that came from a worker
+                    values = [_intern(v) for v in values]
+                action_cols[name].extend(values)
+            del rows, cols
+        return _to_dataset(episode_rows, action_cols), report
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
@@ -101,7 +107,7 @@ def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str 
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
-    with DatasetParquetWriter(out) as writer:
+    with gc_paused(), DatasetParquetWriter(out) as writer:
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
                                    chunk_actions=chunk_actions, parts=writer.append_parts):
             writer.write(rows, cols)
@@ -212,17 +218,26 @@ def _intern(value: object) -> object:
 
 
 def _to_dataset(episode_rows: list[dict], action_cols: dict[str, list]) -> TrajectoryDataset:
+    import pandas as pd
+
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+
     extra_e = ["source_format", "trace_ids"]
     episodes = pd.DataFrame(episode_rows, columns=[*EPISODE_COLUMNS, *extra_e])
     for col in ("start_time", "end_time"):
         episodes[col] = pd.to_datetime(episodes[col].astype("int64"), unit="ns", utc=True)
     episodes["n_actions"] = episodes["n_actions"].astype("int64")
-    actions = pd.DataFrame(action_cols, columns=[*ACTION_COLUMNS, "trace_id"])
-    action_cols.clear()
-    actions["order"] = actions["order"].astype("int64")
-    actions["tool_errors"] = actions["tool_errors"].astype("int64")
-    actions["step"] = actions["step"].astype("Int64")
-    for col in ("input_tokens", "output_tokens"):
-        actions[col] = actions[col].astype("Int64")
-    actions["latency_s"] = actions["latency_s"].astype("float64")
+    columns: dict[str, pd.Series] = {}
+    for name in [*ACTION_COLUMNS, "trace_id"]:  # one column at a time: each list is freed once converted
+        dtype = _ACTION_DTYPES.get(name)
+        values = action_cols.pop(name)
+        columns[name] = pd.Series(values, dtype=None if dtype == "Int64" else dtype)
+        del values
+        if dtype == "Int64":
+            columns[name] = columns[name].astype("Int64")
+    actions = pd.DataFrame(columns, copy=False)
     return TrajectoryDataset(episodes=episodes, actions=actions)
+
+
+_ACTION_DTYPES = {"order": "int64", "tool_errors": "int64", "step": "Int64", "input_tokens": "Int64",
+                  "output_tokens": "Int64", "latency_s": "float64"}

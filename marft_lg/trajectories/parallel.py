@@ -35,6 +35,7 @@ from marft_lg.trajectories.pipeline import (
     assemble_batches,
     decode_tokens,
     feedback_index,
+    gc_paused,
     read_spans,
     summarise_traces,
 )
@@ -119,7 +120,8 @@ def _start_method() -> str:
 def _worker_main(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, qpath: str | None,
                  counter: Any) -> None:
     try:
-        _work(conn, ranges, max_attribute_bytes, qpath, counter)
+        with gc_paused():  # a spawned worker does not inherit the caller's paused collector
+            _work(conn, ranges, max_attribute_bytes, qpath, counter)
     except BaseException:  # report, do not hang the parent
         conn.send(("error", traceback.format_exc()))
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 
 _TS = pa.timestamp("ns", tz="UTC")
 EPISODE_SCHEMA = pa.schema([

@@ -7,14 +7,16 @@ only this, the readers and the formats.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from marft_lg.trajectories.assembly import assemble_episode
-from marft_lg.trajectories.dataset import ACTION_COLUMNS
+from marft_lg.trajectories.columns import ACTION_COLUMNS
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import iter_raw_spans
@@ -25,6 +27,19 @@ SpanKey = tuple[str, str]
 ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 _INTERNED = frozenset({"agent", "model", "adapter_version"})
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while mining allocates millions of acyclic objects: every
+    collection walks everything allocated so far (15-25% of mining's CPU time); reference counting still frees."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
@@ -107,7 +122,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
     `agents` counts the kept actions per agent."""
     rows: list[dict] = []
-    cols = new_columns()
+    batch: list[dict[str, Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
     for key in sorted(episodes):
         built = assemble_episode(key, episodes.pop(key), q, stats)
@@ -122,18 +137,26 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         stats["episodes"] = stats.get("episodes", 0) + 1
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)
-        agents.update(a["agent"] for a in acts)
         for a in acts:
             for m in a["messages"]:
-                if isinstance(m, dict) and type(m.get("content")) is str:
-                    m["content"] = texts.setdefault(m["content"], m["content"])
-        for name, column in cols.items():
-            column.extend([_intern(a[name]) for a in acts] if name in _INTERNED else [a[name] for a in acts])
-        if len(cols["order"]) >= chunk_actions:
-            yield rows, cols
-            rows, cols, texts = [], new_columns(), {}
+                if type(m) is dict:
+                    text = m.get("content")
+                    if type(text) is str:
+                        m["content"] = texts.setdefault(text, text)
+        batch.extend(acts)
+        if len(batch) >= chunk_actions:
+            yield rows, _columns(batch, agents)
+            rows, batch, texts = [], [], {}
     if rows:
-        yield rows, cols
+        yield rows, _columns(batch, agents)
+
+
+def _columns(actions: list[dict[str, Any]], agents: Counter[str]) -> dict[str, list]:
+    """Action rows -> columns (short repeated strings shared); counts the actions per agent."""
+    cols = {name: [_intern(a[name]) for a in actions] if name in _INTERNED else [a[name] for a in actions]
+            for name in ACTION_FIELDS}
+    agents.update(cols["agent"])
+    return cols
 
 
 def decode_tokens(cols: dict[str, Any]) -> dict[str, Any]:

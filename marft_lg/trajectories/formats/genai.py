@@ -87,7 +87,29 @@ def _genai_messages(raw: Any) -> list[dict[str, Any]]:
     data = loads_json(raw) if isinstance(raw, str | bytes) else raw
     if not isinstance(data, list):
         raise ValueError("not a list of messages")
-    return from_genai_messages(data)
+    return _text_messages(data) or from_genai_messages(data)
+
+
+def _text_messages(data: list[Any]) -> list[dict[str, Any]] | None:
+    """`from_genai_messages` for messages of at most one text part each (nearly all prompts), without its
+    general loop; None when any message is anything else."""
+    out = []
+    for m in data:
+        if type(m) is not dict:
+            return None
+        parts = m.get("parts")
+        if type(parts) is not list or len(parts) > 1:
+            return None
+        if parts:
+            p = parts[0]
+            if type(p) is not dict or p.get("type") != "text":
+                return None
+            out.append({"role": m.get("role", "user"), "content": str(p.get("content", ""))})
+        elif "content" in m:
+            return None
+        else:
+            out.append({"role": m.get("role", "user"), "content": ""})
+    return out or None
 
 
 def input_messages(a: dict[str, Any]) -> list[dict[str, Any]]:

@@ -31,16 +31,8 @@ def parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
     info = base_info(raw, NAME)
     kind = str(a.get("openinference.span.kind", "")).upper()
-    meta = json_or(a.get("metadata"), {})
-    meta = meta if isinstance(meta, dict) else {}
-    node = meta.get("langgraph_node")
-    ns = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
-    info.agent = agent_from_checkpoint_ns(ns, node)
-    info.step = as_int(meta.get("langgraph_step"))
-    info.triggers = as_list(meta.get("langgraph_triggers"))
-    info.task = ns
-    info.session = a.get("session.id") or meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id")
-    info.scenario_id = meta.get("scenario_id")
+    meta, node, info.agent, info.step, info.triggers, info.task, session, info.scenario_id = _metadata(a.get("metadata"))
+    info.session = a.get("session.id") or session
     if kind == "LLM":
         info.kind = LLM
         info.messages, out = io_messages(a)
@@ -70,6 +62,33 @@ def parse(raw: RawSpan) -> SpanInfo:
     return info
 
 
+_MetaFields = tuple[dict[str, Any], Any, Any, int | None, list[str] | None, Any, Any, Any]
+_meta_cache: dict[str, _MetaFields] = {}
+_META_CACHE_SIZE = 4096
+
+
+def _metadata(value: Any) -> _MetaFields:
+    """(metadata dict, node, agent, step, triggers, task, session, scenario) from the `metadata` attribute. The
+    spans of one node run carry the same JSON text, so each distinct text is parsed once (the results are shared,
+    never mutated)."""
+    if type(value) is str:
+        hit = _meta_cache.get(value)
+        if hit is not None:
+            return hit
+    meta = json_or(value, {})
+    meta = meta if isinstance(meta, dict) else {}
+    node = meta.get("langgraph_node")
+    ns = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
+    out = (meta, node, agent_from_checkpoint_ns(ns, node), as_int(meta.get("langgraph_step")),
+           as_list(meta.get("langgraph_triggers")), ns,
+           meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id"), meta.get("scenario_id"))
+    if type(value) is str:
+        if len(_meta_cache) >= _META_CACHE_SIZE:
+            _meta_cache.clear()
+        _meta_cache[value] = out
+    return out
+
+
 _IN, _OUT = "llm.input_messages.", "llm.output_messages."
 
 
@@ -77,12 +96,45 @@ def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
     """`flat_messages` of the input and of the output side, in one pass over the attributes."""
     inputs: dict[int, dict[str, Any]] = {}
     outputs: dict[int, dict[str, Any]] = {}
+    cache = _key_cache
     for key, value in a.items():
-        if key.startswith(_IN):
-            _add_field(inputs, key[len(_IN):], value)
-        elif key.startswith(_OUT):
-            _add_field(outputs, key[len(_OUT):], value)
+        where = cache.get(key, _UNSEEN)
+        if where is _UNSEEN:
+            where = _message_key(key)
+        if where is None:
+            continue
+        output, idx, field = where
+        by_index = outputs if output else inputs
+        msg = by_index.get(idx)
+        if msg is None:
+            msg = by_index[idx] = {"role": "user", "content": ""}
+        if field == "role":
+            msg["role"] = value
+        elif field == "content":
+            msg["content"] = str(value)
+        else:
+            _set_field(msg, field, value)
     return [inputs[i] for i in sorted(inputs)], [outputs[i] for i in sorted(outputs)]
+
+
+_UNSEEN = object()
+_key_cache: dict[str, tuple[bool, int, str] | None] = {}  # attribute key -> (output side, index, field) or None
+_KEY_CACHE_SIZE = 8192
+
+
+def _message_key(key: str) -> tuple[bool, int, str] | None:
+    """Where an attribute key puts its value: (output side, message index, field), None for other keys
+    (remembered: the same few keys repeat on every LLM span)."""
+    where = None
+    for output, prefix in ((False, _IN), (True, _OUT)):
+        if key.startswith(prefix):
+            parsed = _index_and_field(key[len(prefix):])
+            where = None if parsed is None else (output, *parsed)
+            break
+    if len(_key_cache) >= _KEY_CACHE_SIZE:
+        _key_cache.clear()
+    _key_cache[key] = where
+    return where
 
 
 def flat_messages(a: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
@@ -95,20 +147,34 @@ def flat_messages(a: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
     return [by_index[i] for i in sorted(by_index)]
 
 
-def _add_field(by_index: dict[int, dict[str, Any]], key: str, value: Any) -> None:
-    """One `N.message.<field>` attribute into message N."""
+def _index_and_field(key: str) -> tuple[int, str] | None:
+    """`N.message.<field>` -> (N, field); None for anything else."""
     idx, _, rest = key.partition(".")
     if not idx.isdigit() or not rest.startswith("message."):
+        return None
+    return int(idx), rest[len("message."):]
+
+
+def _add_field(by_index: dict[int, dict[str, Any]], key: str, value: Any) -> None:
+    """One `N.message.<field>` attribute into message N."""
+    parsed = _index_and_field(key)
+    if parsed is None:
         return
-    field = rest[len("message."):]
-    msg = by_index.get(int(idx))
+    idx, field = parsed
+    msg = by_index.get(idx)
     if msg is None:
-        msg = by_index[int(idx)] = {"role": "user", "content": ""}
+        msg = by_index[idx] = {"role": "user", "content": ""}
     if field == "role":
         msg["role"] = value
     elif field == "content":
         msg["content"] = str(value)
-    elif field == "tool_call_id":
+    else:
+        _set_field(msg, field, value)
+
+
+def _set_field(msg: dict[str, Any], field: str, value: Any) -> None:
+    """A message field other than role and content."""
+    if field == "tool_call_id":
         msg["tool_call_id"] = value
     elif field.startswith("contents.") and field.endswith("message_content.text"):
         msg["content"] = str(msg.get("content") or "") + str(value)

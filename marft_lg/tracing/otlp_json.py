@@ -7,7 +7,8 @@ stays cheap: one dict per span, one JSON line per export batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -140,7 +141,7 @@ def value_json(value: Any) -> str:
     return json.dumps(any_value(value), ensure_ascii=False, separators=(",", ":"))
 
 
-def attributes_json(attributes: Mapping[str, Any]) -> str:
+def attributes_json(attributes: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> str:
     """Attributes -> the text of an OTLP ``KeyValue`` list (without brackets); None values are skipped.
 
     Short string values repeat across spans (episode id, agent, model, operation, ...): their
@@ -148,7 +149,7 @@ def attributes_json(attributes: Mapping[str, Any]) -> str:
     """
     parts = []
     append = parts.append
-    for k, v in attributes.items():
+    for k, v in attributes.items() if isinstance(attributes, Mapping) else attributes:
         kind = type(v)
         if kind is str:
             if len(v) > 128:  # long texts (messages, token ids) are unique: not worth remembering
@@ -188,6 +189,20 @@ _head = _Heads().__getitem__
 _MEMO: dict[str, dict[str, str]] = {}  # attribute name -> {short string value: its KeyValue text}
 
 
+def record_attributes_json(record: Any) -> str:
+    """A record's attributes as `attributes_json` text; its `AttrGroup` prefix is encoded once per group."""
+    group = record.group
+    if group is None:
+        return attributes_json(record.attributes)
+    text = group.text
+    if text is None:
+        text = group.text = attributes_json(group.attrs)
+    rest = attributes_json(islice(record.attributes.items(), len(group.attrs), None))
+    if not text:
+        return rest
+    return text + "," + rest if rest else text
+
+
 def encode_record(record: Any) -> str:
     """One `SpanRecord` -> OTLP/JSON ``Span`` text."""
     parent = f'"{record.parent_id:016x}"' if record.parent_id else '""'
@@ -200,7 +215,7 @@ def encode_record(record: Any) -> str:
             for ts, name, attrs in record.events) + "]"
     return (f'{{"traceId":"{record.trace_id:032x}","spanId":"{record.span_id:016x}","parentSpanId":{parent},'
             f'"name":{_str(record.name)},"kind":{record.kind},"startTimeUnixNano":"{record.start_ns}",'
-            f'"endTimeUnixNano":"{record.end_ns or record.start_ns}","attributes":[{attributes_json(record.attributes)}],'
+            f'"endTimeUnixNano":"{record.end_ns or record.start_ns}","attributes":[{record_attributes_json(record)}],'
             f'"status":{status}{events}}}')
 
 

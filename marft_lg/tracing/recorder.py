@@ -33,6 +33,7 @@ from marft_lg.tracing.records import (
     KIND_INTERNAL,
     STATUS_ERROR,
     STATUS_OK,
+    AttrGroup,
     SpanRecord,
     new_trace_id,
 )
@@ -119,7 +120,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         self._own: dict[int, SpanRecord] = {}  # run id -> span this recorder opened for it
         self._tasks: dict[str, SpanRecord] = {}  # langgraph checkpoint ns -> invoke_agent span
         self._t0: dict[int, float] = {}
-        self._attr_cache: dict[str, dict[str, Any]] = {}
+        self._attr_cache: dict[str, AttrGroup] = {}
         self.n_chat = 0
         self.n_errors = 0
         self.finished = False
@@ -193,15 +194,18 @@ class EpisodeRecorder(BaseCallbackHandler):
             span = self._tasks.get(metadata.get("langgraph_checkpoint_ns", ""))
         return span or self.root
 
-    def _graph_attrs(self, md: Mapping[str, Any]) -> dict[str, Any]:
-        """Episode + LangGraph task attributes, computed once per task (all its calls share them)."""
+    def _graph_attrs(self, md: Mapping[str, Any]) -> tuple[dict[str, Any], AttrGroup | None]:
+        """Episode + LangGraph task attributes, computed once per task (all its calls share them).
+
+        Returns a copy to add span attributes to, and the task's `AttrGroup` (encoded once per task).
+        """
         node = md.get("langgraph_node")
         if node is None:
-            return {A.MARFT_EPISODE_ID: self.info.episode_id}
+            return {A.MARFT_EPISODE_ID: self.info.episode_id}, None
         ns = md.get("langgraph_checkpoint_ns") or ""
         cached = self._attr_cache.get(ns)
-        if cached is not None and cached.get(A.MARFT_AGENT_NODE) is not None:
-            return dict(cached)
+        if cached is not None:
+            return dict(cached.attrs), cached
         attrs: dict[str, Any] = {A.MARFT_EPISODE_ID: self.info.episode_id}
         path = agent_path(ns, node)
         attrs[A.GEN_AI_AGENT_NAME] = path
@@ -216,11 +220,13 @@ class EpisodeRecorder(BaseCallbackHandler):
             last = ns.rsplit("|", 1)[-1]
             if ":" in last:
                 attrs[A.MARFT_LANGGRAPH_TASK_ID] = last.split(":", 1)[1]
-        self._attr_cache[ns] = attrs
-        return dict(attrs)
+        group = self._attr_cache[ns] = AttrGroup(attrs)
+        return dict(attrs), group
 
-    def _open(self, run_id: int, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any]) -> SpanRecord:
+    def _open(self, run_id: int, name: str, parent: SpanRecord, kind: int, attrs: dict[str, Any],
+              group: AttrGroup | None = None) -> SpanRecord:
         span = SpanRecord(self._trace_id, parent.span_id, name, kind, attrs)
+        span.group = group
         self._own[run_id] = span
         self._parent[run_id] = span
         return span
@@ -258,9 +264,9 @@ class EpisodeRecorder(BaseCallbackHandler):
         if not is_task:
             self._parent[run_id] = parent
             return
-        attrs = self._graph_attrs(md)
+        attrs, group = self._graph_attrs(md)
         attrs[A.GEN_AI_OPERATION_NAME] = A.OP_AGENT
-        span = self._open(run_id, f"{A.OP_AGENT} {attrs[A.MARFT_AGENT_NODE]}", parent, KIND_INTERNAL, attrs)
+        span = self._open(run_id, f"{A.OP_AGENT} {attrs[A.MARFT_AGENT_NODE]}", parent, KIND_INTERNAL, attrs, group)
         self._tasks[ns] = span
 
     def on_chain_end(self, outputs, *, run_id, **kwargs):
@@ -290,7 +296,7 @@ class EpisodeRecorder(BaseCallbackHandler):
             or (serialized or {}).get("name")
             or "unknown"
         )
-        attrs = self._graph_attrs(md)
+        attrs, group = self._graph_attrs(md)
         attrs[A.GEN_AI_OPERATION_NAME] = A.OP_CHAT
         attrs[A.GEN_AI_PROVIDER_NAME] = str(md.get("ls_provider") or params.get("_type") or "langchain")
         attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
@@ -310,7 +316,7 @@ class EpisodeRecorder(BaseCallbackHandler):
                 text = A.to_genai_messages(redact_messages(messages_to_dicts(messages[0]), self.info.redact))
             attrs[A.GEN_AI_INPUT_MESSAGES] = text
         parent = self._parent_span(parent_run_id, md)
-        self._open(run_id, f"{A.OP_CHAT} {model}", parent, KIND_CLIENT, attrs)
+        self._open(run_id, f"{A.OP_CHAT} {model}", parent, KIND_CLIENT, attrs, group)
         self._t0[run_id] = time.perf_counter()
         self.n_chat += 1
 
@@ -369,8 +375,11 @@ class EpisodeRecorder(BaseCallbackHandler):
             attrs[A.MARFT_ADAPTER_VERSION] = str(meta["adapter_version"])
         if "agent" in meta:
             attrs[A.MARFT_ADAPTER_NAME] = meta.get("agent") or ""
-        if meta.get("role"):
-            attrs[A.MARFT_AGENT_ROLE] = meta["role"]
+        role = meta.get("role")
+        if role:
+            if type(role) is not str or attrs.get(A.MARFT_AGENT_ROLE) != role:
+                span.group = None  # a task attribute changes: this span's attributes are encoded on their own
+            attrs[A.MARFT_AGENT_ROLE] = role
         if meta.get("seed") is not None:
             attrs[A.GEN_AI_REQUEST_SEED] = int(meta["seed"])
         if meta.get("call_index") is not None:
@@ -405,7 +414,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         run_id, parent_run_id = run_id.int, parent_run_id.int if parent_run_id is not None else None
         md = metadata or {}
         tool = kwargs.get("name") or (serialized or {}).get("name") or "tool"
-        attrs = self._graph_attrs(md)
+        attrs, group = self._graph_attrs(md)
         attrs[A.GEN_AI_OPERATION_NAME] = A.OP_TOOL
         attrs[A.GEN_AI_TOOL_NAME] = str(tool)
         if kwargs.get("tool_call_id"):
@@ -413,7 +422,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         if self.info.capture_messages:
             args = kwargs.get("inputs")
             attrs[A.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(redact_value(args if args is not None else input_str, self.info.redact))
-        self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), KIND_INTERNAL, attrs)
+        self._open(run_id, f"{A.OP_TOOL} {tool}", self._parent_span(parent_run_id, md), KIND_INTERNAL, attrs, group)
 
     def on_tool_end(self, output, *, run_id, **kwargs):
         run_id = run_id.int

@@ -45,11 +45,25 @@ def new_span_id() -> int:
             return value
 
 
+class AttrGroup:
+    """Attributes several spans start with (one LangGraph task's), encoded to OTLP/JSON once for all of them."""
+
+    __slots__ = ("attrs", "text")
+
+    def __init__(self, attrs: dict[str, Any]):
+        self.attrs = attrs
+        self.text: str | None = None  # filled by the encoder on first use
+
+
 class SpanRecord:
-    """One span as plain data; `attributes` is a dict of OTel attribute values (None values are skipped)."""
+    """One span as plain data; `attributes` is a dict of OTel attribute values (None values are skipped).
+
+    `group`: an `AttrGroup` whose items are the first items of `attributes`, unchanged (whoever
+    changes one of them sets `group` to None); the encoder then reuses the group's text.
+    """
 
     __slots__ = ("trace_id", "span_id", "parent_id", "name", "kind", "start_ns", "end_ns", "attributes",
-                 "status_code", "status_message", "events")
+                 "status_code", "status_message", "events", "group")
 
     def __init__(self, trace_id: int, parent_id: int, name: str, kind: int, attributes: dict[str, Any]):
         self.trace_id = trace_id
@@ -63,6 +77,7 @@ class SpanRecord:
         self.status_code = STATUS_UNSET
         self.status_message = ""
         self.events: list[tuple[int, str, dict[str, Any]]] | None = None
+        self.group: AttrGroup | None = None
 
     def set_status(self, code: int, message: str = "") -> None:
         """Set the status as the SDK does: OK is final; a message is kept only with ERROR."""

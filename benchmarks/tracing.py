@@ -1,12 +1,14 @@
 """Per-LLM-call overhead of `wrap` on a 4-node graph with an instant fake engine.
 
-Runs the same graph unwrapped, unwrapped with a no-op LangChain callback handler (the floor any
-callback-based tracer pays), and wrapped (TeamChatModel routing + spans to the JSONL file),
-interleaving the three so machine load hits all alike, and reports the median added latency per
-LLM call and the throughput ratio wrapped/unwrapped. Span encoding and file writes are counted in
-the wrapped window: the sink's background writer is off and the wrapped side drains the queue
-itself (one line per 512 spans, as the writer batches) plus a final flush. Optionally also with a
-fixed engine latency (`--latency-ms`). Results: benchmarks/results/tracing.json.
+Runs the same graph four ways, interleaved so machine load hits all alike: unwrapped; unwrapped with
+a no-op LangChain callback handler (what LangChain/LangGraph cost once *any* handler is attached);
+wrapped with the recorder's callbacks switched off by LangChain's ``ignore_*`` flags (wrap's
+per-episode set-up and routing); wrapped (routing + spans to the JSONL file). Reports the median
+added latency per LLM call, the throughput ratio wrapped/unwrapped from wall clock and from process
+CPU time, and the added CPU per call split into those parts. Span encoding and file writes are
+counted in the wrapped window: the sink's background writer is off and the wrapped side drains the
+queue itself (one line per 512 spans, as the writer batches) plus a final flush. Optionally also
+with a fixed engine latency (`--latency-ms`). Results: benchmarks/results/tracing.json.
 
     .venv/bin/python benchmarks/tracing.py --calls 1000
 """
@@ -33,6 +35,7 @@ from marft_lg.graph import TeamChatModel
 from marft_lg.graph.wrap import WrappedGraph
 from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.tracing.exporters import JsonLinesSpanExporter
+from marft_lg.tracing.recorder import EpisodeRecorder
 from marft_lg.tracing.sink import RecordSink
 
 NODES = ("planner", "researcher", "writer", "critic")
@@ -72,6 +75,23 @@ class NoopHandler(BaseCallbackHandler):
         pass
 
 
+class _IgnoringRecorder(EpisodeRecorder):
+    ignore_chain = ignore_llm = ignore_chat_model = True
+
+
+class SetupOnly(WrappedGraph):
+    """wrap() with its recorder's callbacks switched off by LangChain's own ``ignore_*`` flags.
+
+    LangChain still dispatches every event to the handler; only the recorder's method bodies do not
+    run: episode set-up + routing + dispatch, without recording.
+    """
+
+    def _begin(self, *args, **kwargs):
+        config, recorder = super()._begin(*args, **kwargs)
+        recorder.__class__ = _IgnoringRecorder
+        return config, recorder
+
+
 class State(TypedDict):
     msgs: Annotated[list, operator.add]
 
@@ -95,36 +115,55 @@ def measure(calls: int, latency_s: float, warmup: int = 10) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         sink = RecordSink(JsonLinesSpanExporter(tmp), schedule_delay_s=None)  # wrap()'s sink, writer thread off
         app = WrappedGraph(build(TeamChatModel(seed=0)), team=engine, sink=sink, trace_dir=tmp)
+        setup = SetupOnly(build(TeamChatModel(seed=0)), team=engine, sink=RecordSink(None, schedule_delay_s=None))
         for _ in range(warmup):
             plain.invoke({"msgs": ["go"]})
             plain.invoke({"msgs": ["go"]}, {"callbacks": [noop]})
+            setup.invoke({"msgs": ["go"]}, seed=0)
             app.invoke({"msgs": ["go"]}, seed=0)
         app.flush()
-        times: dict[str, list[float]] = {"plain": [], "noop": [], "wrapped": []}
+        times: dict[str, list[float]] = {"plain": [], "noop": [], "setup": [], "wrapped": []}
         cpu = dict.fromkeys(times, 0.0)
-        orders = [("plain", "noop", "wrapped"), ("wrapped", "plain", "noop"), ("noop", "wrapped", "plain")]
+        cpu_ep: dict[str, list[float]] = {k: [] for k in times}  # per-episode CPU (robust to load spikes)
+        drain_cpu = 0.0  # encoding + file writes, part of cpu["wrapped"]
+        orders = [("plain", "noop", "setup", "wrapped"), ("wrapped", "plain", "noop", "setup"),
+                  ("setup", "wrapped", "plain", "noop"), ("noop", "setup", "wrapped", "plain")]
         for i in track(range(episodes), description=f"latency {latency_s * 1000:.0f} ms", transient=True):
-            for which in orders[i % 3]:
+            for which in orders[i % 4]:
+                drained = 0.0
                 c0, t0 = time.process_time(), time.perf_counter()
                 if which == "plain":
                     plain.invoke({"msgs": ["go"]})
                 elif which == "noop":
                     plain.invoke({"msgs": ["go"]}, {"callbacks": [noop]})
+                elif which == "setup":
+                    setup.invoke({"msgs": ["go"]}, seed=0)
                 else:
                     app.invoke({"msgs": ["go"]}, seed=0)
                     if sink.pending >= sink.max_batch:
+                        d0 = time.process_time()
                         sink.drain()
+                        drained = time.process_time() - d0
+                        drain_cpu += drained
                 times[which].append(time.perf_counter() - t0)
-                cpu[which] += time.process_time() - c0
+                spent = time.process_time() - c0
+                cpu[which] += spent
+                cpu_ep[which].append(spent - drained)
         c0, t0 = time.process_time(), time.perf_counter()
         app.flush()
         flush_s = time.perf_counter() - t0
         cpu["wrapped"] += time.process_time() - c0
+        drain_cpu += time.process_time() - c0
         spans_bytes = sum(p.stat().st_size for p in Path(tmp).glob("*.jsonl"))
         app.close()
+        setup.close()
     total = {k: sum(v) for k, v in times.items()}
     total["wrapped"] += flush_s
     med = {k: statistics.median(v) / len(NODES) * 1000 for k, v in times.items()}
+    # Median per-episode CPU (drains happen in a few episodes only: spread evenly over all calls).
+    cpu_med = {k: statistics.median(v) / len(NODES) * 1000 for k, v in cpu_ep.items()}
+    drain_ms = drain_cpu / (episodes * len(NODES)) * 1000
+    cpu_med["wrapped"] += drain_ms
     n_calls = episodes * len(NODES)
     return {
         "engine_latency_ms": latency_s * 1000,
@@ -143,6 +182,19 @@ def measure(calls: int, latency_s: float, warmup: int = 10) -> dict:
         "cpu_added_ms_per_call": (cpu["wrapped"] - cpu["plain"]) / n_calls * 1000,
         "cpu_added_ms_per_call_noop_handler": (cpu["noop"] - cpu["plain"]) / n_calls * 1000,
         "cpu_throughput_ratio": cpu["plain"] / cpu["wrapped"],
+        # Where the added CPU goes: LangChain/LangGraph's cost of any attached handler (the no-op one),
+        # marft_lg's callbacks + per-episode set-up, and the span encoding + file writes.
+        # The same from median per-episode CPU (+ encoding/writes spread over all calls): steadier under load.
+        "cpu_median_ms_per_call_unwrapped": cpu_med["plain"],
+        "cpu_median_ms_per_call_noop_handler": cpu_med["noop"],
+        "cpu_median_ms_per_call_wrapped": cpu_med["wrapped"],
+        "cpu_median_throughput_ratio": cpu_med["plain"] / cpu_med["wrapped"],
+        "cpu_median_throughput_ratio_noop_handler": cpu_med["plain"] / cpu_med["noop"],
+        "cpu_ms_per_call_budget_for_0.95": cpu_med["plain"] / 0.95 - cpu_med["plain"],
+        "cpu_ms_per_call_langchain_handler_floor": cpu_med["noop"] - cpu_med["plain"],
+        "cpu_ms_per_call_wrap_episode_setup_and_routing": cpu_med["setup"] - cpu_med["noop"],
+        "cpu_ms_per_call_recorder_callbacks": cpu_med["wrapped"] - drain_ms - cpu_med["setup"],
+        "cpu_ms_per_call_encode_and_write": drain_ms,
         "cpu_throughput_ratio_noop_handler": cpu["plain"] / cpu["noop"],
         # On an idle core a call costs its CPU time plus the engine's latency: the ratio to expect there.
         "idle_core_throughput_ratio_estimate": (latency_s * n_calls + cpu["plain"]) / (latency_s * n_calls + cpu["wrapped"]),
@@ -187,6 +239,18 @@ def main() -> None:
                       f"{r['cpu_throughput_ratio']:.3f}", f"{r['cpu_added_ms_per_call_noop_handler']:.3f} ms",
                       f"{r['cpu_throughput_ratio_noop_handler']:.3f}")
     Console().print(table)
+    parts = Table(title="added CPU per LLM call, by part (median episodes)")
+    for col in ("engine latency", "ratio (median CPU)", "budget for 0.95", "LangChain: any handler",
+                "wrap: episode set-up + routing", "recorder callbacks", "encode + write"):
+        parts.add_column(col)
+    for r in runs:
+        parts.add_row(f"{r['engine_latency_ms']:.0f} ms", f"{r['cpu_median_throughput_ratio']:.3f}",
+                      f"{r['cpu_ms_per_call_budget_for_0.95']:.3f} ms",
+                      f"{r['cpu_ms_per_call_langchain_handler_floor']:.3f} ms",
+                      f"{r['cpu_ms_per_call_wrap_episode_setup_and_routing']:.3f} ms",
+                      f"{r['cpu_ms_per_call_recorder_callbacks']:.3f} ms",
+                      f"{r['cpu_ms_per_call_encode_and_write']:.3f} ms")
+    Console().print(parts)
 
 
 def _load() -> float | None:

@@ -38,10 +38,10 @@ class DemoBudget:
 # Calibrated on 2 CPU cores, where the embedded engine runs a math episode (two calls of up to 48
 # tokens) in about 6 s when 8 run together and a PPO iteration over 16 episodes takes about a minute.
 BUDGETS: dict[str, DemoBudget] = {
-    "full": DemoBudget("full", 15, n_train=12, n_heldout=24, traces_per_problem=2, offline_passes=1,
-                       online_iterations=20, online_minutes=5.0, scenarios_per_iteration=4, group_size=4,
-                       max_tokens=48),
-    "quick": DemoBudget("quick", 5, n_train=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
+    "full": DemoBudget("full", 15, n_train=16, n_heldout=48, traces_per_problem=2, offline_passes=1,
+                       online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,
+                       max_tokens=32),
+    "quick": DemoBudget("quick", 3, n_train=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
                         online_iterations=2, online_minutes=0.5, scenarios_per_iteration=2, group_size=2,
                         max_tokens=32),
     # CI's end-to-end test: every stage runs, on as little work as still exercises it.
@@ -134,13 +134,15 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         console.print(f"team {roles} on one base model; live = {untuned}")
 
         trace_dir = trace_root / f"demo-{run_dir.name}"
+        caps = {k: min(v, budget.max_tokens) for k, v in math_team.settings.REPLY_TOKENS.items()}
         sampling = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
-                                                                  temperature=math_team.settings.ROLLOUT_TEMPERATURE)),
+                                                                  temperature=math_team.settings.ROLLOUT_TEMPERATURE),
+                                                    **caps),
                         team=team, trace_dir=trace_dir)
 
         log.stage(f"2/8 run the untuned team on {len(train)} training problems (traced to {trace_dir})")
         jobs = [(s, k) for k in range(budget.traces_per_problem) for s in train]
-        n = _run_episodes(sampling, jobs, seed=seed, console=console)
+        n = _run_episodes(sampling, jobs, seed=seed, console=console, concurrency=min(len(jobs), 32))
         log.record("traced", episodes=n, trace_dir=str(trace_dir))
 
         log.stage("3/8 mine the traces into multi-agent trajectories")
@@ -179,10 +181,10 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
 
         log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
         greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
-                                                                temperature=0.0)),
+                                                                temperature=0.0), **caps),
                       team=team, trace_dir=trace_dir / "compare")
         result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
-                                run_id=f"demo-{run_dir.name}")
+                                run_id=f"demo-{run_dir.name}", concurrency=min(2 * len(heldout), 48))
         log.record("compare", **result.to_dict())
 
         log.stage("7/8 promotion gate")
@@ -284,8 +286,8 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
 
 
 def demo(
-    quick: bool = typer.Option(False, "--quick", help="About 5 minutes: smaller, and says so in the report."),
-    budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~5 min) or smoke (~2 min, for CI)."),
+    quick: bool = typer.Option(False, "--quick", help="About 3 minutes: smaller, and says so in the report."),
+    budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~3 min) or smoke (~2 min, for CI)."),
     run_dir: Path | None = typer.Option(None, help="Run directory (default runs/demo-<timestamp>)."),
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
     seed: int = typer.Option(0, help="Seed for problems, sampling and training."),

@@ -217,6 +217,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "training.json"))
     ap.add_argument("--case")
     ap.add_argument("--kw")
+    ap.add_argument("--only", default="", help="comma-separated result keys to re-measure (ppo_step_rss, throughput_mixed, "
+                    "throughput, logprob_memory); the others are kept from --out")
     args = ap.parse_args()
     from marft_lg.serving.models import resolve_model
 
@@ -229,41 +231,52 @@ def main() -> None:
     shape = {"prompt_len": 64 if q else 192, "completion_len": 32 if q else 64}
     from rich.progress import Progress
 
-    results: dict = {"model": args.model, "quick": q, **shape, "complete": False}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    only = {c for c in args.only.split(",") if c}
+    kept = json.loads(out.read_text()) if only and out.exists() else {}
+    results: dict = {**kept, "model": args.model, "quick": q, **shape, "complete": False}
+    if only:
+        results["measured_now"] = sorted(only)
+
+    def wanted(case: str) -> bool:
+        return not only or case in only
 
     def save() -> None:  # after every case, so a long run that is stopped keeps what it measured
         out.write_text(json.dumps(results, indent=2))
 
     with Progress() as prog:
         task = prog.add_task("training benchmarks", total=6)
-        step = {"per_role": 4, "micro_batch_tokens": 2 * (shape["prompt_len"] + shape["completion_len"]), **shape}
-        one = _sub("ppo_step", n_agents=1, **step)
+        if wanted("ppo_step_rss"):
+            step = {"per_role": 4, "micro_batch_tokens": 2 * (shape["prompt_len"] + shape["completion_len"]), **shape}
+            one = _sub("ppo_step", n_agents=1, **step)
+            prog.advance(task)
+            four = _sub("ppo_step", n_agents=4, **step)
+            results["ppo_step_rss"] = {
+                "per_role": step["per_role"], "micro_batch_tokens": step["micro_batch_tokens"],
+                "one_agent": one, "four_agents": four, "ratio_4_vs_1": four["peak_rss_mb"] / one["peak_rss_mb"],
+                "growth_ratio_4_vs_1": ((four["peak_rss_mb"] - four["peak_before_update_mb"])
+                                        / max(one["peak_rss_mb"] - one["peak_before_update_mb"], 1e-9)),
+                "target": "<= 1.2"}
+            save()
+        prog.advance(task, 2 - prog.tasks[0].completed)
+        if wanted("throughput_mixed"):
+            results["throughput_mixed"] = {**_sub("throughput", per_role=4 if q else 8, repeats=1, mixed=True,
+                                                  prompt_len=0, completion_len=0), "target": ">= 0.7"}
+            save()
         prog.advance(task)
-        four = _sub("ppo_step", n_agents=4, **step)
+        if wanted("throughput"):
+            results["throughput"] = {**_sub("throughput", per_role=4, repeats=2, **shape), "target": ">= 0.7"}
+            save()
         prog.advance(task)
-        results["ppo_step_rss"] = {
-            "per_role": step["per_role"], "micro_batch_tokens": step["micro_batch_tokens"],
-            "one_agent": one, "four_agents": four, "ratio_4_vs_1": four["peak_rss_mb"] / one["peak_rss_mb"],
-            "growth_ratio_4_vs_1": ((four["peak_rss_mb"] - four["peak_before_update_mb"])
-                                    / max(one["peak_rss_mb"] - one["peak_before_update_mb"], 1e-9)),
-            "target": "<= 1.2"}
-        save()
-        results["throughput_mixed"] = {**_sub("throughput", per_role=4 if q else 8, repeats=1, mixed=True,
-                                              prompt_len=0, completion_len=0), "target": ">= 0.7"}
-        prog.advance(task)
-        save()
-        results["throughput"] = {**_sub("throughput", per_role=4, repeats=2, **shape), "target": ">= 0.7"}
-        prog.advance(task)
-        save()
-        lp_shape = {"batch": 2 if q else 4, "prompt_len": 64 if q else 128, "completion_len": 128 if q else 384}
-        chunked = _sub("logprob_memory", mode="chunked", **lp_shape)
-        prog.advance(task)
-        naive = _sub("logprob_memory", mode="naive", **lp_shape)
-        prog.advance(task)
-        results["logprob_memory"] = {**lp_shape, "chunked": chunked, "naive": naive,
-                                     "growth_ratio_chunked_vs_naive": chunked["growth_mb"] / max(naive["growth_mb"], 1e-9)}
+        if wanted("logprob_memory"):
+            lp_shape = {"batch": 2 if q else 4, "prompt_len": 64 if q else 128, "completion_len": 128 if q else 384}
+            chunked = _sub("logprob_memory", mode="chunked", **lp_shape)
+            prog.advance(task)
+            naive = _sub("logprob_memory", mode="naive", **lp_shape)
+            results["logprob_memory"] = {**lp_shape, "chunked": chunked, "naive": naive,
+                                         "growth_ratio_chunked_vs_naive": chunked["growth_mb"] / max(naive["growth_mb"], 1e-9)}
+        prog.advance(task, 6 - prog.tasks[0].completed)
         results["complete"] = True
         save()
     print(json.dumps(results, indent=2))

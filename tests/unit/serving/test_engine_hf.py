@@ -213,3 +213,25 @@ def test_one_adapter_batches_leave_other_adapters_intact(engine):
     assert alone2.completion_token_ids == mixed[1].completion_token_ids
     assert alone1.logprobs == pytest.approx(mixed[0].logprobs, abs=1e-4)
     assert alone2.logprobs == pytest.approx(mixed[1].logprobs, abs=1e-4)
+
+
+def test_mixed_batch_with_shared_prompts_runs_per_adapter_with_the_same_results(engine):
+    # two teams answering the same few-shot prompts (a shadow comparison): one batch per adapter, each
+    # prefilling its shared prefix once, instead of one mixed batch prefilling every prompt in full
+    reqs = [ChatRequest(m, max_tokens=2, seed=i, temperature=0.8, ignore_eos=True) for i, m in enumerate(SHARED)]
+    names = ["ad1"] * 3 + ["ad2"] * 3
+    before, prefix_before = engine.stats["split_batches"], engine.stats["shared_prefix_tokens"]
+    split = engine.generate(reqs + reqs, names)
+    assert engine.stats["split_batches"] == before + 1
+    assert engine.stats["shared_prefix_tokens"] - prefix_before >= 2 * 2 * 16
+    saved, engine.min_shared_prefix = engine.min_shared_prefix, 10**9
+    try:
+        mixed = engine.generate(reqs + reqs, names)
+    finally:
+        engine.min_shared_prefix = saved
+    assert engine.stats["split_batches"] == before + 1  # nothing to share: one mixed batch
+    for a, b, adapter in zip(split, mixed, names, strict=True):
+        assert a.completion_token_ids == b.completion_token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        expected, _ = _recompute(engine, a.prompt_token_ids, a.completion_token_ids, adapter)
+        assert torch.allclose(torch.tensor(a.logprobs), expected, atol=1e-4)

@@ -14,6 +14,18 @@ from marft_lg.trajectories.dataset import TrajectoryDataset
 BASE_ADAPTER = "__base__"  # peft's name for "adapters disabled" in mixed-adapter batches
 
 
+def _common_prefix(samples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """Prompt tokens all samples share, keeping at least one prompt token per sample after it."""
+    first = list(samples[0][0])
+    n = min(len(p) for p, _ in samples) - 1
+    for prompt, _ in samples[1:]:
+        k = 0
+        while k < n and prompt[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
 def mean_token_kl(
     model: Any,
     samples: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -23,21 +35,34 @@ def mean_token_kl(
     """Token-weighted mean of KL(p_a || p_b) over the completion positions of (prompt, completion) samples.
 
     `model` is a peft.PeftModel holding both adapters (None = base model). Returns (mean KL, tokens).
+    The prompt prefix all samples share (system prompt, few-shot turns) runs once per adapter and its
+    cache is cut back after each sample; logits are computed at the completion positions only.
     """
     import torch
+    from transformers import DynamicCache
 
-    total, count = 0.0, 0
+    samples = [(list(p), list(c)) for p, c in samples if len(p) and len(c)]
+    if not samples:
+        return float("nan"), 0
     names = [adapter_a or BASE_ADAPTER, adapter_b or BASE_ADAPTER]
+    kwargs = {"adapter_names": names} if hasattr(model, "peft_config") else {}
+    shared = _common_prefix(samples)
+    total, count = 0.0, 0
     with torch.no_grad():
+        cache = None
+        if shared:
+            cache = DynamicCache(config=getattr(model, "config", None))
+            model(input_ids=torch.tensor([samples[0][0][:shared]] * 2), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1, **kwargs)
         for prompt, completion in samples:
-            if not prompt or not completion:
-                continue
-            ids = torch.tensor([list(prompt) + list(completion)] * 2, dtype=torch.long)
-            kwargs = {"adapter_names": names} if hasattr(model, "peft_config") else {}
-            logits = model(input_ids=ids, **kwargs).logits.float()
-            # position t predicts token t+1: completion tokens are predicted from len(prompt)-1 on
-            start = len(prompt) - 1
-            lp = torch.log_softmax(logits[:, start: start + len(completion)], dim=-1)
+            ids = torch.tensor([prompt[shared:] + completion] * 2, dtype=torch.long)
+            positions = torch.arange(shared, shared + ids.shape[1])[None].expand(2, -1)
+            # the last len(completion)+1 positions; all but the last predict the completion tokens
+            logits = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=cache is not None,
+                           logits_to_keep=len(completion) + 1, **kwargs).logits[:, :-1].float()
+            if cache is not None:
+                cache.crop(shared)
+            lp = torch.log_softmax(logits, dim=-1)
             kl = (lp[0].exp() * (lp[0] - lp[1])).sum(-1)
             total += float(kl.sum())
             count += int(kl.numel())

@@ -74,3 +74,26 @@ def test_empty_samples_give_nan(team_and_registry):
     with team.exclusive() as model:
         kl, n = mean_token_kl(model, [([1, 2], [])], None, None)
     assert n == 0 and math.isnan(kl)
+
+
+@pytest.mark.parametrize("shared_text", ["You are a careful planner. Think step by step.", ""])
+def test_mean_token_kl_over_several_samples_matches_per_sample_computation(team_and_registry, shared_text):
+    # samples sharing a prompt prefix (run once, cache cut back per sample) and samples sharing none
+    team, _ = team_and_registry
+    a, b = team.adapter_name("writer", "v1"), team.adapter_name("writer", "v2")
+    tok = team.tokenizer
+    samples = [(tok.encode(shared_text + q, add_special_tokens=False), tok.encode(c, add_special_tokens=False))
+               for q, c in ((" plan a trip", " pack bags"), (" write a poem about rain", " drops"), ("Go", " now then"))]
+    with team.exclusive() as model:
+        kl, n = mean_token_kl(model, samples, a, b)
+        total, count = 0.0, 0
+        for prompt, completion in samples:
+            ids = torch.tensor([prompt + completion])
+            with torch.no_grad():
+                la = torch.log_softmax(model(input_ids=ids, adapter_names=[a]).logits[0], -1)
+                lb = torch.log_softmax(model(input_ids=ids, adapter_names=[b]).logits[0], -1)
+            s = len(prompt) - 1
+            per_token = (la[s:s + len(completion)].exp() * (la - lb)[s:s + len(completion)]).sum(-1)
+            total, count = total + float(per_token.sum()), count + len(completion)
+    assert n == count
+    assert kl == pytest.approx(total / count, rel=1e-4)

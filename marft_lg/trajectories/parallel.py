@@ -6,8 +6,10 @@
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
 3. Episodes whose traces all live in one worker are assembled there; the few that cross workers are
-   fetched and assembled by the parent. Workers leave their rows on disk (pickled, for `mine`; parquet
-   parts that the parent concatenates in worker order, for `mine_to_parquet`) and exit.
+   fetched and assembled by the parent. For `mine`, workers leave their rows on disk (pickled) and exit;
+   for `mine_to_parquet` they stream their batches to the parent, which writes one parquet part per
+   worker as they arrive and concatenates the parts in worker order. Only the parent loads pyarrow: its
+   allocator and code pages cost ~80 MB in every process that converts to Arrow.
 
 The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
 Quarantine records are the same too; only their order in the file differs (workers' in input order, then
@@ -38,6 +40,7 @@ from marft_lg.trajectories.pipeline import (
     gc_paused,
     read_spans,
     summarise_traces,
+    table_columns,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 
@@ -162,12 +165,10 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                     with open(part_dir, "wb") as fh:
                         for rows, cols in batches:
                             pickle.dump((rows, decode_tokens(cols)), fh, protocol=pickle.HIGHEST_PROTOCOL)
-                else:
-                    from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
-
-                    with DatasetParquetWriter(part_dir) as writer:
-                        for rows, cols in batches:
-                            writer.write(rows, decode_tokens(cols))
+                else:  # mine_to_parquet(): the parent writes the parquet part, so no worker loads pyarrow
+                    for rows, cols in batches:
+                        conn.send(("batch", *table_columns(rows, decode_tokens(cols))))
+                        del rows, cols
                 q.close()
                 conn.send(("done", st, seen, dict(q.counts), dict(agents)))
                 return
@@ -324,7 +325,7 @@ class ParallelRun:
         """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
         as `TokenColumn`s: the parent's, then (`mine`) the workers', which they pickle to disk and which are
         loaded only once the workers have exited, so that their span memory and the rows never add up.
-        In parquet mode the workers write parquet parts instead (`part_dirs`)."""
+        In parquet mode the workers stream their batches here and `part_dirs` holds them as parquet parts."""
         fb_index = feedback_index(self.feedback_spans, self.q)
         for i, conn in enumerate(self._conns):
             local = self._local[i]
@@ -337,8 +338,8 @@ class ParallelRun:
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
                                            self.agents):
             yield rows, decode_tokens(cols)
-        for i in range(len(self._conns)):
-            _, st, seen, qcounts, agents = self._recv(i)
+        done = self._write_parts() if self.parquet else [self._recv(i) for i in range(len(self._conns))]
+        for _, st, seen, qcounts, agents in done:
             self.agents.update(agents)
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
@@ -356,6 +357,28 @@ class ParallelRun:
                         except EOFError:
                             break
                 path.unlink()
+
+    def _write_parts(self) -> list[tuple]:
+        """Write the batches the workers stream back, each worker's to its own parquet part (in the order that
+        worker sent them), as they arrive; returns every worker's final "done" message, in worker order."""
+        from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
+
+        done: dict[int, tuple] = {}
+        writers = [DatasetParquetWriter(d) for d in self.part_dirs()]
+        try:
+            while len(done) < len(self._conns):
+                for conn in wait([c for i, c in enumerate(self._conns) if i not in done]):
+                    i = self._conns.index(conn)
+                    msg = self._recv(i)
+                    if msg[0] == "batch":
+                        writers[i].write_columns(msg[1], msg[2])
+                    else:
+                        done[i] = msg
+                    del msg
+        finally:
+            for w in writers:
+                w.close()
+        return [done[i] for i in range(len(self._conns))]
 
     def part_dirs(self) -> list[Path]:
         """Parquet parts written by the workers, in input order."""

@@ -7,14 +7,13 @@ renamed when complete, so a crash never leaves a half-written dataset behind.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.pipeline import ACTION_FIELDS, EPISODE_FIELDS, table_columns
 
 _TS = pa.timestamp("ns", tz="UTC")
 EPISODE_SCHEMA = pa.schema([
@@ -32,18 +31,13 @@ ACTION_SCHEMA = pa.schema([
     ("output_tokens", pa.int64()), ("latency_s", pa.float64()), ("model", pa.string()),
     ("adapter_version", pa.string()), ("trace_id", pa.string()),
 ])
-_JSON_COLUMNS = frozenset({"feedback", "metadata", "messages", "tool_calls"})  # as TrajectoryDataset.to_parquet
-assert set(EPISODE_COLUMNS) <= set(EPISODE_SCHEMA.names) and set(ACTION_COLUMNS) <= set(ACTION_SCHEMA.names)
+assert EPISODE_SCHEMA.names == list(EPISODE_FIELDS) and ACTION_SCHEMA.names == list(ACTION_FIELDS)
 
 
 def _arrow(f: pa.Field, values: Any) -> pa.Array:
     if hasattr(values, "to_arrow"):  # a TokenColumn
         return values.to_arrow(f.type)
-    return pa.array(_as_json(values) if f.name in _JSON_COLUMNS else values, type=f.type)
-
-
-def _as_json(values: list[Any]) -> list[str | None]:
-    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
+    return pa.array(values, type=f.type)
 
 
 class DatasetParquetWriter:
@@ -61,10 +55,14 @@ class DatasetParquetWriter:
         return self._writers[name]
 
     def write(self, episode_rows: list[dict[str, Any]], action_columns: dict[str, list[Any]]) -> None:
-        if not episode_rows:
+        if episode_rows:
+            self.write_columns(*table_columns(episode_rows, action_columns))
+
+    def write_columns(self, episode_columns: dict[str, Any], action_columns: dict[str, Any]) -> None:
+        """Append a batch already in column form (`pipeline.table_columns`)."""
+        if not episode_columns["episode_id"]:
             return
-        episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_SCHEMA.names}
-        self._append("episodes", EPISODE_SCHEMA, episodes)
+        self._append("episodes", EPISODE_SCHEMA, episode_columns)
         self._append("actions", ACTION_SCHEMA, action_columns)
 
     def _append(self, name: str, schema: pa.Schema, columns: dict[str, Any]) -> None:

@@ -106,3 +106,20 @@ def test_samples_mined_by_several_workers(tmp_path):
     pd.testing.assert_frame_equal(one.actions, many.actions)
     pd.testing.assert_frame_equal(one.episodes, many.episodes)
     assert Counter(rep1.formats) == Counter(rep2.formats)
+
+
+def test_workers_stream_batches_that_the_parent_writes_in_order(tmp_path):
+    """Workers send their batches to the parent (no pyarrow in them); the parent writes several row groups per
+    worker part and the concatenated files hold exactly the one-process rows (episodes that cross workers come
+    first, assembled by the parent, so rows are compared in key order)."""
+    import pyarrow.parquet as pq
+
+    src = _damaged_input(tmp_path)
+    mine_to_parquet(src, tmp_path / "one", workers=1, chunk_actions=3)
+    mine_to_parquet(src, tmp_path / "three", workers=3, chunk_actions=3)
+    for name, keys in (("episodes", ["episode_id"]), ("actions", ["episode_id", "order"])):
+        one, three = (pq.read_table(tmp_path / run / f"{name}.parquet").sort_by([(k, "ascending") for k in keys])
+                      for run in ("one", "three"))
+        assert one.num_rows > 0 and one.equals(three), name
+    groups = pq.ParquetFile(tmp_path / "three" / "actions.parquet").num_row_groups
+    assert groups > 3 + 1  # more than one batch per worker part (and the parent's own)

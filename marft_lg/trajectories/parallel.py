@@ -1,6 +1,6 @@
 """Mining on several cores: the input is cut into line-aligned byte ranges, one worker process per range.
 
-1. Each worker reads and interprets its range (`read_spans`) and sends back a `TraceSummary` per trace
+1. Each worker reads and interprets its range (`read_traces`) and sends back a `TraceSummary` per trace
    and its feedback spans; its spans stay in the worker.
 2. The parent finds traces read by more than one worker (a trace cut by a range boundary, or re-exported
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
@@ -38,7 +38,7 @@ from marft_lg.trajectories.pipeline import (
     decode_tokens,
     feedback_index,
     gc_paused,
-    read_spans,
+    read_traces,
     summarise_traces,
     table_columns,
 )
@@ -138,16 +138,23 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
     with Quarantine(qpath) as q:
         stats: dict[str, int] = {}
         formats: Counter[str] = Counter()
-        spans = read_spans(ranges, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                           progress=progress)
-        kept = len(spans)
-        by_trace: dict[str, list[SpanInfo]] = defaultdict(list)
+        traces = read_traces(ranges, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                             progress=progress)
+        kept = 0
+        by_trace: dict[str, list[SpanInfo]] = {}
         feedback: dict[str, list[SpanInfo]] = defaultdict(list)
-        for s in spans.values():
-            (feedback if s.kind == FEEDBACK else by_trace)[s.trace_id].append(s)
-        summaries = summarise_traces(spans.values())
-        del spans
+        for t in list(traces):
+            members = traces.pop(t)
+            kept += len(members)
+            spans = [s for s in members.values() if s.kind != FEEDBACK]
+            if len(spans) < len(members):
+                feedback[t] = [s for s in members.values() if s.kind == FEEDBACK]
+            if spans:
+                by_trace[t] = spans
+        del traces
+        summaries = summarise_traces(s for spans in by_trace.values() for s in spans)
         conn.send(("parsed", summaries, feedback, stats, dict(formats), kept))
+        del summaries
         while True:
             cmd, arg = conn.recv()
             if cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them

@@ -49,26 +49,53 @@ def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: d
                progress: Callable[[int], None] | None = None) -> dict[SpanKey, SpanInfo]:
     """Every usable span of `source` (paths or `FileRange`s) by (trace id, span id); re-exports are quarantined."""
     spans: dict[SpanKey, SpanInfo] = {}
+    for info in _first_copies(source, q, lambda t, s: spans.get((t, s)), max_attribute_bytes=max_attribute_bytes,
+                              stats=stats, formats=formats, progress=progress):
+        spans[(info.trace_id, info.span_id)] = info
+    return spans
+
+
+def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
+                progress: Callable[[int], None] | None = None) -> dict[str, dict[str, SpanInfo]]:
+    """`read_spans` as trace id -> span id -> span (read order): no (trace, span) key tuple per span, ~50 bytes
+    a span less, which is what a mining worker holds at its peak."""
+    traces: dict[str, dict[str, SpanInfo]] = {}
+
+    def find(trace_id: str, span_id: str) -> SpanInfo | None:
+        members = traces.get(trace_id)
+        return None if members is None else members.get(span_id)
+
+    for info in _first_copies(source, q, find, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                              progress=progress):
+        members = traces.get(info.trace_id)
+        if members is None:
+            members = traces[info.trace_id] = {}
+        members[info.span_id] = info
+    return traces
+
+
+def _first_copies(source: Any, q: Quarantine, find: Callable[[str, str], SpanInfo | None], *, max_attribute_bytes: int,
+                  stats: dict[str, int], formats: Counter[str],
+                  progress: Callable[[int], None] | None) -> Iterator[SpanInfo]:
+    """Interpreted spans, each to be stored by the caller before the next is read (`find` looks them up)."""
     n = 0
     for n, raw in enumerate(iter_raw_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
-        key = (raw.trace_id, raw.span_id)
-        first = spans.get(key)
+        first = find(raw.trace_id, raw.span_id)
         if first is not None:
             q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
                   detail=f"first read at {first.source}")
             continue
         info = interpret(raw)
         if info.parent_id is not None:  # share the parent's id string when it came first (65 bytes a span)
-            parent = spans.get((info.trace_id, info.parent_id))
+            parent = find(info.trace_id, info.parent_id)
             if parent is not None:
                 info.parent_id = parent.span_id
         formats[info.fmt] += 1
-        spans[key] = info
+        yield info
         if progress is not None and n % 10000 == 0:
             progress(n)
     if progress is not None:
         progress(n)
-    return spans
 
 
 @dataclass(slots=True)

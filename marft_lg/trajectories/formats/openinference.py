@@ -104,16 +104,7 @@ def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
         if where is None:
             continue
         output, idx, field = where
-        by_index = outputs if output else inputs
-        msg = by_index.get(idx)
-        if msg is None:
-            msg = by_index[idx] = {"role": "user", "content": ""}
-        if field == "role":
-            msg["role"] = value
-        elif field == "content":
-            msg["content"] = str(value)
-        else:
-            _set_field(msg, field, value)
+        _put(outputs if output else inputs, idx, field, value)
     return [inputs[i] for i in sorted(inputs)], [outputs[i] for i in sorted(outputs)]
 
 
@@ -160,7 +151,11 @@ def _add_field(by_index: dict[int, dict[str, Any]], key: str, value: Any) -> Non
     parsed = _index_and_field(key)
     if parsed is None:
         return
-    idx, field = parsed
+    _put(by_index, *parsed, value)
+
+
+def _put(by_index: dict[int, dict[str, Any]], idx: int, field: str, value: Any) -> None:
+    """Set `field` of message `idx`, creating the message on its first field."""
     msg = by_index.get(idx)
     if msg is None:
         msg = by_index[idx] = {"role": "user", "content": ""}

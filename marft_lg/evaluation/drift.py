@@ -9,21 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 BASE_ADAPTER = "__base__"  # peft's name for "adapters disabled" in mixed-adapter batches
-
-
-def _common_prefix(samples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
-    """Prompt tokens all samples share, keeping at least one prompt token per sample after it."""
-    first = list(samples[0][0])
-    n = min(len(p) for p, _ in samples) - 1
-    for prompt, _ in samples[1:]:
-        k = 0
-        while k < n and prompt[k] == first[k]:
-            k += 1
-        n = k
-    return max(n, 0)
 
 
 def mean_token_kl(
@@ -46,7 +35,7 @@ def mean_token_kl(
         return float("nan"), 0
     names = [adapter_a or BASE_ADAPTER, adapter_b or BASE_ADAPTER]
     kwargs = {"adapter_names": names} if hasattr(model, "peft_config") else {}
-    shared = _common_prefix(samples)
+    shared = common_prefix_length([p for p, _ in samples])
     total, count = 0.0, 0
     with torch.no_grad():
         cache = None

@@ -32,6 +32,7 @@ from typing import Any
 
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings, check_adapter_dir
+from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.serving.types import ChatRequest, Completion
 
 log = logging.getLogger(__name__)
@@ -361,14 +362,7 @@ class HFEngine:
         """
         if len(items) < 2 or len({it.adapter for it in items}) != 1:
             return 0
-        first = items[0].prompt_ids
-        n = min(len(it.prompt_ids) for it in items) - 1
-        for it in items[1:]:
-            ids = it.prompt_ids
-            k = 0
-            while k < n and ids[k] == first[k]:
-                k += 1
-            n = k
+        n = common_prefix_length([it.prompt_ids for it in items])
         return n if n >= self.min_shared_prefix else 0
 
     def _prefill(self, items: list[_Item], names: list[str], cache: Any) -> tuple[Any, Any, Any]:

@@ -235,3 +235,16 @@ def test_mixed_batch_with_shared_prompts_runs_per_adapter_with_the_same_results(
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         expected, _ = _recompute(engine, a.prompt_token_ids, a.completion_token_ids, adapter)
         assert torch.allclose(torch.tensor(a.logprobs), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(("sequences", "expected"), [
+    ([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]], 2),
+    ([[1, 2, 3], [1, 2, 3]], 2),  # identical: the last token stays out so each row has its own logits
+    ([[7, 1], [8, 1]], 0),
+    ([[5]], 0),
+    ([], 0),
+])
+def test_common_prefix_length(sequences, expected):
+    from marft_lg.serving.prefix import common_prefix_length
+
+    assert common_prefix_length(sequences) == expected

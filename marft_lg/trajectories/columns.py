@@ -3,6 +3,10 @@ worker processes need them, and not importing pandas there saves ~70 MB of memor
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from typing import Any
+
 EPISODE_COLUMNS: tuple[str, ...] = (
     "episode_id",
     "scenario_id",
@@ -36,3 +40,12 @@ ACTION_COLUMNS: tuple[str, ...] = (
     "model",
     "adapter_version",
 )
+
+# Columns holding dicts/nested lists of mixed types are stored as JSON text in parquet so that
+# round trips are exact whatever pyarrow infers.
+JSON_COLUMNS: frozenset[str] = frozenset({"feedback", "metadata", "messages", "tool_calls"})
+
+
+def json_texts(values: Iterable[Any]) -> list[str | None]:
+    """A JSON column's values as the JSON text parquet stores (None stays None)."""
+    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]

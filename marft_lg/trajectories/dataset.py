@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 
 
 @dataclass
@@ -109,18 +109,10 @@ class TrajectoryDataset:
         return cls(episodes=episodes, actions=actions)
 
 
-# Columns holding dicts/nested lists of mixed types are stored as JSON text in parquet so that
-# round trips are exact whatever pyarrow infers.
-_JSON_COLUMNS = ("feedback", "metadata", "messages", "tool_calls")
-
-
 def _to_parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    import json
-
     out = frame.copy()
-    for col in _JSON_COLUMNS:
-        if col in out.columns:
-            out[col] = [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in out[col]]
+    for col in JSON_COLUMNS & set(out.columns):
+        out[col] = json_texts(out[col])
     return out
 
 
@@ -130,9 +122,8 @@ def _from_parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
     import numpy as np
 
     out = frame.copy()
-    for col in _JSON_COLUMNS:
-        if col in out.columns:
-            out[col] = [None if v is None else json.loads(v) for v in out[col]]
+    for col in JSON_COLUMNS & set(out.columns):
+        out[col] = [None if v is None else json.loads(v) for v in out[col]]
     for col in out.columns:
         if out[col].dtype == object:
             out[col] = [v.tolist() if isinstance(v, np.ndarray) else v for v in out[col]]

@@ -8,7 +8,6 @@ depends only on the input's content: mining the same files twice gives identical
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
+    _intern,
     assemble_batches,
     decode_tokens,
     feedback_index,
@@ -211,10 +211,6 @@ def _watermark(since: datetime | str | None) -> int | None:
     if since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     return int(since.timestamp() * 1_000_000) * 1000
-
-
-def _intern(value: object) -> object:
-    return sys.intern(value) if isinstance(value, str) else value
 
 
 def _to_dataset(episode_rows: list[dict], action_cols: dict[str, list]) -> TrajectoryDataset:

@@ -8,7 +8,6 @@ only this, the readers and the formats.
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marft_lg.trajectories.assembly import assemble_episode
-from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import iter_raw_spans
@@ -27,7 +26,6 @@ from marft_lg.trajectories.token_columns import TokenColumn
 SpanKey = tuple[str, str]
 ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
-JSON_FIELDS = frozenset({"feedback", "metadata", "messages", "tool_calls"})  # JSON text in parquet
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 _INTERNED = frozenset({"agent", "model", "adapter_version"})
 
@@ -221,10 +219,10 @@ def _intern(value: object) -> object:
 
 
 def table_columns(episode_rows: list[dict[str, Any]], action_columns: dict[str, Any]) -> tuple[dict, dict]:
-    """A batch as the parquet tables' columns: episode rows to columns, `JSON_FIELDS` to JSON text (in place
+    """A batch as the parquet tables' columns: episode rows to columns, `JSON_COLUMNS` to JSON text (in place
     for the actions). Plain Python, so that mining workers prepare batches without loading pyarrow."""
     episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_FIELDS}
     for cols in (episodes, action_columns):
-        for name in JSON_FIELDS & cols.keys():
-            cols[name] = [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in cols[name]]
+        for name in JSON_COLUMNS & cols.keys():
+            cols[name] = json_texts(cols[name])
     return episodes, action_columns

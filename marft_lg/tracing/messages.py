@@ -60,9 +60,14 @@ def genai_text_messages_json(messages: Sequence[Any]) -> str | None:
         content = getattr(m, "content", None)
         if role is None or type(content) is not str or (role == "assistant" and m.tool_calls):
             return None
-        part = '{"type": "text", "content": ' + encode_basestring(content) + "}" if content else ""
-        items.append('{"role": "' + role + '", "parts": [' + part + "]}")
+        items.append(genai_text_message_json(role, content))
     return "[" + ", ".join(items) + "]"
+
+
+def genai_text_message_json(role: str, text: str) -> str:
+    """One GenAI message of role `role` with `text` as its only part (no part when empty), as JSON text."""
+    part = '{"type": "text", "content": ' + encode_basestring(text) + "}" if text else ""
+    return '{"role": "' + role + '", "parts": [' + part + "]}"
 
 
 def redact_value(value: Any, redact: Callable[[str], str] | None) -> Any:

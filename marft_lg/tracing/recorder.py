@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring, encode_basestring_ascii
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -22,6 +22,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
     content_text,
+    genai_text_message_json,
     genai_text_messages_json,
     messages_to_dicts,
     redact_messages,
@@ -357,9 +358,7 @@ class EpisodeRecorder(BaseCallbackHandler):
                     out["tool_calls"] = tool_calls
                 attrs[A.GEN_AI_OUTPUT_MESSAGES] = A.to_genai_messages(redact_messages([out], self.info.redact))
             else:
-                attrs[A.GEN_AI_OUTPUT_MESSAGES] = (
-                    '[{"role": "assistant", "parts": [{"type": "text", "content": ' + encode_basestring(text) + "}]}]"
-                    if text else '[{"role": "assistant", "parts": []}]')
+                attrs[A.GEN_AI_OUTPUT_MESSAGES] = "[" + genai_text_message_json("assistant", text) + "]"
         prompt_ids = meta.get("prompt_token_ids")
         completion_ids = meta.get("completion_token_ids")
         logprobs = meta.get("logprobs")

@@ -4,7 +4,7 @@ worker processes need them, and not importing pandas there saves ~70 MB of memor
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 EPISODE_COLUMNS: tuple[str, ...] = (
@@ -46,6 +46,29 @@ ACTION_COLUMNS: tuple[str, ...] = (
 JSON_COLUMNS: frozenset[str] = frozenset({"feedback", "metadata", "messages", "tool_calls"})
 
 
+def _json_encoder() -> Callable[[Any], str]:
+    """`json.dumps(v, ensure_ascii=False, default=str)` without building an encoder per value: the standard
+    library's C encoder made once (values from JSON are never circular), checked against `json.dumps`."""
+    plain = json.JSONEncoder(ensure_ascii=False, default=str).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    try:
+        iterencode = make(None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
+
+        def encode(v: Any) -> str:
+            return "".join(iterencode(v, 0))
+
+        probe = [{"a": [1, 2.5, None, True, float("nan")], "b": "é\n\u2028"}, "x", 3, {}]
+        if encode(probe) == plain(probe):
+            return encode
+    except Exception:  # another Python's private C API: the plain encoder gives the same text
+        pass
+    return plain
+
+
+_encode = _json_encoder()
+
+
 def json_texts(values: Iterable[Any]) -> list[str | None]:
     """A JSON column's values as the JSON text parquet stores (None stays None)."""
-    return [None if v is None else json.dumps(v, ensure_ascii=False, default=str) for v in values]
+    encode = _encode
+    return [None if v is None else encode(v) for v in values]

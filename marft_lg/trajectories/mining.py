@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining wo
     import pandas as pd
 
     from marft_lg.trajectories.dataset import TrajectoryDataset
+    from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 
@@ -109,7 +110,7 @@ def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     with gc_paused(), DatasetParquetWriter(out) as writer:
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=chunk_actions, parts=writer.append_parts):
+                                   chunk_actions=chunk_actions, writer=writer):
             writer.write(rows, cols)
         if report.episodes == 0:
             writer.abort()
@@ -132,9 +133,10 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
 
 def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None, max_attribute_bytes: int,
              progress: Callable[[int], None] | None, report: MiningReport, *, workers: int | None, chunk_actions: int,
-             parts: Callable[[list[Path]], None] | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+             writer: DatasetParquetWriter | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """(episode rows, action columns) batches, token columns as `TokenColumn`s; fills `report` at the end.
-    With `parts`, worker processes write their batches as parquet parts, handed to `parts` before cleanup."""
+    With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
+    as well: the first worker's as they arrive, the others' as parquet parts appended at the end."""
     watermark = _watermark(since)
     files = expand_paths(paths)
     n_workers = _worker_count(files, workers)
@@ -145,7 +147,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         groups = plan_ranges(files, n_workers)
     if len(groups) > 1:
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
-                                     chunk_actions=chunk_actions, parts=parts)
+                                     chunk_actions=chunk_actions, writer=writer)
         return
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
@@ -166,17 +168,17 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
 
 def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                       progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
-                      parts: Callable[[list[Path]], None] | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                      writer: DatasetParquetWriter | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
     from marft_lg.trajectories.parallel import ParallelRun
 
     run = ParallelRun(groups, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes, watermark=watermark,
-                      chunk_actions=chunk_actions, progress=progress, parquet=parts is not None)
+                      chunk_actions=chunk_actions, progress=progress, writer=writer)
     try:
         run.start()
         run.parse()
         yield from run.batches()
-        if parts is not None:
-            parts(run.part_dirs())
+        if writer is not None:
+            writer.append_parts(run.part_dirs())
         quarantine_orphan_feedback(run.feedback_spans, run.seen, run.q)
         run.finish_quarantine()
         _fill_report(report, run.stats, run.formats, run.spans_kept, run.q.counts, run.agents)

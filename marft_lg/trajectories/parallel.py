@@ -189,8 +189,9 @@ class ParallelRun:
 
     def __init__(self, groups: list[list[FileRange]], *, quarantine: str | Path | None, max_attribute_bytes: int,
                  watermark: int | None, chunk_actions: int, progress: Callable[[int], None] | None,
-                 parquet: bool = False):
-        self.groups, self.max_attribute_bytes, self.parquet = groups, max_attribute_bytes, parquet
+                 writer: Any = None):
+        self.groups, self.max_attribute_bytes = groups, max_attribute_bytes
+        self.writer, self.parquet = writer, writer is not None
         self.watermark, self.chunk_actions, self.progress = watermark, chunk_actions, progress
         self.quarantine_path = Path(quarantine) if quarantine is not None else None
         self._tmp = Path(tempfile.mkdtemp(prefix="marft-mine-"))
@@ -366,12 +367,13 @@ class ParallelRun:
                 path.unlink()
 
     def _write_parts(self) -> list[tuple]:
-        """Write the batches the workers stream back, each worker's to its own parquet part (in the order that
-        worker sent them), as they arrive; returns every worker's final "done" message, in worker order."""
+        """Write the batches the workers stream back as they arrive, in the order each worker sent them: the
+        first worker's straight into `writer` (after the parent's own batches), every other worker's to its own
+        parquet part (`part_dirs`); returns every worker's final "done" message, in worker order."""
         from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
         done: dict[int, tuple] = {}
-        writers = [DatasetParquetWriter(d) for d in self.part_dirs()]
+        writers = [self.writer, *(DatasetParquetWriter(d) for d in self.part_dirs())]
         try:
             while len(done) < len(self._conns):
                 for conn in wait([c for i, c in enumerate(self._conns) if i not in done]):
@@ -383,13 +385,13 @@ class ParallelRun:
                         done[i] = msg
                     del msg
         finally:
-            for w in writers:
+            for w in writers[1:]:
                 w.close()
         return [done[i] for i in range(len(self._conns))]
 
     def part_dirs(self) -> list[Path]:
-        """Parquet parts written by the workers, in input order."""
-        return [self._tmp / f"part-{i}" for i in range(len(self._conns))]
+        """Parquet parts written for the workers after the first, in input order."""
+        return [self._tmp / f"part-{i}" for i in range(1, len(self._conns))]
 
     def finish_quarantine(self) -> None:
         """Append the workers' quarantine records (in input order), then the parent's, to the quarantine file."""

@@ -193,10 +193,10 @@ def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
     for t in tools:
         task = tree.task_of(t)
         before = [i for i, c in enumerate(calls) if c.start_ns <= t.start_ns]
-        same_task = [i for i in before if tasks[i] == task]
-        requested = [i for i in before if any(tc.get("name") == t.tool_name or (t.tool_call_id and tc.get("id") == t.tool_call_id)
-                                              for tc in actions[i]["tool_calls"])]
-        pool = same_task or requested or before
+        pool = ([i for i in before if tasks[i] == task]  # the same node run, else a call that requested it
+                or [i for i in before if any(tc.get("name") == t.tool_name or (t.tool_call_id and tc.get("id") == t.tool_call_id)
+                                             for tc in actions[i]["tool_calls"])]
+                or before)
         if not pool:
             quarantine.add("tool_without_action", t.source, trace_id=t.trace_id, span_id=t.span_id,
                            detail=f"tool {t.tool_name!r} ran before any LLM call of its episode")
@@ -229,12 +229,13 @@ def _plain(value: Any) -> Any:
 
 
 def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
-    prompts = [messages_text(a["messages"]) for a in actions]
-    quoted = [(a["completion"] or "").strip() for a in actions]
-    for i in range(len(actions)):
-        deps: set[int] = {j for j in range(i) if tasks[j] == tasks[i]}
-        if steps[i] is not None:
-            earlier = [steps[j] for j in range(i) if steps[j] is not None and steps[j] < steps[i]]
+    quoted = [(j, text) for j, a in enumerate(actions)
+              if len(text := (a["completion"] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
+    for i, action in enumerate(actions):
+        task, step = tasks[i], steps[i]
+        deps: set[int] = {j for j in range(i) if tasks[j] == task}
+        if step is not None:
+            earlier = [s for s in steps[:i] if s is not None and s < step]
             if earlier:
                 prev = max(earlier)
                 last_of_task: dict[str, int] = {}
@@ -242,7 +243,11 @@ def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | Non
                     if steps[j] == prev:
                         last_of_task[tasks[j]] = j
                 deps.update(last_of_task.values())
-        for j in range(i):
-            if len(quoted[j]) >= MIN_QUOTED_COMPLETION_CHARS and quoted[j] in prompts[i]:
-                deps.add(j)
-        actions[i]["depends_on"] = sorted(deps)
+        if quoted and quoted[0][0] < i:
+            prompt = messages_text(action["messages"])
+            for j, text in quoted:
+                if j >= i:
+                    break
+                if text in prompt:
+                    deps.add(j)
+        action["depends_on"] = sorted(deps)

@@ -139,4 +139,4 @@ def messages_text(messages: list[dict[str, Any]] | None) -> str:
     """All message contents joined (what dependency detection searches earlier completions in)."""
     if not messages:
         return ""
-    return "\n".join(str(m.get("content") or "") for m in messages)
+    return "\n".join([str(m.get("content") or "") for m in messages])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from marft_lg.tracing.attributes import from_genai_messages
 from marft_lg.trajectories.formats.base import (
@@ -83,7 +85,40 @@ def materialise(info: SpanInfo) -> None:
     info.tool_calls = info.tool_calls or calls
 
 
+class _TextPart(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text"]
+    content: str
+
+
+class _TextMessage(msgspec.Struct, forbid_unknown_fields=True):
+    parts: list[_TextPart]
+    role: str = "user"
+
+
+_decode_text_messages = msgspec.json.Decoder(list[_TextMessage]).decode
+
+
+def _typed_text_messages(raw: str) -> list[dict[str, Any]] | None:
+    """`_text_messages` of JSON text decoded in one typed pass; None for anything but messages of at most one
+    text part each (exactly typed, no other keys), which the general path then reads."""
+    try:
+        data = _decode_text_messages(raw)
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        return None
+    out = []
+    for m in data:
+        parts = m.parts
+        if len(parts) > 1:
+            return None
+        out.append({"role": m.role, "content": parts[0].content if parts else ""})
+    return out or None
+
+
 def _genai_messages(raw: Any) -> list[dict[str, Any]]:
+    if type(raw) is str:
+        fast = _typed_text_messages(raw)
+        if fast is not None:
+            return fast
     data = loads_json(raw) if isinstance(raw, str | bytes) else raw
     if not isinstance(data, list):
         raise ValueError("not a list of messages")

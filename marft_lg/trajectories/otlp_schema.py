@@ -28,20 +28,20 @@ class _Reject(Exception):
     """The line is left to the tolerant reader."""
 
 
-class _KeyValue(Struct, forbid_unknown_fields=True):
+class _KeyValue(Struct, forbid_unknown_fields=True, gc=False):
     key: str
     value: _AnyValue
 
 
-class _ArrayValue(Struct, forbid_unknown_fields=True):
+class _ArrayValue(Struct, forbid_unknown_fields=True, gc=False):
     values: list[_AnyValue] = []
 
 
-class _KeyValueList(Struct, forbid_unknown_fields=True):
+class _KeyValueList(Struct, forbid_unknown_fields=True, gc=False):
     values: list[_KeyValue] = []
 
 
-class _AnyValue(Struct, forbid_unknown_fields=True, rename="camel"):
+class _AnyValue(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     string_value: str | UnsetType = UNSET
     int_value: int | str | UnsetType = UNSET
     double_value: float | UnsetType = UNSET
@@ -51,19 +51,19 @@ class _AnyValue(Struct, forbid_unknown_fields=True, rename="camel"):
     bytes_value: str | UnsetType = UNSET
 
 
-class _Status(Struct, forbid_unknown_fields=True):
+class _Status(Struct, forbid_unknown_fields=True, gc=False):
     code: int | str | UnsetType = UNSET
     message: str | UnsetType = UNSET
 
 
-class _Event(Struct, forbid_unknown_fields=True, rename="camel"):
+class _Event(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     name: str | None = None
     attributes: list[_KeyValue] | None = None
     time_unix_nano: Any = None
     dropped_attributes_count: Any = None
 
 
-class _Span(Struct, forbid_unknown_fields=True, rename="camel"):
+class _Span(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     trace_id: str
     span_id: str
     parent_span_id: str
@@ -82,19 +82,19 @@ class _Span(Struct, forbid_unknown_fields=True, rename="camel"):
     dropped_links_count: Any = None
 
 
-class _ScopeSpans(Struct, forbid_unknown_fields=True, rename="camel"):
+class _ScopeSpans(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     spans: list[_Span]
     scope: Any = None
     schema_url: Any = None
 
 
-class _ResourceSpans(Struct, forbid_unknown_fields=True, rename="camel"):
+class _ResourceSpans(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     scope_spans: list[_ScopeSpans]
     resource: Any = None
     schema_url: Any = None
 
 
-class _Request(Struct, forbid_unknown_fields=True, rename="camel"):
+class _Request(Struct, forbid_unknown_fields=True, gc=False, rename="camel"):
     resource_spans: list[_ResourceSpans]
 
 

@@ -57,9 +57,10 @@ class SpanInfo:
 
 def base_info(raw: RawSpan, fmt: str) -> SpanInfo:
     """The format-independent part of a span."""
-    return SpanInfo(trace_id=raw.trace_id, span_id=raw.span_id, parent_id=raw.parent_id, name=raw.name,
-                    start_ns=raw.start_ns, end_ns=raw.end_ns, source=raw.source, fmt=fmt, error=raw.error,
-                    error_message=error_message(raw) if raw.error else None)
+    if raw.error:  # positional: SpanInfo(trace_id, span_id, parent_id, name, start_ns, end_ns, source, fmt, kind, error, ...)
+        return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt,
+                        OTHER, True, error_message(raw))
+    return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt)
 
 
 def error_message(raw: RawSpan) -> str:

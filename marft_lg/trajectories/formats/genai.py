@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -77,6 +77,14 @@ def materialise(info: SpanInfo) -> None:
         return
     raw_in, raw_system, raw_out = info.raw_io
     info.raw_io = None
+    if raw_system is None and type(raw_in) is str and type(raw_out) is str:  # `input_messages`/`output_message`, typed
+        messages = _typed_messages(raw_in)
+        out = _typed_messages(raw_out)
+        if messages is not None and out is not None:
+            info.messages = messages
+            info.completion = out[-1]["content"]
+            info.tool_calls = info.tool_calls or out[-1].get("tool_calls") or None
+            return
     a = {k: v for k, v in (("gen_ai.input.messages", raw_in), ("gen_ai.system_instructions", raw_system),
                            ("gen_ai.output.messages", raw_out)) if v is not None}
     info.messages = input_messages(a)
@@ -85,38 +93,53 @@ def materialise(info: SpanInfo) -> None:
     info.tool_calls = info.tool_calls or calls
 
 
-class _TextPart(msgspec.Struct, forbid_unknown_fields=True):
-    type: Literal["text"]
+class _TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
     content: str
 
 
-class _TextMessage(msgspec.Struct, forbid_unknown_fields=True):
-    parts: list[_TextPart]
+class _ToolCallPart(msgspec.Struct, tag="tool_call", tag_field="type", forbid_unknown_fields=True):
+    id: str | None = None
+    name: str | None = None
+    arguments: msgspec.Raw = msgspec.Raw(b"null")  # parsed by orjson, as the general path does
+
+
+class _Message(msgspec.Struct, forbid_unknown_fields=True):
+    parts: list[_TextPart | _ToolCallPart]
     role: str = "user"
 
 
-_decode_text_messages = msgspec.json.Decoder(list[_TextMessage]).decode
+_decode_messages = msgspec.json.Decoder(list[_Message]).decode
 
 
-def _typed_text_messages(raw: str) -> list[dict[str, Any]] | None:
-    """`_text_messages` of JSON text decoded in one typed pass; None for anything but messages of at most one
-    text part each (exactly typed, no other keys), which the general path then reads."""
+def _typed_messages(raw: str) -> list[dict[str, Any]] | None:
+    """What `_genai_messages` gives for messages of text and tool-call parts, decoded in one typed pass; None for
+    anything else (other parts or keys, other types, no messages), which the general path then reads."""
     try:
-        data = _decode_text_messages(raw)
+        data = _decode_messages(raw)
+        out = []
+        for m in data:
+            parts = m.parts
+            if len(parts) == 1 and type(parts[0]) is _TextPart:
+                out.append({"role": m.role, "content": parts[0].content})
+                continue
+            texts, calls = [], []
+            for p in parts:
+                if type(p) is _TextPart:
+                    texts.append(p.content)
+                else:
+                    calls.append({"id": p.id, "name": p.name, "args": loads_json(bytes(p.arguments))})
+            msg = {"role": m.role, "content": "".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
     except (msgspec.MsgspecError, ValueError, RecursionError):
         return None
-    out = []
-    for m in data:
-        parts = m.parts
-        if len(parts) > 1:
-            return None
-        out.append({"role": m.role, "content": parts[0].content if parts else ""})
     return out or None
 
 
 def _genai_messages(raw: Any) -> list[dict[str, Any]]:
     if type(raw) is str:
-        fast = _typed_text_messages(raw)
+        fast = _typed_messages(raw)
         if fast is not None:
             return fast
     data = loads_json(raw) if isinstance(raw, str | bytes) else raw

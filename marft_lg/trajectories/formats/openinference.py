@@ -104,8 +104,18 @@ def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
         if where is None:
             continue
         output, idx, field = where
-        _put(outputs if output else inputs, idx, field, value)
-    return [inputs[i] for i in sorted(inputs)], [outputs[i] for i in sorted(outputs)]
+        by_index = outputs if output else inputs
+        msg = by_index.get(idx)
+        if msg is None:
+            msg = by_index[idx] = {"role": "user", "content": ""}
+        if field == "role":  # `_put`, inlined: it runs for every message field of every LLM span
+            msg["role"] = value
+        elif field == "content":
+            msg["content"] = str(value)
+        else:
+            _set_field(msg, field, value)
+    return ([inputs[i] for i in sorted(inputs)] if len(inputs) > 1 else list(inputs.values()),
+            [outputs[i] for i in sorted(outputs)] if len(outputs) > 1 else list(outputs.values()))
 
 
 _UNSEEN = object()

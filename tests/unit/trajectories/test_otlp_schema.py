@@ -103,3 +103,36 @@ def test_damaged_or_other_shapes_are_left_to_the_tolerant_reader(raw):
 def test_trace_id_strings_are_shared_within_a_line():
     spans, _ = typed_spans(line([span(7, i, None, "x", 0, 1) for i in range(1, 4)]).encode(), "f:1")
     assert len({id(s.trace_id) for s in spans}) == 1
+
+
+GENAI_MESSAGES = [
+    [{"role": "system", "parts": [{"type": "text", "content": "be brief"}]}, {"role": "user", "parts": []}],
+    [{"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "lookup", "arguments": {"n": 2**70}}]}],
+    [{"role": "assistant", "parts": [{"type": "text", "content": "a"}, {"type": "tool_call", "id": "c", "name": "f"},
+                                     {"type": "text", "content": "b"}]}],
+    [{"parts": [{"type": "tool_call", "arguments": None}]}],
+]
+
+
+@pytest.mark.parametrize("data", GENAI_MESSAGES)
+def test_typed_genai_messages_equal_the_general_path(data):
+    import orjson
+
+    from marft_lg.tracing.attributes import from_genai_messages
+    from marft_lg.trajectories.formats.genai import _text_messages, _typed_messages
+
+    raw = json.dumps(data)
+    parsed = orjson.loads(raw)  # what the general path reads them with (big integers become floats)
+    assert _typed_messages(raw) == (_text_messages(parsed) or from_genai_messages(parsed))
+
+
+@pytest.mark.parametrize("raw", [
+    "[]", "not json", '[{"role": "user", "parts": [{"type": "text", "content": 3}]}]',
+    '[{"role": "user", "parts": [], "content": "plain"}]',
+    '[{"role": "tool", "parts": [{"type": "tool_call_response", "id": "c", "response": "r"}]}]',
+    '[{"role": "assistant", "parts": [{"type": "tool_call", "arguments": {"x": 1e400}}]}]',
+])
+def test_other_genai_messages_are_left_to_the_general_path(raw):
+    from marft_lg.trajectories.formats.genai import _typed_messages
+
+    assert _typed_messages(raw) is None

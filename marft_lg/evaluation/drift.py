@@ -6,9 +6,11 @@ so the number says how differently the candidate would act where the baseline ac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from marft_lg.serving.mixed_forward import mixed_adapter_forward
 from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
@@ -30,25 +32,28 @@ def mean_token_kl(
     import torch
     from transformers import DynamicCache
 
+    from marft_lg.serving.device import model_device
+
+    device = model_device(model)
     samples = [(list(p), list(c)) for p, c in samples if len(p) and len(c)]
     if not samples:
         return float("nan"), 0
     names = [adapter_a or BASE_ADAPTER, adapter_b or BASE_ADAPTER]
-    kwargs = {"adapter_names": names} if hasattr(model, "peft_config") else {}
+    forward = functools.partial(mixed_adapter_forward, model, names) if hasattr(model, "peft_config") else model
     shared = common_prefix_length([p for p, _ in samples])
     total, count = 0.0, 0
     with torch.no_grad():
         cache = None
         if shared:
             cache = DynamicCache(config=getattr(model, "config", None))
-            model(input_ids=torch.tensor([samples[0][0][:shared]] * 2), past_key_values=cache, use_cache=True,
-                  logits_to_keep=1, **kwargs)
+            forward(input_ids=torch.tensor([samples[0][0][:shared]] * 2, device=device), past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
         for prompt, completion in samples:
-            ids = torch.tensor([prompt[shared:] + completion] * 2, dtype=torch.long)
-            positions = torch.arange(shared, shared + ids.shape[1])[None].expand(2, -1)
+            ids = torch.tensor([prompt[shared:] + completion] * 2, dtype=torch.long, device=device)
+            positions = torch.arange(shared, shared + ids.shape[1], device=device)[None].expand(2, -1)
             # the last len(completion)+1 positions; all but the last predict the completion tokens
-            logits = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=cache is not None,
-                           logits_to_keep=len(completion) + 1, **kwargs).logits[:, :-1].float()
+            logits = forward(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=cache is not None,
+                             logits_to_keep=len(completion) + 1).logits[:, :-1].float()
             if cache is not None:
                 cache.crop(shared)
             lp = torch.log_softmax(logits, dim=-1)

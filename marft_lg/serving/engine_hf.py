@@ -32,6 +32,7 @@ from typing import Any
 
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings, check_adapter_dir
+from marft_lg.serving.mixed_forward import mixed_adapter_forward
 from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.serving.types import ChatRequest, Completion
 
@@ -98,19 +99,24 @@ class HFEngine:
     """transformers + peft engine: one base model in memory whatever the number of adapters.
 
     `model` is the base model until the first adapter is added, then the one `peft.PeftModel`.
-    `exclusive()` pauses serving so a trainer can update that same model in-process.
+    `exclusive()` pauses serving so a trainer can update that same model in-process. `device`:
+    ``"auto"`` (a CUDA GPU when present), ``"cpu"``, ``"cuda:1"``...; `dtype` of the base weights:
+    ``"auto"`` (float32 on CPU, bfloat16 on a GPU; adapters stay float32) or a name.
     """
 
     def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 32,
                  batch_wait_s: float = 0.005, max_context: int | None = None, seed: int = 0,
-                 min_shared_prefix: int = 16):
-        import torch
+                 min_shared_prefix: int = 16, device: str | None = "auto", dtype: str | None = "auto"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from marft_lg.serving.device import resolve_device, resolve_dtype
 
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
+        self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=resolve_dtype(dtype, self.device))
+        self.model = self.model.to(self.device).eval()
         self.config = self.model.config
         self._max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
         eos = self.model.generation_config.eos_token_id
@@ -351,7 +357,7 @@ class HFEngine:
                     if self.model.active_adapter != names[0]:
                         self.model.set_adapter(names[0], inference_mode=True)
                 else:
-                    kwargs["adapter_names"] = names
+                    return mixed_adapter_forward(self.model, names, **kwargs)
             return self.model(**kwargs)
 
     def _shared_prefix(self, items: list[_Item]) -> int:
@@ -375,7 +381,8 @@ class HFEngine:
         n = len(items)
         shared = self._shared_prefix(items)
         if shared:
-            self._forward(names[:1], input_ids=torch.tensor([items[0].prompt_ids[:shared]]), past_key_values=cache,
+            self._forward(names[:1], input_ids=torch.tensor([items[0].prompt_ids[:shared]], device=self.device),
+                          past_key_values=cache,
                           use_cache=True, logits_to_keep=1)
             cache.batch_repeat_interleave(n)
             self.stats["shared_prefix_tokens"] += shared * (n - 1)
@@ -387,6 +394,7 @@ class HFEngine:
             rest = it.prompt_ids[shared:]
             input_ids[i, width - len(rest):] = torch.tensor(rest)
             mask[i, shared + width - len(rest):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         out = self._forward(names, input_ids=input_ids, attention_mask=mask, position_ids=positions,
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -402,8 +410,8 @@ class HFEngine:
             g = torch.Generator()
             g.manual_seed(it.request.seed if it.request.seed is not None else self._seeds.getrandbits(63))
             gens.append(g)
-        temps = torch.tensor([float(it.request.temperature) for it in items])
-        top_ps = torch.tensor([float(it.request.top_p) for it in items])
+        temps = torch.tensor([float(it.request.temperature) for it in items], device=self.device)
+        top_ps = torch.tensor([float(it.request.top_p) for it in items], device=self.device)
         tokens: list[list[int]] = [[] for _ in items]
         lps: list[list[float]] = [[] for _ in items]
         tops: list[list[dict[int, float]]] = [[] for _ in items]
@@ -419,15 +427,15 @@ class HFEngine:
             logits = out.logits[:, -1, :].float()
             logp = torch.log_softmax(logits, dim=-1)
             chosen = self._choose(logits, temps[rows], top_ps[rows], [gens[r] for r in rows])
-            chosen_lp = logp.gather(1, chosen[:, None])[:, 0]
+            chosen_lp = logp.gather(1, chosen[:, None])[:, 0].tolist()  # one device->host copy per step
             keep = []
-            for j, r in enumerate(rows):
-                it, tok = items[r], int(chosen[j])
+            for j, (r, tok) in enumerate(zip(rows, chosen.tolist(), strict=True)):
+                it = items[r]
                 tokens[r].append(tok)
-                lps[r].append(float(chosen_lp[j]))
+                lps[r].append(chosen_lp[j])
                 if it.request.top_logprobs:
                     v, ix = logp[j].topk(int(it.request.top_logprobs))
-                    tops[r].append({int(a): float(b) for a, b in zip(ix, v, strict=True)})
+                    tops[r].append(dict(zip(ix.tolist(), v.tolist(), strict=True)))
                 if tok in self.eos_token_ids and not it.request.ignore_eos:
                     finish[r] = "stop"
                 elif it.request.stop and (cut := self._stop_index(tokens[r], it.request.stop)) is not None:
@@ -439,12 +447,12 @@ class HFEngine:
             if not keep:
                 break
             if len(keep) < len(rows):
-                idx = torch.tensor(keep)
+                idx = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(idx)
                 mask, last_pos, chosen = mask[idx], last_pos[idx], chosen[idx]
                 rows = [rows[j] for j in keep]
                 names = [names[j] for j in keep]
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             last_pos = last_pos + 1
             out = self._forward(names, input_ids=chosen[:, None], attention_mask=mask, position_ids=last_pos[:, None],
                                 past_key_values=cache, use_cache=True)
@@ -487,7 +495,7 @@ class HFEngine:
         chosen = logits.argmax(dim=-1)
         if bool(greedy.all()):
             return chosen
-        u = torch.cat([torch.rand(1, generator=g) for g in gens])
+        u = torch.cat([torch.rand(1, generator=g) for g in gens]).to(logits.device)  # CPU draws: same tokens on any device
         probs = torch.softmax(logits / temps.clamp(min=1e-5)[:, None], dim=-1)
         if bool((top_ps < 1).any()):
             sorted_p, order = probs.sort(dim=-1, descending=True)

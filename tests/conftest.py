@@ -7,13 +7,22 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Unit tests build their tensors on the CPU: models there too, also on a GPU machine. The `gpu`
+# tests ask for cuda by name; MARFT_LG_DEVICE=cuda runs the rest on a GPU as well.
+os.environ.setdefault("MARFT_LG_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (seconds to build, ~7 MB)."""
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (seconds to build, ~16 MB).
+
+    ``MARFT_TEST_TINY_MODEL=DIR`` uses one built before (a machine without the embedded model
+    package, such as a borrowed GPU box, cannot build it).
+    """
     from marft_lg.serving.models import build_tiny_model
 
+    if os.environ.get("MARFT_TEST_TINY_MODEL"):
+        return os.environ["MARFT_TEST_TINY_MODEL"]
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama"))
 
 

@@ -136,8 +136,8 @@ def _tokens(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
     return [int(x) for x in prompt], [int(x) for x in completion]
 
 
-def collate(records: list[ActionRecord], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded `input_ids`, `attention_mask`, `completion_mask` and `prompt_lens` for a batch."""
+def collate(records: list[ActionRecord], pad_id: int, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask`, `completion_mask` and `prompt_lens` for a batch, on `device`."""
     width = max(len(r.prompt_ids) + r.n_tokens for r in records)
     ids = torch.full((len(records), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(records), width), dtype=torch.long)
@@ -147,5 +147,8 @@ def collate(records: list[ActionRecord], pad_id: int) -> dict[str, torch.Tensor]
         ids[b, :len(seq)] = torch.tensor(seq)
         attn[b, :len(seq)] = 1
         comp[b, len(r.prompt_ids):len(seq)] = 1
-    return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp,
-            "prompt_lens": torch.tensor([len(r.prompt_ids) for r in records])}
+    out = {"input_ids": ids, "attention_mask": attn, "completion_mask": comp,
+           "prompt_lens": torch.tensor([len(r.prompt_ids) for r in records])}
+    if device is not None and torch.device(device).type != "cpu":
+        out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    return out

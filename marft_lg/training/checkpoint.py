@@ -39,7 +39,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, model: torch.nn.Modu
     tmp = root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    adapters = {role: [p.detach().clone() for p in adapter_parameters(model, adapter)]
+    adapters = {role: [p.detach().to("cpu", copy=True) for p in adapter_parameters(model, adapter)]
                 for role, adapter in adapter_names.items()}
     torch.save({"adapters": adapters, "adapter_names": dict(adapter_names), **state}, tmp / "state.pt")
     final = root / name
@@ -61,7 +61,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def load_checkpoint(path: str | Path, *, model: torch.nn.Module, adapter_names: dict[str, str]) -> dict[str, Any]:
     """Copy the saved adapter tensors into the live adapters and return the rest of the state."""
-    state = torch.load(Path(path) / "state.pt", weights_only=False)
+    state = torch.load(Path(path) / "state.pt", weights_only=False, map_location="cpu")  # GPU or CPU run alike
     with torch.no_grad():
         for role, tensors in state.pop("adapters").items():
             if role not in adapter_names:

@@ -1,7 +1,8 @@
 """The critic: the shared base model with adapters disabled (frozen, no second copy) + a small value head.
 
 Because the base is frozen, its features are computed once per batch without gradients
-(`critic_features`) and only the head trains. Action-level: the last hidden state of the rollout
+(`critic_features`, on the model's device, kept on the CPU) and only the head trains (on the CPU:
+it is a tiny MLP). Action-level: the last hidden state of the rollout
 observation (the prompt's last token); token-level: the state before each action token.
 """
 
@@ -34,10 +35,10 @@ def critic_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     out = []
     for b in range(input_ids.shape[0]):
         if granularity == "action":
-            out.append(h[b, int(prompt_lens[b]) - 1].float().clone())
+            out.append(h[b, int(prompt_lens[b]) - 1].to("cpu", torch.float32, copy=True))
         else:
             pos = completion_mask[b].nonzero().squeeze(-1) - 1
-            out.append(h[b, pos].float().clone())
+            out.append(h[b, pos].to("cpu", torch.float32, copy=True))
     return out
 
 

@@ -85,7 +85,7 @@ def naive_token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attent
     """Reference implementation: full `[B, T, V]` float32 logits (tests and the memory benchmark)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    out = torch.zeros(input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     out[:, 1:] = logp * completion_mask[:, 1:]
     return out
 
@@ -137,19 +137,25 @@ class LocalPolicy:
 
     It exposes what the trainer needs from a Team's hf engine (`model`, `tokenizer`,
     `adapter_name(role)`, `exclusive()`) and can generate, so offline training, tests and
-    benchmarks need no server. Adapters are named `role@v0`.
+    benchmarks need no server. Adapters are named `role@v0`. `device` / `dtype` as for the hf
+    engine (`marft_lg.serving.device`): a GPU when present, bfloat16 base weights there.
     """
 
     def __init__(self, model_dir: str | Path, roles: list[str], *, lora: LoraSpec | None = None,
-                 seed: int = 0, adapter_dirs: dict[str, str | Path] | None = None):
+                 seed: int = 0, adapter_dirs: dict[str, str | Path] | None = None, device: str | None = "auto",
+                 dtype: str | None = "auto"):
         from peft import LoraConfig, PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from marft_lg.serving.device import resolve_device, resolve_dtype
+
         torch.manual_seed(seed)
+        self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=resolve_dtype(dtype, self.device))
+        base = base.to(self.device)
         self.roles = list(roles)
         self._names = {r: f"{r}@v0" for r in roles}
         adapter_dirs = adapter_dirs or {}
@@ -192,9 +198,9 @@ class LocalPolicy:
         ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
         width = max(len(x) for x in ids)
         pad = tok.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids], device=self.device)
+        attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids], device=self.device)
+        gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         self.model.set_adapter(self._names[role])
         out_tokens: list[list[int]] = [[] for _ in ids]
         out_lp: list[list[float]] = [[] for _ in ids]
@@ -210,18 +216,18 @@ class LocalPolicy:
             logp = torch.log_softmax(logits, -1)
             probs = torch.softmax(logits / max(temperature, 1e-6), -1)
             nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            for b in range(len(ids)):
+            nxt_lp = logp.gather(-1, nxt[:, None])[:, 0].tolist()
+            for b, t in enumerate(nxt.tolist()):
                 if finished[b]:
                     continue
-                t = int(nxt[b])
                 out_tokens[b].append(t)
-                out_lp[b].append(float(logp[b, t]))
+                out_lp[b].append(nxt_lp[b])
                 if t == tok.eos_token_id or t in _stop_ids(tok):
                     finished[b] = True
             if all(finished):
                 break
             cur = nxt.unsqueeze(-1)
-            cur_attn = torch.cat([cur_attn, torch.ones(len(ids), 1, dtype=cur_attn.dtype)], dim=1)
+            cur_attn = torch.cat([cur_attn, cur_attn.new_ones((len(ids), 1))], dim=1)
             position = torch.cat([position, position[:, -1:] + 1], dim=1)
         return [{"text": tok.decode(t, skip_special_tokens=True), "prompt_token_ids": p,
                  "completion_token_ids": t, "logprobs": lp, "adapter_version": self._names[role].split("@")[-1]}

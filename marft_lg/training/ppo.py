@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from marft_lg.serving.device import model_device
 from marft_lg.training.buffer import ActionRecord, RolloutBuffer, collate
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead, critic_features, huber_value_loss
@@ -93,8 +94,8 @@ def _inference_batches(records: list[ActionRecord], cfg: MARFTConfig, batch_size
 
 def _scatter(mask: torch.Tensor, rows: list[Any]) -> torch.Tensor:
     """`[B, T]` float tensor holding row b's values, in order, at the positions where `mask[b]` is set."""
-    flat = torch.cat([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in rows])
-    return torch.zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, flat)
+    flat = torch.cat([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in rows]).to(mask.device)
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, flat)
 
 
 def evaluate_critic(model: torch.nn.Module, head: ValueHead | None, buffer: RolloutBuffer, cfg: MARFTConfig,
@@ -105,7 +106,7 @@ def evaluate_critic(model: torch.nn.Module, head: ValueHead | None, buffer: Roll
             r.value, r.token_values = 0.0, torch.zeros(r.n_tokens)
         return
     for batch in _inference_batches(buffer.records, cfg, batch_size):
-        t = collate(batch, pad_id)
+        t = collate(batch, pad_id, model_device(model))
         feats = critic_features(model, t["input_ids"], t["attention_mask"], t["prompt_lens"],
                                 t["completion_mask"], cfg.granularity)
         with torch.no_grad():
@@ -135,7 +136,7 @@ def _fill_logprobs(model: torch.nn.Module, records: list[ActionRecord], field: s
                    batch_size: int) -> None:
     """Set `record.<field>` to its completion tokens' log-probs under the model as currently set."""
     for batch in _inference_batches(records, cfg, batch_size):
-        t = collate(batch, pad_id)
+        t = collate(batch, pad_id, model_device(model))
         lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                chunk_size=cfg.logprob_chunk)
         for b, r in enumerate(batch):
@@ -233,7 +234,7 @@ def _policy_loss(model: torch.nn.Module, mb: list[ActionRecord], cfg: MARFTConfi
     """Loss of one micro-batch of an agent's minibatch, scaled so the micro-batch losses sum to the
     minibatch loss (row means over `n_rows` rows, token means over `n_tok` tokens): the gradient
     does not depend on how the minibatch was split."""
-    t = collate(mb, pad_id)
+    t = collate(mb, pad_id, model_device(model))
     sel = t["completion_mask"].bool()
     mask = sel.float()
     new_lp, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
@@ -241,9 +242,9 @@ def _policy_loss(model: torch.nn.Module, mb: list[ActionRecord], cfg: MARFTConfi
     old_lp = _scatter(sel, [r.behaviour_logprobs for r in mb])
     lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
     if cfg.granularity == "action":
-        words = torch.tensor([float(r.words) for r in mb])
+        words = torch.tensor([float(r.words) for r in mb], device=new_lp.device)
         logratio = _action_logp(new_lp, mask, words, cfg.logprob_norm) - _action_logp(old_lp, mask, words, cfg.logprob_norm)
-        adv = torch.tensor([r.advantage for r in mb])
+        adv = torch.tensor([r.advantage for r in mb], device=new_lp.device)
         ratio = logratio.exp()
         pg = -torch.min(ratio * adv, ratio.clamp(lo, hi) * adv).sum() / n_rows
         ent = ((entropy * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / n_rows
@@ -261,7 +262,7 @@ def _policy_loss(model: torch.nn.Module, mb: list[ActionRecord], cfg: MARFTConfi
             approx_kl = (((ratio - 1) - logratio) * mask).sum() / n_tok
             clipfrac = (((ratio - 1).abs() > cfg.clip_high).float() * mask).sum() / n_tok
     loss = pg - cfg.entropy_coef * ent
-    kl_ref = torch.zeros(())
+    kl_ref = torch.zeros((), device=new_lp.device)
     if cfg.kl_ref_coef > 0:
         d = (_scatter(sel, [r.ref_logprobs for r in mb]) - new_lp) * mask
         kl_ref = ((d.exp() - d - 1) * mask).sum() / n_tok
@@ -404,11 +405,11 @@ def post_update_check(model: torch.nn.Module, records: list[ActionRecord], adapt
     kls, ents, n = 0.0, 0.0, 0
     model.set_adapter(adapter)
     for batch in _inference_batches(records, cfg, batch_size):
-        t = collate(batch, pad_id)
+        t = collate(batch, pad_id, model_device(model))
         mask = t["completion_mask"].bool()
         lp, ent = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                  chunk_size=cfg.logprob_chunk)
-        old = torch.cat([torch.tensor(r.behaviour_logprobs, dtype=torch.float32) for r in batch])
+        old = torch.cat([torch.tensor(r.behaviour_logprobs, dtype=torch.float32) for r in batch]).to(lp.device)
         logratio = lp[mask] - old
         kls += float(((logratio.exp() - 1) - logratio).sum())
         ents += float(ent[mask].sum())

@@ -1,0 +1,167 @@
+"""Device placement: the rules on any machine; on a CUDA GPU, the same update and tokens as on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from marft_lg.serving.device import model_device, resolve_device, resolve_dtype
+from marft_lg.training.buffer import build_buffer
+from marft_lg.training.config import MARFTConfig
+from marft_lg.training.policy import LocalPolicy, adapter_parameters, token_logprobs
+from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update
+
+ROLES = ["reasoner", "actor"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu
+
+
+def test_auto_device_and_dtype_rules(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("MARFT_LG_DEVICE", "cpu")
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.delenv("MARFT_LG_DEVICE")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(None) == resolve_device("auto")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype(torch.float16, torch.device("cpu")) == torch.float16
+    with pytest.raises(ValueError, match="not one of auto"):
+        resolve_dtype("int8", torch.device("cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_cuda_without_a_gpu_says_what_to_do():
+    with pytest.raises(ValueError, match="no CUDA GPU.*device='cpu'"):
+        resolve_device("cuda")
+
+
+def test_cpu_policy_is_float32_on_cpu(tiny_model_dir):
+    policy = LocalPolicy(tiny_model_dir, ["a"], device="cpu")
+    assert model_device(policy.model) == torch.device("cpu")
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+
+
+def _policy(model_dir, device, dtype="float32", like=None):
+    """A two-agent policy; `like`: copy its adapter weights (GPU and CPU RNGs initialise differently)."""
+    policy = LocalPolicy(model_dir, ROLES, seed=0, device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for role in ROLES:
+            params = adapter_parameters(policy.model, policy.adapter_name(role))
+            source = adapter_parameters(like.model, like.adapter_name(role)) if like is not None else None
+            for i, p in enumerate(params):
+                p.copy_(source[i] if source is not None else torch.randn(p.shape, generator=g) * 0.05)
+    return policy
+
+
+def _buffer(policy, cfg, seed=0):
+    from marft_lg.training.rollout import ChainCollector
+    from marft_lg.trajectories.scenarios import Scenario
+
+    def prompt(role, scenario, previous):
+        msgs = [{"role": "system", "content": f"You are the {role}."}, {"role": "user", "content": scenario.inputs["q"]}]
+        if previous:
+            msgs.append({"role": "user", "content": "Reasoner: " + previous[0]["completion"]})
+        return msgs
+
+    scenarios = [Scenario(f"s{i}", {"q": f"question {i}"}) for i in range(3)]
+    ds = ChainCollector(policy, ROLES, prompt, max_new_tokens=6).collect(scenarios, 2, 0, 0)
+    rng = np.random.default_rng(seed)
+    buf = build_buffer(ds, {e: rng.normal(size=2) for e in ds.episode_ids}, policy.tokenizer, max_context=4096)
+    for r in buf.records:  # move the behaviour policy away from the current one so the ratio is not 1
+        r.behaviour_logprobs = [v + float(rng.normal(0, 0.3)) for v in r.behaviour_logprobs]
+    evaluate_critic(policy.model, None, buf, cfg, policy.tokenizer.pad_token_id)
+    compute_advantages(buf, cfg)
+    return buf
+
+
+def _update(policy, buf, cfg):
+    """One SGD (lr 1) PPO update of both agents; returns the weight change per role and the stats."""
+    start = {r: [p.detach().cpu().clone() for p in adapter_parameters(policy.model, policy.adapter_name(r))] for r in ROLES}
+    opts = {r: torch.optim.SGD(adapter_parameters(policy.model, policy.adapter_name(r)), lr=1.0) for r in ROLES}
+    stats = ppo_update(policy.model, None, buf, cfg, agents=ROLES, adapter_names={r: policy.adapter_name(r) for r in ROLES},
+                       optimizers=opts, critic_optimizer=None, pad_id=policy.tokenizer.pad_token_id,
+                       generator=torch.Generator().manual_seed(0))
+    delta = {r: [p.detach().cpu() - s for p, s in zip(adapter_parameters(policy.model, policy.adapter_name(r)), start[r],
+                                                       strict=True)] for r in ROLES}
+    return delta, stats
+
+
+@gpu
+@cuda
+@pytest.mark.parametrize("granularity", ["action", "token"])
+def test_ppo_update_on_gpu_equals_cpu(tiny_model_dir, granularity):
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, max_grad_norm=1e9, entropy_coef=0.05,
+                      update_scheme="simultaneous", granularity=granularity, kl_ref_coef=0.1)
+    cpu = _policy(tiny_model_dir, "cpu")
+    gpu = _policy(tiny_model_dir, "cuda", like=cpu)
+    assert model_device(gpu.model).type == "cuda"
+    buf_cpu = _buffer(cpu, cfg)
+    buf_gpu = copy.deepcopy(buf_cpu)  # the same records for both
+    d_cpu, s_cpu = _update(cpu, buf_cpu, cfg)
+    d_gpu, s_gpu = _update(gpu, buf_gpu, cfg)
+    for role in ROLES:
+        assert any(d.abs().sum() > 0 for d in d_cpu[role])
+        for a, b in zip(d_cpu[role], d_gpu[role], strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+        for key in ("policy_loss", "approx_kl", "entropy", "clip_fraction", "tokens"):
+            assert getattr(s_gpu.agents[role], key) == pytest.approx(getattr(s_cpu.agents[role], key), rel=1e-3, abs=1e-6)
+
+
+@gpu
+@cuda
+def test_engine_on_gpu_decodes_the_same_tokens_as_on_cpu(tiny_model_dir):
+    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.types import ChatRequest
+
+    requests = [ChatRequest(messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=12, temperature=t, seed=7)
+                for i in range(3) for t in (0.0, 1.0)]
+    outs = {}
+    for device in ("cpu", "cuda"):
+        engine = HFEngine(tiny_model_dir, device=device, dtype="float32")
+        try:
+            assert model_device(engine.model).type == device
+            outs[device] = engine.generate(requests, [None] * len(requests))
+        finally:
+            engine.close()
+    for a, b in zip(outs["cpu"], outs["cuda"], strict=True):
+        assert b.completion_token_ids == a.completion_token_ids  # greedy and seeded sampling alike (CPU draws)
+        np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=1e-3, atol=1e-4)
+
+
+@gpu
+@cuda
+def test_bf16_base_on_gpu_trains_float32_adapters(tiny_model_dir):
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, update_scheme="simultaneous")
+    policy = _policy(tiny_model_dir, "cuda", dtype="auto")
+    assert policy.model.get_base_model().model.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for r in ROLES for p in adapter_parameters(policy.model, policy.adapter_name(r)))
+    buf = _buffer(policy, cfg)
+    delta, stats = _update(policy, buf, cfg)
+    for role in ROLES:
+        assert stats.agents[role].steps == 1
+        assert any(d.abs().sum() > 0 for d in delta[role])
+        assert all(torch.isfinite(d).all() for d in delta[role])
+    t = {"input_ids": torch.tensor([[1, 2, 3, 4]], device="cuda"), "attention_mask": torch.ones(1, 4, dtype=torch.long, device="cuda"),
+         "completion_mask": torch.tensor([[0, 0, 1, 1]], device="cuda")}
+    lp, _ = token_logprobs(policy.model, t["input_ids"], t["attention_mask"], t["completion_mask"])
+    assert lp.dtype == torch.float32 and bool(torch.isfinite(lp).all())
+
+
+@gpu
+@cuda
+def test_checkpoint_written_on_gpu_loads_on_cpu(tiny_model_dir, tmp_path):
+    from marft_lg.training.checkpoint import load_checkpoint, save_checkpoint
+
+    gpu = _policy(tiny_model_dir, "cuda")
+    names = {r: gpu.adapter_name(r) for r in ROLES}
+    path = save_checkpoint(tmp_path, 3, model=gpu.model, adapter_names=names, state={"iteration": 3})
+    cpu = LocalPolicy(tiny_model_dir, ROLES, seed=5, device="cpu")
+    assert load_checkpoint(path, model=cpu.model, adapter_names={r: cpu.adapter_name(r) for r in ROLES})["iteration"] == 3
+    for r in ROLES:
+        for a, b in zip(adapter_parameters(gpu.model, names[r]), adapter_parameters(cpu.model, cpu.adapter_name(r)), strict=True):
+            torch.testing.assert_close(b, a.cpu())

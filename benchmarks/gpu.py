@@ -85,11 +85,11 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
 
 def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda") -> dict:
     import torch
-    from training import _mixed_records
+    from training import _mixed_records, plain_step
 
     from marft_lg.training.buffer import RolloutBuffer, collate
     from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.policy import LocalPolicy, adapter_parameters, only_adapter_trainable
+    from marft_lg.training.policy import LocalPolicy, adapter_parameters
     from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update, recompute_behaviour
 
     roles = ["reasoner", "actor"]
@@ -111,15 +111,7 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
                    pad_id=pad, generator=torch.Generator().manual_seed(0))
 
     def plain() -> None:
-        for r, t in batches.items():
-            with only_adapter_trainable(pol.model, names[r]):
-                opts[r].zero_grad()
-                logits = pol.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
-                labels = t["input_ids"][:, 1:].masked_fill(t["completion_mask"][:, 1:] == 0, -100)
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                         labels.reshape(-1))
-                loss.backward()
-                opts[r].step()
+        plain_step(pol.model, batches, names, opts)
 
     def timed(fn) -> float:
         _sync()

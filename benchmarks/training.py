@@ -151,13 +151,32 @@ def case_logprob_memory(model, mode, batch, prompt_len, completion_len):
     return {"baseline_rss_mb": base, "peak_rss_mb": _peak_rss_mb(), "growth_mb": _peak_rss_mb() - base}
 
 
+def plain_step(model, batches, names, opts) -> None:
+    """What a naive trainer would run: per agent, one padded forward+backward (cross-entropy on the
+    completion tokens) and an optimizer step."""
+    import torch
+
+    from marft_lg.training.policy import only_adapter_trainable
+
+    for r, t in batches.items():
+        with only_adapter_trainable(model, names[r]):
+            opts[r].zero_grad()
+            logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
+            labels = t["input_ids"][:, 1:].masked_fill(t["completion_mask"][:, 1:] == 0, -100)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                     labels.reshape(-1))
+            loss.backward()
+            opts[r].step()
+            del logits, loss
+
+
 def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=False, micro_batch_tokens=1024):
     """Tokens/s of the PPO update vs a plain forward+backward (CE on the same completion tokens, one
     padded batch per agent, as a naive trainer would run it)."""
     import torch
 
     from marft_lg.training.buffer import collate
-    from marft_lg.training.policy import adapter_parameters, only_adapter_trainable
+    from marft_lg.training.policy import adapter_parameters
     from marft_lg.training.ppo import ppo_update
 
     pol, roles, cfg, buf = _setup(model, 1, per_role, prompt_len, completion_len, mixed=mixed,
@@ -182,16 +201,7 @@ def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=
                        pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
             times.append(time.perf_counter() - s)
         s = time.perf_counter()
-        for r, t in batches.items():
-            with only_adapter_trainable(pol.model, names[r]):
-                opts[r].zero_grad()
-                logits = pol.model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
-                labels = t["input_ids"][:, 1:].masked_fill(t["completion_mask"][:, 1:] == 0, -100)
-                loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                         labels.reshape(-1))
-                loss.backward()
-                opts[r].step()
-                del logits, loss
+        plain_step(pol.model, batches, names, opts)
         plain_s.append(time.perf_counter() - s)
     ppo, plain = min(ppo_s), min(plain_s)
     return {"agents": len(roles), "actions": len(buf.records), "tokens": n_tokens, "sequence_tokens": seq_tokens,

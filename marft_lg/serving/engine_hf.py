@@ -382,8 +382,7 @@ class HFEngine:
         shared = self._shared_prefix(items)
         if shared:
             self._forward(names[:1], input_ids=torch.tensor([items[0].prompt_ids[:shared]], device=self.device),
-                          past_key_values=cache,
-                          use_cache=True, logits_to_keep=1)
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache.batch_repeat_interleave(n)
             self.stats["shared_prefix_tokens"] += shared * (n - 1)
         width = max(len(it.prompt_ids) for it in items) - shared

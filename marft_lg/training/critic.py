@@ -1,9 +1,9 @@
 """The critic: the shared base model with adapters disabled (frozen, no second copy) + a small value head.
 
 Because the base is frozen, its features are computed once per batch without gradients
-(`critic_features`, on the model's device, kept on the CPU) and only the head trains (on the CPU:
-it is a tiny MLP). Action-level: the last hidden state of the rollout
-observation (the prompt's last token); token-level: the state before each action token.
+(`critic_features`: on the model's device, kept on the CPU) and only the head trains (on the CPU:
+it is a tiny MLP). Action-level: the last hidden state of the rollout observation (the prompt's
+last token); token-level: the state before each action token.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         spans = read_spans([FileRange(f) for f in files], q, max_attribute_bytes=max_attribute_bytes, stats=stats,
                            formats=formats, progress=progress)
         kept = len(spans)
-        episodes, feedback_spans = group_episodes(spans.values())
+        episodes, feedback_spans = group_episodes(spans)
         del spans
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover
     _JSONError = (ValueError,)
 
 DEFAULT_MAX_ATTRIBUTE_BYTES = 8 * 1024 * 1024
+_READ_BUFFER = 1 << 20  # exporters write long lines (~100 kB for 64 spans): 8 kB reads cost ~1 us a span
 _HEX_ID = re.compile("[0-9a-fA-F]+")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -146,7 +147,7 @@ class FileRange:
 def _open(path: Path):
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
-    return path.open("rb")
+    return path.open("rb", buffering=_READ_BUFFER)
 
 
 def iter_raw_spans(
@@ -188,7 +189,7 @@ def iter_raw_spans(
                     left -= len(line)
                 lineno += 1
                 stats["lines"] = stats.get("lines", 0) + 1
-                if not line.strip():
+                if line.isspace():  # the same ASCII whitespace as bytes.strip(), without copying the line
                     stats["empty_lines"] = stats.get("empty_lines", 0) + 1
                     continue
                 yield from _spans_of_line(line, f"{path}:{lineno}", quarantine, max_attribute_bytes, stats)

@@ -137,8 +137,14 @@ def _raw_span(span: _Span, source: str, trace_ids: dict[str, str]) -> RawSpan:
             parent = None
     else:
         parent = None
-    start = _time(span.start_time_unix_nano)
-    end = _time(span.end_time_unix_nano)
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if type(start) is not str or type(end) is not str:
+        start, end = _time(start), _time(end)
+    else:  # OTLP/JSON writes 64-bit integers as strings
+        try:
+            start, end = int(start), int(end)
+        except ValueError:
+            raise _Reject from None
     if end < start:
         raise _Reject
     attributes: dict[str, Any] = {}
@@ -148,13 +154,11 @@ def _raw_span(span: _Span, source: str, trace_ids: dict[str, str]) -> RawSpan:
             s = v.string_value
             attributes[kv.key] = s if s is not UNSET else _value(v)
     status = span.status
-    if status is None:
-        error, message = False, ""
-    else:
-        error = status.code in _ERROR_CODES
-        message = status.message or ""
     events = [{"name": e.name, "attributes": _attributes(e.attributes)} for e in span.events] if span.events else []
-    return RawSpan(trace_id, span_id, parent, span.name or "", start, end, attributes, error, message, events, source)
+    if status is None:
+        return RawSpan(trace_id, span_id, parent, span.name or "", start, end, attributes, False, "", events, source)
+    return RawSpan(trace_id, span_id, parent, span.name or "", start, end, attributes, status.code in _ERROR_CODES,
+                   status.message or "", events, source)
 
 
 def _time(value: int | str) -> int:

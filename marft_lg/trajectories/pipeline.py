@@ -23,7 +23,6 @@ from marft_lg.trajectories.otlp import iter_raw_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.token_columns import TokenColumn
 
-SpanKey = tuple[str, str]
 ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
@@ -44,50 +43,44 @@ def gc_paused() -> Iterator[None]:
 
 
 def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
-               progress: Callable[[int], None] | None = None) -> dict[SpanKey, SpanInfo]:
-    """Every usable span of `source` (paths or `FileRange`s) by (trace id, span id); re-exports are quarantined."""
-    spans: dict[SpanKey, SpanInfo] = {}
-    for info in _first_copies(source, q, lambda t, s: spans.get((t, s)), max_attribute_bytes=max_attribute_bytes,
-                              stats=stats, formats=formats, progress=progress):
-        spans[(info.trace_id, info.span_id)] = info
-    return spans
+               progress: Callable[[int], None] | None = None) -> list[SpanInfo]:
+    """Every usable span of `source` (paths or `FileRange`s), in read order; re-exports are quarantined."""
+    return list(_first_copies(source, q, {}, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                              progress=progress))
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
                 progress: Callable[[int], None] | None = None) -> dict[str, dict[str, SpanInfo]]:
-    """`read_spans` as trace id -> span id -> span (read order): no (trace, span) key tuple per span, ~50 bytes
-    a span less, which is what a mining worker holds at its peak."""
+    """`read_spans` as trace id -> span id -> span (read order): no list of all spans, which is what a mining
+    worker holds at its peak."""
     traces: dict[str, dict[str, SpanInfo]] = {}
-
-    def find(trace_id: str, span_id: str) -> SpanInfo | None:
-        members = traces.get(trace_id)
-        return None if members is None else members.get(span_id)
-
-    for info in _first_copies(source, q, find, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                              progress=progress):
-        members = traces.get(info.trace_id)
-        if members is None:
-            members = traces[info.trace_id] = {}
-        members[info.span_id] = info
+    for _ in _first_copies(source, q, traces, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                           progress=progress):
+        pass
     return traces
 
 
-def _first_copies(source: Any, q: Quarantine, find: Callable[[str, str], SpanInfo | None], *, max_attribute_bytes: int,
+def _first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, SpanInfo]], *, max_attribute_bytes: int,
                   stats: dict[str, int], formats: Counter[str],
                   progress: Callable[[int], None] | None) -> Iterator[SpanInfo]:
-    """Interpreted spans, each to be stored by the caller before the next is read (`find` looks them up)."""
+    """Interpreted spans, each stored in `traces` (trace id -> span id -> span) before it is yielded."""
     n = 0
     for n, raw in enumerate(iter_raw_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
-        first = find(raw.trace_id, raw.span_id)
-        if first is not None:
-            q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
-                  detail=f"first read at {first.source}")
-            continue
+        members = traces.get(raw.trace_id)
+        if members is None:
+            members = traces[raw.trace_id] = {}
+        else:
+            first = members.get(raw.span_id)
+            if first is not None:
+                q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
+                      detail=f"first read at {first.source}")
+                continue
         info = interpret(raw)
         if info.parent_id is not None:  # share the parent's id string when it came first (65 bytes a span)
-            parent = find(info.trace_id, info.parent_id)
+            parent = members.get(info.parent_id)
             if parent is not None:
                 info.parent_id = parent.span_id
+        members[info.span_id] = info
         formats[info.fmt] += 1
         yield info
         if progress is not None and n % 10000 == 0:

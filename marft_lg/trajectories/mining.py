@@ -20,11 +20,11 @@ from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
-    _intern,
     assemble_batches,
     decode_tokens,
     feedback_index,
     gc_paused,
+    interned,
     new_columns,
     quarantine_orphan_feedback,
     read_spans,
@@ -92,7 +92,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
                 if isinstance(values, TokenColumn):
                     values = values.to_lists()
                 elif name in _INTERNED:  # one shared copy per name, also for rows that came from a worker
-                    values = [_intern(v) for v in values]
+                    values = interned(values)
                 action_cols[name].extend(values)
             del rows, cols
         return _to_dataset(episode_rows, action_cols), report

@@ -7,8 +7,9 @@
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
 3. Episodes whose traces all live in one worker are assembled there; the few that cross workers are
    fetched and assembled by the parent. For `mine`, workers leave their rows on disk (pickled) and exit;
-   for `mine_to_parquet` they stream their batches to the parent, which writes one parquet part per
-   worker as they arrive and concatenates the parts in worker order. Only the parent loads pyarrow: its
+   for `mine_to_parquet` they stream their batches to the parent, which writes the first worker's into the
+   output as they arrive and stages the others' as Arrow parts, appended in worker order at the end (each
+   batch is parquet-encoded once). Only the parent loads pyarrow: its
    allocator and code pages cost ~80 MB in every process that converts to Arrow.
 
 The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
@@ -333,7 +334,7 @@ class ParallelRun:
         """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
         as `TokenColumn`s: the parent's, then (`mine`) the workers', which they pickle to disk and which are
         loaded only once the workers have exited, so that their span memory and the rows never add up.
-        In parquet mode the workers stream their batches here and `part_dirs` holds them as parquet parts."""
+        In parquet mode the workers stream their batches here (see `_write_parts`)."""
         fb_index = feedback_index(self.feedback_spans, self.q)
         for i, conn in enumerate(self._conns):
             local = self._local[i]
@@ -369,11 +370,11 @@ class ParallelRun:
     def _write_parts(self) -> list[tuple]:
         """Write the batches the workers stream back as they arrive, in the order each worker sent them: the
         first worker's straight into `writer` (after the parent's own batches), every other worker's to its own
-        parquet part (`part_dirs`); returns every worker's final "done" message, in worker order."""
-        from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
+        Arrow part (`part_dirs`); returns every worker's final "done" message, in worker order."""
+        from marft_lg.trajectories.parquet_writer import ArrowPartWriter
 
         done: dict[int, tuple] = {}
-        writers = [self.writer, *(DatasetParquetWriter(d) for d in self.part_dirs())]
+        writers = [self.writer, *(ArrowPartWriter(d) for d in self.part_dirs())]
         try:
             while len(done) < len(self._conns):
                 for conn in wait([c for i, c in enumerate(self._conns) if i not in done]):
@@ -390,7 +391,7 @@ class ParallelRun:
         return [done[i] for i in range(len(self._conns))]
 
     def part_dirs(self) -> list[Path]:
-        """Parquet parts written for the workers after the first, in input order."""
+        """Arrow parts staged for the workers after the first, in input order."""
         return [self._tmp / f"part-{i}" for i in range(1, len(self._conns))]
 
     def finish_quarantine(self) -> None:

@@ -70,15 +70,16 @@ class DatasetParquetWriter:
         self._writer(name, schema).write_table(pa.Table.from_arrays(arrays, schema=schema))
 
     def append_parts(self, directories: list[Path]) -> None:
-        """Copy datasets written by other `DatasetParquetWriter`s (a worker's part each), row group by row group."""
+        """Append datasets staged by `ArrowPartWriter`s (a worker's part each), batch by batch: each batch becomes
+        the row group it would have been if written here directly."""
         for d in directories:
             for name, schema in (("episodes", EPISODE_SCHEMA), ("actions", ACTION_SCHEMA)):
-                path = Path(d) / f"{name}.parquet"
+                path = Path(d) / f"{name}.arrows"
                 if not path.exists():
                     continue
-                part = pq.ParquetFile(path)
-                for i in range(part.num_row_groups):
-                    self._writer(name, schema).write_table(part.read_row_group(i))
+                with pa.OSFile(str(path)) as source, pa.ipc.open_stream(source) as reader:
+                    for batch in reader:
+                        self._writer(name, schema).write_table(pa.Table.from_batches([batch], schema=schema))
 
     def abort(self) -> None:
         """Close and delete what was written (nothing usable was mined)."""
@@ -101,3 +102,32 @@ class DatasetParquetWriter:
         if exc_type is not None:
             self._aborted = True
         self.close()
+
+
+class ArrowPartWriter:
+    """`write_columns` like `DatasetParquetWriter`, staged as Arrow IPC streams in `directory` (no parquet encoding:
+    the data is encoded once, when `DatasetParquetWriter.append_parts` copies it into the output)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self._writers: dict[str, Any] = {}
+        self._files: list[Any] = []
+
+    def write_columns(self, episode_columns: dict[str, Any], action_columns: dict[str, Any]) -> None:
+        if not episode_columns["episode_id"]:
+            return
+        for name, schema, columns in (("episodes", EPISODE_SCHEMA, episode_columns), ("actions", ACTION_SCHEMA, action_columns)):
+            if name not in self._writers:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                sink = pa.OSFile(str(self.directory / f"{name}.arrows"), "wb")
+                self._files.append(sink)
+                self._writers[name] = pa.ipc.new_stream(sink, schema)
+            arrays = [_arrow(f, columns[f.name]) for f in schema]
+            self._writers[name].write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        for sink in self._files:
+            sink.close()
+        self._writers, self._files = {}, []

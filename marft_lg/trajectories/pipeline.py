@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from marft_lg.trajectories.assembly import assemble_episode
@@ -174,8 +175,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
 
 def _columns(actions: list[dict[str, Any]], agents: Counter[str]) -> dict[str, list]:
     """Action rows -> columns (short repeated strings shared); counts the actions per agent."""
-    cols = {name: [_intern(a[name]) for a in actions] if name in _INTERNED else [a[name] for a in actions]
-            for name in ACTION_FIELDS}
+    rows = zip(*map(itemgetter(*ACTION_FIELDS), actions), strict=True)  # transposed in C
+    cols = {name: interned(values) if name in _INTERNED else list(values)
+            for name, values in zip(ACTION_FIELDS, rows, strict=True)} if actions else new_columns()
     agents.update(cols["agent"])
     return cols
 
@@ -209,6 +211,16 @@ def quarantine_orphan_feedback(spans: list[SpanInfo], seen: set[str], q: Quarant
 
 def _intern(value: object) -> object:
     return sys.intern(value) if isinstance(value, str) else value
+
+
+def interned(values: Iterable[Any]) -> list[Any]:
+    """`values` with every string replaced by its interned copy (one lookup per distinct string)."""
+    values = list(values)
+    try:
+        shared = {v: sys.intern(v) for v in set(values) if type(v) is str}
+        return list(map(shared.get, values, values))
+    except TypeError:  # an unhashable value (an attribute sent as a list)
+        return [_intern(v) for v in values]
 
 
 def table_columns(episode_rows: list[dict[str, Any]], action_columns: dict[str, Any]) -> tuple[dict, dict]:

@@ -1,8 +1,8 @@
 """Where the shared base model runs and in which precision: ``device="auto"`` takes a CUDA GPU when there is one.
 
 The serving engine, `LocalPolicy` and the trainer share these rules so a model loaded by one is
-where the others expect it; ``MARFT_LG_DEVICE=cpu`` (or ``cuda:1``...) overrides what ``"auto"``
-picks. On CPU everything is float32 (bf16 is 2-3x slower without AVX512); on a GPU
+where the others expect it; ``MARFT_LG_DEVICE=cpu`` (or ``cuda:1``...) and ``MARFT_LG_DTYPE=float32``
+override what ``"auto"`` picks. On CPU everything is float32 (bf16 is 2-3x slower without AVX512); on a GPU
 ``dtype="auto"`` loads the base weights in bfloat16 while LoRA adapters stay float32 (peft casts
 them up), so small learning rates still move them.
 """
@@ -33,10 +33,13 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``"auto"``/None: bfloat16 on a GPU that supports it, else float32; or a name such as ``"float32"``."""
+    """``"auto"``/None: ``$MARFT_LG_DTYPE`` if set, else bfloat16 on a GPU that supports it, else float32;
+    or a name such as ``"float32"``."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
+        dtype = os.environ.get("MARFT_LG_DTYPE") or "auto"
+    if dtype == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32

@@ -5,6 +5,8 @@ import torch
 from eval_factory import make_dataset
 
 from marft_lg.evaluation.drift import mean_token_kl, policy_drift
+from marft_lg.serving.device import model_device
+from marft_lg.serving.mixed_forward import mixed_adapter_forward
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +60,10 @@ def test_mean_token_kl_matches_a_direct_computation(team_and_registry):
         kl, n = mean_token_kl(model, [(prompt, completion)], a, b)
         same, _ = mean_token_kl(model, [(prompt, completion)], b, b)
         base_vs_fresh, _ = mean_token_kl(model, [(prompt, completion)], None, a)
-        ids = torch.tensor([prompt + completion])
+        ids = torch.tensor([prompt + completion], device=model_device(model))
         with torch.no_grad():
-            la = torch.log_softmax(model(input_ids=ids, adapter_names=[a]).logits[0], -1)
-            lb = torch.log_softmax(model(input_ids=ids, adapter_names=[b]).logits[0], -1)
+            la = torch.log_softmax(mixed_adapter_forward(model, [a], input_ids=ids).logits[0], -1)
+            lb = torch.log_softmax(mixed_adapter_forward(model, [b], input_ids=ids).logits[0], -1)
     s = len(prompt) - 1
     expected = float((la[s:s + len(completion)].exp() * (la - lb)[s:s + len(completion)]).sum(-1).mean())
     assert n == len(completion)
@@ -88,10 +90,10 @@ def test_mean_token_kl_over_several_samples_matches_per_sample_computation(team_
         kl, n = mean_token_kl(model, samples, a, b)
         total, count = 0.0, 0
         for prompt, completion in samples:
-            ids = torch.tensor([prompt + completion])
+            ids = torch.tensor([prompt + completion], device=model_device(model))
             with torch.no_grad():
-                la = torch.log_softmax(model(input_ids=ids, adapter_names=[a]).logits[0], -1)
-                lb = torch.log_softmax(model(input_ids=ids, adapter_names=[b]).logits[0], -1)
+                la = torch.log_softmax(mixed_adapter_forward(model, [a], input_ids=ids).logits[0], -1)
+                lb = torch.log_softmax(mixed_adapter_forward(model, [b], input_ids=ids).logits[0], -1)
             s = len(prompt) - 1
             per_token = (la[s:s + len(completion)].exp() * (la - lb)[s:s + len(completion)]).sum(-1)
             total, count = total + float(per_token.sum()), count + len(completion)

@@ -12,6 +12,7 @@ import torch
 from marft_lg.serving.engine_hf import HFEngine
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.mixed_forward import mixed_adapter_forward
 from marft_lg.serving.types import ChatRequest
 
 MSG = [{"role": "user", "content": "Plan a short trip."}]
@@ -29,9 +30,9 @@ def engine(tiny_model_dir):
 
 
 def _recompute(engine, prompt_ids, completion_ids, adapter):
-    ids = torch.tensor([prompt_ids + completion_ids])
+    ids = torch.tensor([prompt_ids + completion_ids], device=engine.device)
     with torch.inference_mode():
-        logits = engine.model(input_ids=ids, adapter_names=[adapter or "__base__"]).logits[0].float()
+        logits = mixed_adapter_forward(engine.model, [adapter or "__base__"], input_ids=ids).logits[0].float().cpu()
     logp = torch.log_softmax(logits[len(prompt_ids) - 1:-1], dim=-1)
     return logp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0], logp
 

@@ -30,7 +30,7 @@ def registry(tiny_model_dir, tmp_path_factory):
             g = torch.Generator().manual_seed(0)
             for name, p in model.named_parameters():
                 if "lora_B" in name and "planner@init" in name:
-                    p.data += torch.randn(p.shape, generator=g) * 0.5
+                    p.data += (torch.randn(p.shape, generator=g) * 0.5).to(p.device)
         after = team.chat([ChatRequest(MSG, agent="planner", max_tokens=3, temperature=0, ignore_eos=True)])[0]
         assert after.logprobs != before.logprobs  # in-process updates are served at once
         assert team.save_version("planner", parent="v1") == "v2"

@@ -27,6 +27,10 @@ def test_auto_device_and_dtype_rules(monkeypatch):
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device(None) == resolve_device("auto")
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    monkeypatch.setenv("MARFT_LG_DTYPE", "bf16")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("float32", torch.device("cpu")) == torch.float32
+    monkeypatch.delenv("MARFT_LG_DTYPE")
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert resolve_dtype(torch.float16, torch.device("cpu")) == torch.float16
     with pytest.raises(ValueError, match="not one of auto"):
@@ -135,7 +139,8 @@ def test_engine_on_gpu_decodes_the_same_tokens_as_on_cpu(tiny_model_dir):
 
 @gpu
 @cuda
-def test_bf16_base_on_gpu_trains_float32_adapters(tiny_model_dir):
+def test_bf16_base_on_gpu_trains_float32_adapters(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("MARFT_LG_DTYPE", raising=False)  # "auto" itself is under test
     cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, update_scheme="simultaneous")
     policy = _policy(tiny_model_dir, "cuda", dtype="auto")
     assert policy.model.get_base_model().model.embed_tokens.weight.dtype == torch.bfloat16

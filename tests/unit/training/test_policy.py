@@ -1,5 +1,6 @@
 import torch
 
+from marft_lg.serving.device import model_device
 from marft_lg.training.policy import (
     adapter_parameters,
     naive_token_logprobs,
@@ -20,7 +21,8 @@ def _batch(policy):
         ids[b, :len(s)] = torch.tensor(s)
         attn[b, :len(s)] = 1
         comp[b, len(o["prompt_token_ids"]):len(s)] = 1
-    return outs, ids, attn, comp
+    device = model_device(policy.model)
+    return outs, ids.to(device), attn.to(device), comp.to(device)
 
 
 def test_chunked_logprobs_match_full_logits_and_engine(two_agent_policy):
@@ -35,7 +37,7 @@ def test_chunked_logprobs_match_full_logits_and_engine(two_agent_policy):
         torch.testing.assert_close(lp, ref, rtol=1e-4, atol=1e-4)
         assert (ent[comp.bool()] > 0).all() and (lp[~comp.bool()] == 0).all()
     for b, o in enumerate(outs):  # the generator's recorded behaviour log-probs are the same numbers
-        torch.testing.assert_close(lp[b][comp[b].bool()], torch.tensor(o["logprobs"]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(lp[b][comp[b].bool()].cpu(), torch.tensor(o["logprobs"]), rtol=1e-4, atol=1e-4)
 
 
 def test_only_the_updated_adapter_gets_gradients(two_agent_policy):

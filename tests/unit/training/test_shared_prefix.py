@@ -2,6 +2,7 @@
 
 import torch
 
+from marft_lg.serving.device import model_device
 from marft_lg.training.policy import adapter_parameters, lm_parts, only_adapter_trainable
 from marft_lg.training.shared_prefix import body_hidden_states, shared_prefix_length
 
@@ -19,7 +20,8 @@ def _batch(policy, questions, answers):
     for b, s in enumerate(seqs):
         ids[b, :len(s)] = torch.tensor(s)
         attn[b, :len(s)] = 1
-    return ids, attn
+    device = model_device(policy.model)
+    return ids.to(device), attn.to(device)
 
 
 def test_prefix_length_is_the_common_unmasked_start(two_agent_policy):

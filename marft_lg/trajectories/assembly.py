@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -129,7 +128,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             "step": steps[order],
             "agent": tree.agent_of(c) or "unknown",
             "span_id": c.span_id,
-            "messages": _shared_roles(c.messages or []),
+            "messages": c.messages or [],
             "completion": c.completion or "",
             # as the span carried them ("i32:<base64>", a list, ...): decoded a column at a time (TokenColumn)
             "prompt_token_ids": c.prompt_token_ids,
@@ -177,14 +176,6 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "trace_ids": sorted({s.trace_id for s in spans}),
     }
     return episode, actions
-
-
-def _shared_roles(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One copy of each role name ("system", "user", ...) across all messages: ~100 bytes an action."""
-    for m in messages:
-        if isinstance(m, dict) and type(m.get("role")) is str:
-            m["role"] = sys.intern(m["role"])
-    return messages
 
 
 def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],

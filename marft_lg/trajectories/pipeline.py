@@ -146,6 +146,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
     rows: list[dict] = []
     batch: list[dict[str, Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
+    intern = sys.intern  # and one copy of each role name ("system", "user", ...) overall: ~100 bytes an action
     for key in sorted(episodes):
         built = assemble_episode(key, episodes.pop(key), q, stats)
         if built is None:
@@ -162,6 +163,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         for a in acts:
             for m in a["messages"]:
                 if type(m) is dict:
+                    role = m.get("role")
+                    if type(role) is str:
+                        m["role"] = intern(role)
                     text = m.get("content")
                     if type(text) is str:
                         m["content"] = texts.setdefault(text, text)

@@ -93,7 +93,51 @@ _IN, _OUT = "llm.input_messages.", "llm.output_messages."
 
 
 def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`flat_messages` of the input and of the output side, in one pass over the attributes."""
+    """`flat_messages` of the input and of the output side. LLM spans of one app repeat a few key sets: each set's
+    layout is worked out once (`_layout`), then the messages are built from it without looking at other keys."""
+    keys = tuple(a)
+    layout = _layouts.get(keys, _UNSEEN)
+    if layout is _UNSEEN:
+        if len(_layouts) >= _KEY_CACHE_SIZE:
+            _layouts.clear()
+        layout = _layouts[keys] = _layout(keys)
+    if layout is None:
+        return _scan_messages(a)
+    return [_message(a, *spec) for spec in layout[0]], [_message(a, *spec) for spec in layout[1]]
+
+
+_MessageSpec = tuple[str | None, str | None, tuple[tuple[str, str], ...]]  # role key, content key, other fields
+_layouts: dict[tuple[str, ...], tuple[list[_MessageSpec], list[_MessageSpec]] | None] = {}
+
+
+def _layout(keys: tuple[str, ...]) -> tuple[list[_MessageSpec], list[_MessageSpec]] | None:
+    """Per side, per message (in index order): which key holds its role, its content and its other fields (in key
+    order). None when building messages in key order could differ: a field given twice, or content parts."""
+    fields: list[dict[int, dict[str, str]]] = [{}, {}]
+    for key in keys:
+        where = _key_cache.get(key, _UNSEEN)
+        if where is _UNSEEN:
+            where = _message_key(key)
+        if where is None:
+            continue
+        output, idx, field = where
+        msg = fields[output].setdefault(idx, {})
+        if field in msg or field.startswith("contents."):
+            return None
+        msg[field] = key
+    return tuple([(m.get("role"), m.get("content"), tuple((f, k) for f, k in m.items() if f not in ("role", "content")))
+                  for _, m in sorted(side.items())] for side in fields)
+
+
+def _message(a: dict[str, Any], role: str | None, content: str | None, others: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    msg = {"role": "user" if role is None else a[role], "content": "" if content is None else str(a[content])}
+    for field, key in others:
+        _set_field(msg, field, a[key])
+    return msg
+
+
+def _scan_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`io_messages` in one pass over all the attributes, in key order."""
     inputs: dict[int, dict[str, Any]] = {}
     outputs: dict[int, dict[str, Any]] = {}
     cache = _key_cache

@@ -28,41 +28,56 @@ def detect(attrs: dict[str, Any]) -> bool:
 
 def parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
+    get = a.get
     info = base_info(raw, NAME)
-    info.episode_id = _str(a.get(A.MARFT_EPISODE_ID))
-    info.scenario_id = _str(a.get(A.MARFT_SCENARIO_ID))
-    if raw.name == A.FEEDBACK_SPAN_NAME or A.MARFT_FEEDBACK_NAME in a:
+    info.episode_id = _str(get(_EPISODE_ID))
+    info.scenario_id = _str(get(_SCENARIO_ID))
+    if raw.name == _FEEDBACK_SPAN or _FEEDBACK_NAME in a:
         info.kind = FEEDBACK
-        info.feedback_name = _str(a.get(A.MARFT_FEEDBACK_NAME))
-        info.feedback_value = a.get(A.MARFT_FEEDBACK_VALUE)
+        info.feedback_name = _str(get(_FEEDBACK_NAME))
+        info.feedback_value = get(_FEEDBACK_VALUE)
         return info
-    info.agent = _str(a.get(A.MARFT_AGENT_ROLE)) or _str(a.get(A.MARFT_AGENT_NODE))
-    info.step = as_int(a.get(A.MARFT_LANGGRAPH_STEP))
-    info.triggers = as_list(a.get(A.MARFT_LANGGRAPH_TRIGGERS))
-    info.task = _str(a.get(A.MARFT_LANGGRAPH_TASK_ID)) or _str(a.get(A.MARFT_LANGGRAPH_CHECKPOINT_NS))
-    agent = info.agent
+    agent = _str(get(_ROLE)) or _str(get(_NODE))
+    info.agent = agent
+    step = get(_STEP)
+    info.step = step if type(step) is int else as_int(step)
+    triggers = get(_TRIGGERS)
+    info.triggers = None if triggers is None else as_list(triggers)
+    info.task = _str(get(_TASK_ID)) or _str(get(_CHECKPOINT_NS))
     genai.fill(info, a)
     info.agent = agent or info.agent
-    if info.kind == LLM:
-        info.prompt_token_ids = a.get(A.MARFT_PROMPT_TOKEN_IDS)
-        info.completion_token_ids = a.get(A.MARFT_COMPLETION_TOKEN_IDS)
-        info.completion_logprobs = a.get(A.MARFT_COMPLETION_LOGPROBS)
-        info.adapter_version = _str(a.get(A.MARFT_ADAPTER_VERSION))
-        latency = a.get(A.MARFT_LATENCY_S)
+    kind = info.kind
+    if kind == LLM:
+        info.prompt_token_ids = get(_PROMPT_TOKEN_IDS)
+        info.completion_token_ids = get(_COMPLETION_TOKEN_IDS)
+        info.completion_logprobs = get(_COMPLETION_LOGPROBS)
+        info.adapter_version = _str(get(_ADAPTER_VERSION))
+        latency = get(_LATENCY_S)
         info.latency_s = float(latency) if isinstance(latency, int | float) else None
-        calls = json_or(a.get(A.MARFT_TOOL_CALLS))
-        if isinstance(calls, list) and calls:
-            info.tool_calls = calls
-    elif info.kind == TOOL and info.error and not info.error_message:
-        info.error_message = _str(a.get(A.ERROR_TYPE))
-    if info.kind == WORKFLOW or A.MARFT_OUTCOME in a or A.MARFT_EPISODE_METADATA in a:
-        info.outcome = _str(a.get(A.MARFT_OUTCOME)) if A.MARFT_OUTCOME in a else info.outcome
-        meta = json_or(a.get(A.MARFT_EPISODE_METADATA))
+        calls = get(_TOOL_CALLS)
+        if calls is not None:
+            calls = json_or(calls)
+            if isinstance(calls, list) and calls:
+                info.tool_calls = calls
+    elif kind == TOOL and info.error and not info.error_message:
+        info.error_message = _str(get(A.ERROR_TYPE))
+    if kind == WORKFLOW or _OUTCOME in a or _EPISODE_METADATA in a:
+        info.outcome = _str(get(_OUTCOME)) if _OUTCOME in a else info.outcome
+        meta = json_or(get(_EPISODE_METADATA))
         info.metadata = meta if isinstance(meta, dict) else info.metadata
-        if info.kind != LLM and info.kind != TOOL and raw.parent_id is None:
+        if kind != LLM and kind != TOOL and raw.parent_id is None:
             info.kind = WORKFLOW
     return info
 
 
+_EPISODE_ID, _SCENARIO_ID, _ROLE, _NODE = A.MARFT_EPISODE_ID, A.MARFT_SCENARIO_ID, A.MARFT_AGENT_ROLE, A.MARFT_AGENT_NODE
+_FEEDBACK_SPAN, _FEEDBACK_NAME, _FEEDBACK_VALUE = A.FEEDBACK_SPAN_NAME, A.MARFT_FEEDBACK_NAME, A.MARFT_FEEDBACK_VALUE
+_STEP, _TRIGGERS = A.MARFT_LANGGRAPH_STEP, A.MARFT_LANGGRAPH_TRIGGERS
+_TASK_ID, _CHECKPOINT_NS = A.MARFT_LANGGRAPH_TASK_ID, A.MARFT_LANGGRAPH_CHECKPOINT_NS
+_PROMPT_TOKEN_IDS, _COMPLETION_TOKEN_IDS = A.MARFT_PROMPT_TOKEN_IDS, A.MARFT_COMPLETION_TOKEN_IDS
+_COMPLETION_LOGPROBS, _ADAPTER_VERSION, _LATENCY_S = A.MARFT_COMPLETION_LOGPROBS, A.MARFT_ADAPTER_VERSION, A.MARFT_LATENCY_S
+_TOOL_CALLS, _OUTCOME, _EPISODE_METADATA = A.MARFT_TOOL_CALLS, A.MARFT_OUTCOME, A.MARFT_EPISODE_METADATA
+
+
 def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
+    return value if value is None or type(value) is str else str(value)

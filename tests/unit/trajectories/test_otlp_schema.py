@@ -136,3 +136,26 @@ def test_other_genai_messages_are_left_to_the_general_path(raw):
     from marft_lg.trajectories.formats.genai import _typed_messages
 
     assert _typed_messages(raw) is None
+
+
+OPENINFERENCE_ATTRIBUTES = [
+    {"llm.input_messages.1.message.content": "q", "llm.input_messages.0.message.role": "system",
+     "llm.input_messages.0.message.content": "be brief", "llm.input_messages.1.message.role": "user",
+     "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": 7, "session.id": "s"},
+    {"llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "lookup",
+     "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c1",
+     "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"t": 1}',
+     "llm.input_messages.0.message.tool_call_id": "c0", "llm.input_messages.0.message.content": "result"},
+    {"llm.input_messages.0.message.role": "user", "llm.input_messages.00.message.role": "system"},  # one field twice
+    {"llm.input_messages.0.message.content": "a", "llm.input_messages.0.message.contents.0.message_content.text": "b"},
+    {"llm.model_name": "m"},
+]
+
+
+@pytest.mark.parametrize("attrs", OPENINFERENCE_ATTRIBUTES)
+def test_openinference_layouts_give_flat_messages(attrs):
+    from marft_lg.trajectories.formats.openinference import flat_messages, io_messages
+
+    expected = (flat_messages(attrs, "llm.input_messages."), flat_messages(attrs, "llm.output_messages."))
+    for _ in range(2):  # the second time from the remembered layout
+        assert io_messages(dict(attrs)) == expected

@@ -63,11 +63,11 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
 
     engine = HFEngine(model_dir, device=device, dtype=dtype, max_batch_size=batch)
     try:
-        for name in ("a", "b"):
+        for name in ("first", "second"):
             engine.add_adapter(name, LoraSettings())
         reqs = [ChatRequest(messages=[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
                             max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True) for i in range(batch)]
-        names = ["a" if i % 2 else "b" for i in range(batch)]
+        names = ["first" if i % 2 else "second" for i in range(batch)]
         engine.generate(reqs[:2], names[:2])  # warm-up: kernels, allocator
         times = []
         for _ in range(repeats):

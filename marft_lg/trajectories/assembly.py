@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any
 
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
@@ -21,11 +22,14 @@ from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
+_START, _END = attrgetter("start_ns"), attrgetter("end_ns")
+_BY_START, _BY_START_END, _BY_END = (attrgetter("start_ns", "span_id"), attrgetter("start_ns", "end_ns", "span_id"),
+                                     attrgetter("end_ns", "span_id"))
 
 
 def episode_key(spans: list[SpanInfo]) -> str:
     """The episode a trace belongs to: own episode id > conversation/session id > trace id."""
-    ordered = sorted(spans, key=lambda s: (s.start_ns, s.span_id))
+    ordered = sorted(spans, key=_BY_START)
     for s in ordered:
         if s.episode_id:
             return s.episode_id
@@ -53,7 +57,7 @@ def repair_parents(spans: list[SpanInfo], stats: dict[str, int]) -> None:
     for s in spans:
         by_trace[s.trace_id][s.span_id] = s
     for members in by_trace.values():
-        roots = sorted((s for s in members.values() if s.parent_id is None), key=lambda s: (s.start_ns, s.span_id))
+        roots = sorted((s for s in members.values() if s.parent_id is None), key=_BY_START)
         root = roots[0] if roots else None
         for s in members.values():
             if s.parent_id is not None and s.parent_id not in members:
@@ -112,7 +116,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     """One episode's row and its action rows (token columns still encoded); None when it holds no LLM call."""
     repair_parents(spans, stats)
     tree = _Tree(spans)
-    calls = sorted((s for s in spans if s.kind == LLM), key=lambda s: (s.start_ns, s.end_ns, s.span_id))
+    calls = sorted([s for s in spans if s.kind == LLM], key=_BY_START_END)
     for c in calls:
         materialise(c)
     if not calls:
@@ -147,9 +151,9 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     _attach_tools(spans, calls, tasks, actions, tree, quarantine)
     _dependencies(calls, tasks, steps, actions)
 
-    start = min(s.start_ns for s in spans)
-    end = max(s.end_ns for s in spans)
-    workflows = sorted((s for s in spans if s.kind == WORKFLOW), key=lambda s: (s.end_ns, s.span_id))
+    start = min(map(_START, spans))
+    end = max(map(_END, spans))
+    workflows = sorted([s for s in spans if s.kind == WORKFLOW], key=_BY_END)
     agents: list[str] = []
     for a in actions:
         if a["agent"] not in agents:
@@ -180,7 +184,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
 
 def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],
                   tree: _Tree, quarantine: Quarantine) -> None:
-    tools = sorted((s for s in spans if s.kind == TOOL), key=lambda s: (s.start_ns, s.span_id))
+    tools = sorted([s for s in spans if s.kind == TOOL], key=_BY_START)
     for t in tools:
         task = tree.task_of(t)
         before = [i for i, c in enumerate(calls) if c.start_ns <= t.start_ns]

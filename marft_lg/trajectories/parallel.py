@@ -40,6 +40,7 @@ from marft_lg.trajectories.pipeline import (
     feedback_index,
     gc_paused,
     read_traces,
+    summarise_trace,
     summarise_traces,
     table_columns,
 )
@@ -153,7 +154,7 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
             if spans:
                 by_trace[t] = spans
         del traces
-        summaries = summarise_traces(s for spans in by_trace.values() for s in spans)
+        summaries = {t: summarise_trace(spans) for t, spans in by_trace.items()}  # no feedback span: never None
         conn.send(("parsed", summaries, feedback, stats, dict(formats), kept))
         del summaries
         while True:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from marft_lg.trajectories.assembly import assemble_episode
@@ -112,6 +112,26 @@ class TraceSummary:
 
 def _min(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else min(a, b)
+
+
+_ORDER = attrgetter("start_ns", "span_id")
+
+
+def summarise_trace(spans: list[SpanInfo]) -> TraceSummary | None:
+    """`summarise_traces` of one trace's spans (None when all are feedback), with C-level minimums."""
+    spans = [s for s in spans if s.kind != FEEDBACK]
+    if not spans:
+        return None
+    summary = TraceSummary(first=_ORDER(min(spans, key=_ORDER)))
+    named = [s for s in spans if s.episode_id]
+    if named:
+        s = min(named, key=_ORDER)
+        summary.episode = (s.start_ns, s.span_id, s.episode_id)
+    named = [s for s in spans if s.session]
+    if named:
+        s = min(named, key=_ORDER)
+        summary.session = (s.start_ns, s.span_id, str(s.session))
+    return summary
 
 
 def summarise_traces(spans: Iterable[SpanInfo]) -> dict[str, TraceSummary]:

@@ -159,3 +159,29 @@ def test_openinference_layouts_give_flat_messages(attrs):
     expected = (flat_messages(attrs, "llm.input_messages."), flat_messages(attrs, "llm.output_messages."))
     for _ in range(2):  # the second time from the remembered layout
         assert io_messages(dict(attrs)) == expected
+
+
+def test_one_trace_summary_equals_the_streaming_summary():
+    import random
+
+    from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
+    from marft_lg.trajectories.pipeline import summarise_trace, summarise_traces
+
+    rng = random.Random(0)
+    for _ in range(500):
+        spans = []
+        for i in range(rng.randint(1, 8)):
+            s = SpanInfo("t", f"{rng.randint(0, 5):015x}{i}", None, "n", rng.randint(0, 3), 5, "f:1")
+            s.episode_id, s.session = rng.choice([None, "", "e1", "e2"]), rng.choice([None, "", "s1", 5])
+            s.kind = FEEDBACK if rng.random() < 0.1 else s.kind
+            spans.append(s)
+        assert summarise_trace(spans) == summarise_traces(spans).get("t")
+
+
+def test_interned_shares_one_copy_per_string():
+    from marft_lg.trajectories.pipeline import interned
+
+    values = ["".join(["plan", "ner"]), None, "planner", 3, True]
+    out = interned(values)
+    assert out == values and out[0] is out[2] and [type(v) for v in out] == [str, type(None), str, int, bool]
+    assert interned([["unhashable"], "x"]) == [["unhashable"], "x"]

@@ -229,14 +229,31 @@ def tolerant_spans_of_line(line: bytes, source: str, quarantine: Quarantine, lim
         limit = None
     trace_ids: dict[Any, str | None] = {}  # spans of one line share few trace ids: normalise (and store) each once
     for rs in resource_spans:
+        if rs and not isinstance(rs, dict):
+            quarantine.add("not_otlp", source, detail="a resourceSpans entry is not a JSON object", span=rs)
+            continue
         scope_spans = (rs or {}).get("scopeSpans", (rs or {}).get("scope_spans")) or []
+        if isinstance(scope_spans, int | float):
+            quarantine.add("not_otlp", source, detail="scopeSpans is a number, not a list", span=rs)
+            continue
         for ss in scope_spans:
+            if ss and not isinstance(ss, dict):
+                quarantine.add("not_otlp", source, detail="a scopeSpans entry is not a JSON object", span=ss)
+                continue
             spans = (ss or {}).get("spans") or []
+            if isinstance(spans, int | float):
+                quarantine.add("not_otlp", source, detail="spans is a number, not a list", span=ss)
+                continue
             stats["spans_read"] = stats.get("spans_read", 0) + len(spans)
             for span in spans:
-                raw = _fast_raw_span(span, source, limit, trace_ids) if type(span) is dict else None
-                if raw is None:
-                    raw = _raw_span(span, source, quarantine, limit, trace_ids)
+                try:
+                    raw = _fast_raw_span(span, source, limit, trace_ids) if type(span) is dict else None
+                    if raw is None:
+                        raw = _raw_span(span, source, quarantine, limit, trace_ids)
+                except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:  # a field of the wrong shape
+                    quarantine.add("not_otlp", source, span=span,
+                                   detail=f"malformed span ({type(exc).__name__}: {exc}); OTLP/JSON field types expected")
+                    continue
                 if raw is not None:
                     yield raw
 

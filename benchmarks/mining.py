@@ -264,10 +264,13 @@ def main() -> None:
                         help="mining worker processes, comma-separated to compare (auto: one per usable core)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep (and reuse) generated files here")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mining.json")
+    parser.add_argument("--conditions", default="",
+                        help="how the machine was used meanwhile (e.g. 'quiet, nice -10'); kept with the results")
     args = parser.parse_args()
     console = _console()
     results = {"machine": {"cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(), "platform": platform.platform(),
-                           "load_average_at_start": os.getloadavg()},
+                           "load_average_at_start": os.getloadavg(), "nice": os.nice(0),
+                           **({"conditions": args.conditions} if args.conditions else {})},
                "targets": {"spans_per_s": TARGET_SPANS_PER_S, "peak_rss_mb": TARGET_PEAK_RSS_MB}, "runs": {}}
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="marft-mining-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

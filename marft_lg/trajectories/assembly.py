@@ -53,6 +53,10 @@ def group_episodes(spans: Iterable[SpanInfo]) -> tuple[dict[str, list[SpanInfo]]
 
 def repair_parents(spans: list[SpanInfo], stats: dict[str, int]) -> None:
     """Re-attach spans whose parent never arrived to their trace's root (or make them roots)."""
+    if len({s.trace_id for s in spans}) == 1:  # the usual episode: one trace, nothing to repair
+        members = {s.span_id: s for s in spans}
+        if all(s.parent_id is None or s.parent_id in members for s in spans):
+            return
     by_trace: dict[str, dict[str, SpanInfo]] = defaultdict(dict)
     for s in spans:
         by_trace[s.trace_id][s.span_id] = s
@@ -210,9 +214,11 @@ def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
         entry["result"] = None if t.error else _plain(t.tool_result)
         entry["error"] = (t.error_message or "error") if t.error else None
     for a in actions:
-        for e in a["tool_calls"]:
-            e.pop("_done", None)
-        a["tool_errors"] = sum(1 for e in a["tool_calls"] if e.get("error"))
+        entries = a["tool_calls"]
+        if entries:  # else tool_errors stays 0
+            for e in entries:
+                e.pop("_done", None)
+            a["tool_errors"] = sum(1 for e in entries if e.get("error"))
 
 
 def _plain(value: Any) -> Any:
@@ -226,18 +232,16 @@ def _plain(value: Any) -> Any:
 def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
     quoted = [(j, text) for j, a in enumerate(actions)
               if len(text := (a["completion"] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
+    of_task: dict[str, list[int]] = {}  # earlier actions per node run
+    last_of_step: dict[int, dict[str, int]] = {}  # step -> node run -> its latest earlier action in that step
     for i, action in enumerate(actions):
         task, step = tasks[i], steps[i]
-        deps: set[int] = {j for j in range(i) if tasks[j] == task}
-        if step is not None:
-            earlier = [s for s in steps[:i] if s is not None and s < step]
-            if earlier:
-                prev = max(earlier)
-                last_of_task: dict[str, int] = {}
-                for j in range(i):
-                    if steps[j] == prev:
-                        last_of_task[tasks[j]] = j
-                deps.update(last_of_task.values())
+        same = of_task.get(task)
+        deps: set[int] = set(same) if same else set()
+        if step is not None and last_of_step:
+            prev = max((s for s in last_of_step if s < step), default=None)
+            if prev is not None:
+                deps.update(last_of_step[prev].values())
         if quoted and quoted[0][0] < i:
             prompt = messages_text(action["messages"])
             for j, text in quoted:
@@ -246,3 +250,6 @@ def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | Non
                 if text in prompt:
                     deps.add(j)
         action["depends_on"] = sorted(deps)
+        of_task.setdefault(task, []).append(i)
+        if step is not None:
+            last_of_step.setdefault(step, {})[task] = i

@@ -192,22 +192,18 @@ def iter_raw_spans(
                 if line.isspace():  # the same ASCII whitespace as bytes.strip(), without copying the line
                     stats["empty_lines"] = stats.get("empty_lines", 0) + 1
                     continue
-                yield from _spans_of_line(line, f"{path}:{lineno}", quarantine, max_attribute_bytes, stats)
+                source = f"{path}:{lineno}"
+                # no value can be longer than its line: no size check, the typed decoder may read it
+                typed = typed_spans(line, source) if len(line) <= max_attribute_bytes else None
+                if typed is None:
+                    yield from tolerant_spans_of_line(line, source, quarantine, max_attribute_bytes, stats)
+                else:
+                    stats["spans_read"] = stats.get("spans_read", 0) + typed[1]
+                    yield from typed[0]
 
 
 def _text(line: bytes) -> str:
     return line.decode("utf-8", errors="replace").rstrip("\n")
-
-
-def _spans_of_line(line: bytes, source: str, quarantine: Quarantine, limit: int, stats: dict[str, int]) -> Iterator[RawSpan]:
-    if len(line) <= limit:  # no value can be longer than its line: no size check, the typed decoder may read it
-        typed = typed_spans(line, source)
-        if typed is not None:
-            spans, n = typed
-            stats["spans_read"] = stats.get("spans_read", 0) + n
-            yield from spans
-            return
-    yield from tolerant_spans_of_line(line, source, quarantine, limit, stats)
 
 
 def tolerant_spans_of_line(line: bytes, source: str, quarantine: Quarantine, limit: int,

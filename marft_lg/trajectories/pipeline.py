@@ -46,8 +46,10 @@ def gc_paused() -> Iterator[None]:
 def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
                progress: Callable[[int], None] | None = None) -> list[SpanInfo]:
     """Every usable span of `source` (paths or `FileRange`s), in read order; re-exports are quarantined."""
-    return list(_first_copies(source, q, {}, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                              progress=progress))
+    spans: list[SpanInfo] = []
+    _read_first_copies(source, q, {}, spans, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                       progress=progress)
+    return spans
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
@@ -55,16 +57,15 @@ def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: 
     """`read_spans` as trace id -> span id -> span (read order): no list of all spans, which is what a mining
     worker holds at its peak."""
     traces: dict[str, dict[str, SpanInfo]] = {}
-    for _ in _first_copies(source, q, traces, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                           progress=progress):
-        pass
+    _read_first_copies(source, q, traces, None, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                       progress=progress)
     return traces
 
 
-def _first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, SpanInfo]], *, max_attribute_bytes: int,
-                  stats: dict[str, int], formats: Counter[str],
-                  progress: Callable[[int], None] | None) -> Iterator[SpanInfo]:
-    """Interpreted spans, each stored in `traces` (trace id -> span id -> span) before it is yielded."""
+def _read_first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, SpanInfo]], spans: list[SpanInfo] | None,
+                       *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
+                       progress: Callable[[int], None] | None) -> None:
+    """Interpret every span read into `traces` (trace id -> span id -> span) and, when given, `spans` (read order)."""
     n = 0
     for n, raw in enumerate(iter_raw_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
         members = traces.get(raw.trace_id)
@@ -83,7 +84,8 @@ def _first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, SpanIn
                 info.parent_id = parent.span_id
         members[info.span_id] = info
         formats[info.fmt] += 1
-        yield info
+        if spans is not None:
+            spans.append(info)
         if progress is not None and n % 10000 == 0:
             progress(n)
     if progress is not None:

@@ -30,20 +30,24 @@ def parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
     get = a.get
     info = base_info(raw, NAME)
-    info.episode_id = _str(get(_EPISODE_ID))
-    info.scenario_id = _str(get(_SCENARIO_ID))
+    v = get(_EPISODE_ID)  # strings nearly always: `_str` inlined on the hot lines
+    info.episode_id = v if v is None or type(v) is str else str(v)
+    v = get(_SCENARIO_ID)
+    info.scenario_id = v if v is None or type(v) is str else str(v)
     if raw.name == _FEEDBACK_SPAN or _FEEDBACK_NAME in a:
         info.kind = FEEDBACK
         info.feedback_name = _str(get(_FEEDBACK_NAME))
         info.feedback_value = get(_FEEDBACK_VALUE)
         return info
-    agent = _str(get(_ROLE)) or _str(get(_NODE))
+    agent = get(_ROLE)
+    agent = (agent if type(agent) is str else _str(agent)) or _str(get(_NODE))
     info.agent = agent
     step = get(_STEP)
     info.step = step if type(step) is int else as_int(step)
     triggers = get(_TRIGGERS)
     info.triggers = None if triggers is None else as_list(triggers)
-    info.task = _str(get(_TASK_ID)) or _str(get(_CHECKPOINT_NS))
+    v = get(_TASK_ID)
+    info.task = (v if type(v) is str else _str(v)) or _str(get(_CHECKPOINT_NS))
     genai.fill(info, a)
     info.agent = agent or info.agent
     kind = info.kind

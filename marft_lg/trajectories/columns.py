@@ -68,7 +68,10 @@ def _json_encoder() -> Callable[[Any], str]:
 _encode = _json_encoder()
 
 
+_EMPTY_JSON = {list: "[]", dict: "{}"}  # most tool_calls, feedback and metadata values
+
+
 def json_texts(values: Iterable[Any]) -> list[str | None]:
     """A JSON column's values as the JSON text parquet stores (None stays None)."""
-    encode = _encode
-    return [None if v is None else encode(v) for v in values]
+    encode, empty = _encode, _EMPTY_JSON
+    return [None if v is None else encode(v) if v else empty.get(type(v)) or encode(v) for v in values]

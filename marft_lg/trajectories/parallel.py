@@ -41,7 +41,6 @@ from marft_lg.trajectories.pipeline import (
     gc_paused,
     read_traces,
     summarise_trace,
-    summarise_traces,
     table_columns,
 )
 from marft_lg.trajectories.quarantine import Quarantine
@@ -281,7 +280,7 @@ class ParallelRun:
         self._parent_traces = merged_traces  # trace id -> spans (read order), held here
         trace_key: dict[str, str] = {}
         for t, spans in merged_traces.items():
-            trace_key[t] = summarise_traces(spans)[t].key(t)
+            trace_key[t] = summarise_trace(spans).key(t)
         home: dict[str, int] = {}
         for i, summ in enumerate(summaries):
             for t, s in summ.items():

@@ -120,7 +120,7 @@ _ORDER = attrgetter("start_ns", "span_id")
 
 
 def summarise_trace(spans: list[SpanInfo]) -> TraceSummary | None:
-    """`summarise_traces` of one trace's spans (None when all are feedback), with C-level minimums."""
+    """One trace's `TraceSummary` (None when all its spans are feedback: those belong to no trace's episode)."""
     spans = [s for s in spans if s.kind != FEEDBACK]
     if not spans:
         return None
@@ -134,25 +134,6 @@ def summarise_trace(spans: list[SpanInfo]) -> TraceSummary | None:
         s = min(named, key=_ORDER)
         summary.session = (s.start_ns, s.span_id, str(s.session))
     return summary
-
-
-def summarise_traces(spans: Iterable[SpanInfo]) -> dict[str, TraceSummary]:
-    """Per trace, its `TraceSummary` (feedback spans are not part of any trace's episode)."""
-    out: dict[str, TraceSummary] = {}
-    for s in spans:
-        if s.kind == FEEDBACK:
-            continue
-        order = (s.start_ns, s.span_id)
-        cur = out.get(s.trace_id)
-        if cur is None:
-            cur = out[s.trace_id] = TraceSummary(first=order)
-        elif order < cur.first:
-            cur.first = order
-        if s.episode_id and (cur.episode is None or order < cur.episode[:2]):
-            cur.episode = (*order, s.episode_id)
-        if s.session and (cur.session is None or order < cur.session[:2]):
-            cur.session = (*order, str(s.session))
-    return out
 
 
 def new_columns() -> dict[str, list]:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterable
 from operator import attrgetter
@@ -23,6 +24,7 @@ from marft_lg.trajectories.quarantine import Quarantine
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
+_TRACE, _SPAN, _PARENT, _FMT = attrgetter("trace_id"), attrgetter("span_id"), attrgetter("parent_id"), attrgetter("fmt")
 _BY_START, _BY_START_END, _BY_END = (attrgetter("start_ns", "span_id"), attrgetter("start_ns", "end_ns", "span_id"),
                                      attrgetter("end_ns", "span_id"))
 
@@ -51,11 +53,15 @@ def group_episodes(spans: Iterable[SpanInfo]) -> tuple[dict[str, list[SpanInfo]]
     return episodes, feedback
 
 
-def repair_parents(spans: list[SpanInfo], stats: dict[str, int]) -> None:
-    """Re-attach spans whose parent never arrived to their trace's root (or make them roots)."""
-    if len({s.trace_id for s in spans}) == 1:  # the usual episode: one trace, nothing to repair
-        members = {s.span_id: s for s in spans}
-        if all(s.parent_id is None or s.parent_id in members for s in spans):
+def repair_parents(spans: list[SpanInfo], stats: dict[str, int], trace_ids: set[str] | None = None) -> None:
+    """Re-attach spans whose parent never arrived to their trace's root (or make them roots). `trace_ids`: the
+    spans' trace ids, when the caller has them."""
+    if trace_ids is None:
+        trace_ids = set(map(_TRACE, spans))
+    if len(trace_ids) == 1:  # the usual episode: one trace, nothing to repair (checked in C)
+        parents = set(map(_PARENT, spans))
+        parents.discard(None)
+        if parents.issubset(map(_SPAN, spans)):
             return
     by_trace: dict[str, dict[str, SpanInfo]] = defaultdict(dict)
     for s in spans:
@@ -118,23 +124,26 @@ class _Tree:
 def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
                      stats: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """One episode's row and its action rows (token columns still encoded); None when it holds no LLM call."""
-    repair_parents(spans, stats)
+    trace_ids = set(map(_TRACE, spans))
+    repair_parents(spans, stats, trace_ids)
     tree = _Tree(spans)
     calls = sorted([s for s in spans if s.kind == LLM], key=_BY_START_END)
     for c in calls:
-        materialise(c)
+        if c.raw_io is not None:
+            materialise(c)
     if not calls:
         stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
         return None
-    tasks = [tree.task_of(c) for c in calls]
-    steps = [tree.step_of(c) for c in calls]
+    tasks = [c.task or tree.task_of(c) for c in calls]
+    steps = [c.step if c.step is not None else tree.step_of(c) for c in calls]
     actions: list[dict[str, Any]] = []
     for order, c in enumerate(calls):
+        latency = c.latency_s
         actions.append({
             "episode_id": key,
             "order": order,
             "step": steps[order],
-            "agent": tree.agent_of(c) or "unknown",
+            "agent": c.agent or tree.agent_of(c) or "unknown",
             "span_id": c.span_id,
             "messages": c.messages or [],
             "completion": c.completion or "",
@@ -143,25 +152,21 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             "completion_token_ids": c.completion_token_ids,
             "completion_logprobs": c.completion_logprobs,
             "depends_on": [],
-            "tool_calls": [dict(tc, result=None, error=None) for tc in (c.tool_calls or [])],
+            "tool_calls": [dict(tc, result=None, error=None) for tc in c.tool_calls] if c.tool_calls else [],
             "tool_errors": 0,
             "input_tokens": c.input_tokens,
             "output_tokens": c.output_tokens,
-            "latency_s": c.latency_s if c.latency_s is not None else (c.end_ns - c.start_ns) / 1e9,
+            "latency_s": latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
             "model": c.model,
             "adapter_version": c.adapter_version,
             "trace_id": c.trace_id,
         })
-    _attach_tools(spans, calls, tasks, actions, tree, quarantine)
-    _dependencies(calls, tasks, steps, actions)
+    tools = [s for s in spans if s.kind == TOOL]
+    if tools:
+        _attach_tools(tools, calls, tasks, actions, tree, quarantine)
+    _dependencies(tasks, steps, actions)
 
-    start = min(map(_START, spans))
-    end = max(map(_END, spans))
     workflows = sorted([s for s in spans if s.kind == WORKFLOW], key=_BY_END)
-    agents: list[str] = []
-    for a in actions:
-        if a["agent"] not in agents:
-            agents.append(a["agent"])
     metadata: dict[str, Any] = {}
     for w in workflows:
         metadata.update(w.metadata or {})
@@ -172,53 +177,55 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     episode = {
         "episode_id": key,
         "scenario_id": scenario,
-        "start_time": start,
-        "end_time": end,
+        "start_time": min(map(_START, spans)),
+        "end_time": max(map(_END, spans)),
         "n_actions": len(actions),
-        "agents": agents,
+        "agents": list(dict.fromkeys([a["agent"] for a in actions])),
         "status": "error" if failed else "ok",
         "outcome": outcome,
         "feedback": {},
         "metadata": metadata,
-        "source_format": sorted({s.fmt for s in spans if s.kind == LLM})[0],
-        "trace_ids": sorted({s.trace_id for s in spans}),
+        "source_format": min(map(_FMT, calls)),
+        "trace_ids": sorted(trace_ids),
     }
     return episode, actions
 
 
-def _attach_tools(spans: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],
+def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],
                   tree: _Tree, quarantine: Quarantine) -> None:
-    tools = sorted([s for s in spans if s.kind == TOOL], key=_BY_START)
-    for t in tools:
-        task = tree.task_of(t)
-        before = [i for i, c in enumerate(calls) if c.start_ns <= t.start_ns]
-        pool = ([i for i in before if tasks[i] == task]  # the same node run, else a call that requested it
-                or [i for i in before if any(tc.get("name") == t.tool_name or (t.tool_call_id and tc.get("id") == t.tool_call_id)
-                                             for tc in actions[i]["tool_calls"])]
-                or before)
-        if not pool:
+    """Each tool span fills (or adds) an entry of the latest call before it of its node run, else of the latest
+    earlier call that requested it, else of the latest earlier call."""
+    starts = [c.start_ns for c in calls]  # `calls` are in start order: the calls before a tool are a prefix
+    done: set[int] = set()  # ids of the entries a tool span has filled
+    touched: set[int] = set()
+    for t in sorted(tools, key=_BY_START):
+        task = t.task or tree.task_of(t)
+        k = bisect_right(starts, t.start_ns)
+        if not k:
             quarantine.add("tool_without_action", t.source, trace_id=t.trace_id, span_id=t.span_id,
                            detail=f"tool {t.tool_name!r} ran before any LLM call of its episode")
             continue
-        idx = pool[-1]
+        idx = next((i for i in range(k - 1, -1, -1) if tasks[i] == task), -1)
+        if idx < 0:
+            name, call_id = t.tool_name, t.tool_call_id
+            idx = next((i for i in range(k - 1, -1, -1)
+                        if any(tc.get("name") == name or (call_id and tc.get("id") == call_id)
+                               for tc in actions[i]["tool_calls"])), k - 1)
         entries = actions[idx]["tool_calls"]
         entry = next((e for e in entries if t.tool_call_id and e.get("id") == t.tool_call_id), None)
         if entry is None:
-            entry = next((e for e in entries if e.get("name") == t.tool_name and not e.get("_done")), None)
+            entry = next((e for e in entries if e.get("name") == t.tool_name and id(e) not in done), None)
         if entry is None:
             entry = {"name": t.tool_name, "args": t.tool_args, "id": t.tool_call_id, "result": None, "error": None}
             entries.append(entry)
-        entry["_done"] = True
+        done.add(id(entry))
+        touched.add(idx)
         if entry.get("args") is None:
             entry["args"] = t.tool_args
         entry["result"] = None if t.error else _plain(t.tool_result)
         entry["error"] = (t.error_message or "error") if t.error else None
-    for a in actions:
-        entries = a["tool_calls"]
-        if entries:  # else tool_errors stays 0
-            for e in entries:
-                e.pop("_done", None)
-            a["tool_errors"] = sum(1 for e in entries if e.get("error"))
+    for idx in touched:  # the other actions' entries all have error None: tool_errors stays 0
+        actions[idx]["tool_errors"] = sum(1 for e in actions[idx]["tool_calls"] if e.get("error"))
 
 
 def _plain(value: Any) -> Any:
@@ -229,20 +236,22 @@ def _plain(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
+def _dependencies(tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
     quoted = [(j, text) for j, a in enumerate(actions)
               if len(text := (a["completion"] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
+    first_quoted = quoted[0][0] if quoted else len(actions)
     of_task: dict[str, list[int]] = {}  # earlier actions per node run
     last_of_step: dict[int, dict[str, int]] = {}  # step -> node run -> its latest earlier action in that step
+    step_keys: list[int] = []  # the keys of `last_of_step`, sorted
     for i, action in enumerate(actions):
         task, step = tasks[i], steps[i]
         same = of_task.get(task)
         deps: set[int] = set(same) if same else set()
-        if step is not None and last_of_step:
-            prev = max((s for s in last_of_step if s < step), default=None)
-            if prev is not None:
-                deps.update(last_of_step[prev].values())
-        if quoted and quoted[0][0] < i:
+        if step is not None and step_keys:
+            below = bisect_left(step_keys, step)  # the latest earlier step: the largest key < step
+            if below:
+                deps.update(last_of_step[step_keys[below - 1]].values())
+        if first_quoted < i:
             prompt = messages_text(action["messages"])
             for j, text in quoted:
                 if j >= i:
@@ -250,6 +259,13 @@ def _dependencies(calls: list[SpanInfo], tasks: list[str], steps: list[int | Non
                 if text in prompt:
                     deps.add(j)
         action["depends_on"] = sorted(deps)
-        of_task.setdefault(task, []).append(i)
+        if same is None:
+            of_task[task] = [i]
+        else:
+            same.append(i)
         if step is not None:
-            last_of_step.setdefault(step, {})[task] = i
+            of_step = last_of_step.get(step)
+            if of_step is None:
+                of_step = last_of_step[step] = {}
+                insort(step_keys, step)
+            of_step[task] = i

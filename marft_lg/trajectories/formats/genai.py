@@ -93,17 +93,17 @@ def materialise(info: SpanInfo) -> None:
     info.tool_calls = info.tool_calls or calls
 
 
-class _TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+class _TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True, gc=False):
     content: str
 
 
-class _ToolCallPart(msgspec.Struct, tag="tool_call", tag_field="type", forbid_unknown_fields=True):
+class _ToolCallPart(msgspec.Struct, tag="tool_call", tag_field="type", forbid_unknown_fields=True, gc=False):
     id: str | None = None
     name: str | None = None
     arguments: msgspec.Raw = msgspec.Raw(b"null")  # parsed by orjson, as the general path does
 
 
-class _Message(msgspec.Struct, forbid_unknown_fields=True):
+class _Message(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     parts: list[_TextPart | _ToolCallPart]
     role: str = "user"
 

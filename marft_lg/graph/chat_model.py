@@ -39,6 +39,23 @@ def _may_stream(handler: Any) -> bool:
     return getattr(handler, "tap_output_iter", None) is not None or getattr(handler, "tap_output_aiter", None) is not None
 
 
+class _CallCounter:
+    """0, 1, 2, ... per key (a LangGraph task's checkpoint namespace); remembers the last `limit` keys."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def next(self, key: str) -> int:
+        with self._lock:
+            index = self._counts.pop(key, 0)
+            self._counts[key] = index + 1
+            if len(self._counts) > self.limit:
+                self._counts.popitem(last=False)
+            return index
+
+
 class UnmappedNodeError(ValueError):
     """A call came from a node that has no agent role while ``unmapped="error"``."""
 
@@ -70,17 +87,12 @@ class TeamChatModel(BaseChatModel):
     model_name: str | None = None
 
     _client: Any = PrivateAttr(default=None)
-    _counters: OrderedDict = PrivateAttr(default_factory=OrderedDict)
-    _counters_lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _calls: _CallCounter = PrivateAttr(default_factory=lambda: _CallCounter())
 
     def _next_call_index(self, task_ns: str) -> int:
-        """Call index within one LangGraph task when no wrapped episode tracks it (bounded memory)."""
-        with self._counters_lock:
-            index = self._counters.pop(task_ns, 0)
-            self._counters[task_ns] = index + 1
-            while len(self._counters) > 4096:
-                self._counters.popitem(last=False)
-            return index
+        """Call index within one LangGraph task when no wrapped episode tracks it."""
+        # Read from pydantic's private dict: `self._calls` goes through BaseModel.__getattr__ (~6 µs a lookup).
+        return self.__pydantic_private__["_calls"].next(task_ns)
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -130,11 +142,12 @@ class TeamChatModel(BaseChatModel):
         if self.team is not None:
             return self.team
         if self.base_url:
-            if self._client is None:
+            private = self.__pydantic_private__
+            if private["_client"] is None:
                 from marft_lg.graph.remote import RemoteEngine
 
-                self._client = RemoteEngine(self.base_url, api_key=self.api_key)
-            return self._client
+                private["_client"] = RemoteEngine(self.base_url, api_key=self.api_key)
+            return private["_client"]
         raise ValueError(
             "TeamChatModel has no engine: pass team=Team(...) or base_url='http://127.0.0.1:8000/v1', "
             "or run the graph through marft_lg.wrap(graph, team=...)"

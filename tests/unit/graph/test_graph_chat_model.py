@@ -67,6 +67,16 @@ def test_seeds_are_deterministic_and_distinct_per_call():
     assert llm.invoke("hi", seed=99) and eng.requests[-1].seed == 99  # an explicit seed wins
 
 
+def test_unwrapped_call_index_counts_per_task_and_forgets_old_tasks():
+    from marft_lg.graph.chat_model import _CallCounter
+
+    llm = TeamChatModel(team=FakeEngine(), seed=3)
+    assert [llm._next_call_index("writer:a") for _ in range(3)] == [0, 1, 2]
+    assert llm._next_call_index("writer:b") == 0
+    counter = _CallCounter(limit=2)
+    assert [counter.next(k) for k in ("a", "a", "b", "c", "a")] == [0, 1, 0, 0, 0]  # "a" was evicted by "c"
+
+
 def test_tool_calls_parsed_and_malformed_reported():
     text = ('thinking <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
             '<tool_call>{"name": "add", "arguments": {"a": </tool_call>'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,29 @@ def base_info(raw: RawSpan, fmt: str) -> SpanInfo:
         return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt,
                         OTHER, True, error_message(raw))
     return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt)
+
+
+def intern_strings(info: SpanInfo) -> SpanInfo:
+    """Short strings repeated on many spans (names, agents, ids of episodes and tasks) share one copy each."""
+    intern = sys.intern
+    info.name = intern(info.name)
+    if type(info.agent) is str:
+        info.agent = intern(info.agent)
+    if type(info.episode_id) is str:
+        info.episode_id = intern(info.episode_id)
+    if type(info.session) is str:
+        info.session = intern(info.session)
+    if type(info.scenario_id) is str:
+        info.scenario_id = intern(info.scenario_id)
+    if type(info.task) is str:
+        info.task = intern(info.task)
+    if type(info.model) is str:
+        info.model = intern(info.model)
+    if type(info.adapter_version) is str:
+        info.adapter_version = intern(info.adapter_version)
+    if type(info.tool_name) is str:
+        info.tool_name = intern(info.tool_name)
+    return info
 
 
 def error_message(raw: RawSpan) -> str:

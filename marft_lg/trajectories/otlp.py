@@ -158,6 +158,19 @@ def iter_raw_spans(
     stats: dict[str, int] | None = None,
 ) -> Iterator[RawSpan]:
     """Yield every usable span of every file (or `FileRange`); send unusable lines and spans to `quarantine`."""
+    for spans in iter_span_batches(paths, quarantine, max_attribute_bytes=max_attribute_bytes, stats=stats):
+        yield from spans
+
+
+def iter_span_batches(
+    paths: str | os.PathLike | Iterable[str | os.PathLike] | Iterable[FileRange],
+    quarantine: Quarantine,
+    *,
+    max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
+    stats: dict[str, int] | None = None,
+) -> Iterator[Iterable[RawSpan]]:
+    """`iter_raw_spans` a line at a time: a well-formed line's spans as a list, any other line's as a generator that
+    quarantines as it goes (iterate each before asking for the next, so records keep their order)."""
     stats = stats if stats is not None else {}
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
@@ -196,10 +209,10 @@ def iter_raw_spans(
                 # no value can be longer than its line: no size check, the typed decoder may read it
                 typed = typed_spans(line, source) if len(line) <= max_attribute_bytes else None
                 if typed is None:
-                    yield from tolerant_spans_of_line(line, source, quarantine, max_attribute_bytes, stats)
+                    yield tolerant_spans_of_line(line, source, quarantine, max_attribute_bytes, stats)
                 else:
                     stats["spans_read"] = stats.get("spans_read", 0) + typed[1]
-                    yield from typed[0]
+                    yield typed[0]
 
 
 def _text(line: bytes) -> str:

@@ -152,7 +152,10 @@ def _raw_span(span: _Span, source: str, trace_ids: dict[str, str]) -> RawSpan:
         for kv in span.attributes:
             v = kv.value
             s = v.string_value
-            attributes[kv.key] = s if s is not UNSET else _value(v)
+            if s is UNSET:
+                s = v.int_value  # `_value`, inlined for the usual non-negative integer written as a string
+                s = int(s) if type(s) is str and s.isdigit() and s.isascii() else _value(v)
+            attributes[kv.key] = s
     status = span.status
     events = [{"name": e.name, "attributes": _attributes(e.attributes)} for e in span.events] if span.events else []
     if status is None:

@@ -20,7 +20,7 @@ from marft_lg.trajectories.assembly import assemble_episode
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-from marft_lg.trajectories.otlp import iter_raw_spans
+from marft_lg.trajectories.otlp import iter_span_batches
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.token_columns import TokenColumn
 
@@ -67,29 +67,35 @@ def _read_first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, S
                        progress: Callable[[int], None] | None) -> None:
     """Interpret every span read into `traces` (trace id -> span id -> span) and, when given, `spans` (read order)."""
     n = 0
-    for n, raw in enumerate(iter_raw_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats), 1):
-        members = traces.get(raw.trace_id)
-        if members is None:
-            members = traces[raw.trace_id] = {}
-        else:
-            first = members.get(raw.span_id)
-            if first is not None:
-                q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
-                      detail=f"first read at {first.source}")
-                continue
-        info = interpret(raw)
-        if info.parent_id is not None:  # share the parent's id string when it came first (65 bytes a span)
-            parent = members.get(info.parent_id)
-            if parent is not None:
-                info.parent_id = parent.span_id
-        members[info.span_id] = info
-        formats[info.fmt] += 1
-        if spans is not None:
-            spans.append(info)
-        if progress is not None and n % 10000 == 0:
-            progress(n)
+    for batch in iter_span_batches(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats):
+        for raw in batch:
+            n += 1
+            members = traces.get(raw.trace_id)
+            if members is None:
+                members = traces[raw.trace_id] = {}
+            else:
+                first = members.get(raw.span_id)
+                if first is not None:
+                    q.add("duplicate", raw.source, trace_id=raw.trace_id, span_id=raw.span_id,
+                          detail=f"first read at {first.source}")
+                    continue
+            info = interpret(raw)
+            if info.parent_id is not None:  # share the parent's id string when it came first (65 bytes a span)
+                parent = members.get(info.parent_id)
+                if parent is not None:
+                    info.parent_id = parent.span_id
+            members[info.span_id] = info
+            if spans is not None:
+                spans.append(info)
+            if progress is not None and n % 10000 == 0:
+                progress(n)
+    for members in traces.values():  # counted once at the end, in C
+        formats.update(map(_FMT, members.values()))
     if progress is not None:
         progress(n)
+
+
+_FMT = attrgetter("fmt")
 
 
 @dataclass(slots=True)

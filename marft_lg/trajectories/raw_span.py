@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 
-@dataclass(slots=True)
-class RawSpan:
-    """One span as read from the file, before any format-specific interpretation."""
+
+class RawSpan(msgspec.Struct, gc=False):
+    """One span as read from the file, before any format-specific interpretation. A msgspec Struct: built ~2x
+    faster than a slots dataclass (one per span read); never changed once built (setting a field is slower)."""
 
     trace_id: str
     span_id: str
@@ -19,5 +20,5 @@ class RawSpan:
     attributes: dict[str, Any]
     error: bool = False
     status_message: str = ""
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = msgspec.field(default_factory=list)
     source: str = ""

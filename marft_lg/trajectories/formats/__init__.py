@@ -12,10 +12,12 @@ FORMATS = (own, openinference, openllmetry, genai)
 
 def interpret(raw: RawSpan) -> SpanInfo:
     """Parse a span with the first format that recognises it; unknown spans stay in the tree as `other`.
-    Short strings repeated on many spans share one copy each (`intern_strings`; the own format does it itself)."""
+    Short strings repeated on many spans share one copy each (`intern_strings`; the own and OpenInference formats do it themselves)."""
     attrs = raw.attributes
     if own.detect(attrs):
         return own.parse(raw)
+    if openinference.detect(attrs):
+        return openinference.parse(raw)
     for fmt in _OTHERS:
         if fmt.detect(attrs):
             info = fmt.parse(raw)
@@ -26,7 +28,7 @@ def interpret(raw: RawSpan) -> SpanInfo:
     return intern_strings(info)
 
 
-_OTHERS = FORMATS[1:]
+_OTHERS = FORMATS[2:]  # own and openinference parse and intern themselves
 
 
 __all__ = ["FORMATS", "SpanInfo", "interpret"]

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from marft_lg.trajectories.formats.base import (
     AGENT,
     LLM,
+    OTHER,
     TOOL,
     WORKFLOW,
     SpanInfo,
@@ -15,6 +17,7 @@ from marft_lg.trajectories.formats.base import (
     as_int,
     as_list,
     base_info,
+    intern_strings,
     json_or,
     tool_result_text,
 )
@@ -28,6 +31,63 @@ def detect(attrs: dict[str, Any]) -> bool:
 
 
 def parse(raw: RawSpan) -> SpanInfo:
+    """The span's `SpanInfo`, its repeated strings interned (`base.intern_strings`): a span without error in one
+    pass (`_parse` + `intern_strings`, with the fields set once), any other through `_parse`."""
+    if raw.error:
+        return intern_strings(_parse(raw))
+    a = raw.attributes
+    get = a.get
+    intern = sys.intern
+    kind = str(get(_KIND, "")).upper()
+    meta, node, agent, step, triggers, task, session, scenario = _metadata(get("metadata"))  # strings interned
+    session = get(_SESSION) or session
+    if type(session) is str:
+        session = intern(session)
+    name = intern(raw.name)
+    if kind == "LLM":
+        messages, out = io_messages(a)
+        if out:
+            completion = str(out[-1].get("content") or "")
+            tool_calls = out[-1].get("tool_calls") or None
+        else:
+            completion, tool_calls = "", None
+        info = SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME, LLM,
+                        False, None, agent, None, session, scenario, step, triggers, task, messages, completion, tool_calls)
+        info.input_tokens = as_int(get(_PROMPT_TOKENS))
+        info.output_tokens = as_int(get(_COMPLETION_TOKENS))
+        model = get(_MODEL)
+        info.model = intern(model) if type(model) is str else model
+        return info
+    if kind == "TOOL":
+        info = SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME, TOOL,
+                        False, None, agent, None, session, scenario, step, triggers, task)
+        tool_name = get(_TOOL_NAME) or name
+        info.tool_name = intern(tool_name) if type(tool_name) is str else tool_name
+        info.tool_call_id = get(_TOOL_CALL_ID)
+        info.tool_args = json_or(get(_TOOL_PARAMETERS, get(_INPUT_VALUE)))
+        info.tool_result = tool_result_text(get(_OUTPUT_VALUE))
+        return info
+    if kind == "AGENT" or (kind == "CHAIN" and node and name == node):
+        return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME, AGENT,
+                        False, None, agent or name, None, session, scenario, step, triggers, task)
+    if kind == "CHAIN" and raw.parent_id is None:
+        info = SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME,
+                        WORKFLOW, False, None, agent, None, session, scenario, step, triggers, task)
+        info.outcome = get(_OUTPUT_VALUE)
+        info.metadata = {k: v for k, v in meta.items() if not k.startswith(("langgraph_", "ls_", "checkpoint"))} or None
+        return info
+    return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME, OTHER,
+                    False, None, None if kind == "CHAIN" and name != node else agent, None, session, scenario, step,
+                    triggers, task)
+
+
+_KIND, _SESSION, _MODEL = "openinference.span.kind", "session.id", "llm.model_name"
+_PROMPT_TOKENS, _COMPLETION_TOKENS = "llm.token_count.prompt", "llm.token_count.completion"
+_TOOL_NAME, _TOOL_CALL_ID, _TOOL_PARAMETERS = "tool.name", "tool_call.id", "tool.parameters"
+_INPUT_VALUE, _OUTPUT_VALUE = "input.value", "output.value"
+
+
+def _parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
     info = base_info(raw, NAME)
     kind = str(a.get("openinference.span.kind", "")).upper()
@@ -79,14 +139,19 @@ def _metadata(value: Any) -> _MetaFields:
     meta = meta if isinstance(meta, dict) else {}
     node = meta.get("langgraph_node")
     ns = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
-    out = (meta, node, agent_from_checkpoint_ns(ns, node), as_int(meta.get("langgraph_step")),
-           as_list(meta.get("langgraph_triggers")), ns,
-           meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id"), meta.get("scenario_id"))
+    out = (meta, node, _interned(agent_from_checkpoint_ns(ns, node)), as_int(meta.get("langgraph_step")),
+           as_list(meta.get("langgraph_triggers")), _interned(ns),
+           _interned(meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id")),
+           _interned(meta.get("scenario_id")))
     if type(value) is str:
         if len(_meta_cache) >= _META_CACHE_SIZE:
             _meta_cache.clear()
         _meta_cache[value] = out
     return out
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
 
 
 _IN, _OUT = "llm.input_messages.", "llm.output_messages."
@@ -103,10 +168,45 @@ def io_messages(a: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str,
         layout = _layouts[keys] = _layout(keys)
     if layout is None:
         return _scan_messages(a)
-    return [_message(a, *spec) for spec in layout[0]], [_message(a, *spec) for spec in layout[1]]
+    return _build(a, layout[0]), _build(a, layout[1])
 
 
-_MessageSpec = tuple[str | None, str | None, tuple[tuple[str, str], ...]]  # role key, content key, other fields
+def _build(a: dict[str, Any], specs: list[_MessageSpec]) -> list[dict[str, Any]]:
+    """`_message` of each spec, inlined: one LLM span builds a few messages, each nearly always a role and a content."""
+    out = []
+    for role, content, others in specs:
+        msg = {"role": "user" if role is None else a[role], "content": "" if content is None else str(a[content])}
+        for plan, key in others:
+            value = a[key]
+            if plan is None:
+                continue
+            t_idx, t_attr = plan
+            if t_idx < 0:
+                msg["tool_call_id"] = value
+                continue
+            calls = msg.setdefault("tool_calls", [])
+            while len(calls) <= t_idx:
+                calls.append({"id": None, "name": None, "args": None})
+            if t_attr is not None:
+                calls[t_idx][t_attr] = json_or(value) if t_attr == "args" else value
+        out.append(msg)
+    return out
+
+
+_FieldPlan = tuple[int, str | None] | None  # (-1, _) tool_call_id; (N, attr or None) tool call N; None: nothing
+_MessageSpec = tuple[str | None, str | None, tuple[tuple[_FieldPlan, str], ...]]  # role key, content key, other fields
+_TOOL_CALL_ATTRS = {"tool_call.id": "id", "tool_call.function.name": "name", "tool_call.function.arguments": "args"}
+
+
+def _field_plan(field: str) -> _FieldPlan:
+    """What `_set_field` does with a field other than role, content and content parts (which `_layout` excludes)."""
+    if field == "tool_call_id":
+        return -1, None
+    if field.startswith("tool_calls."):
+        t_idx, _, t_field = field[len("tool_calls."):].partition(".")
+        if t_idx.isdigit():
+            return int(t_idx), _TOOL_CALL_ATTRS.get(t_field)
+    return None
 _layouts: dict[tuple[str, ...], tuple[list[_MessageSpec], list[_MessageSpec]] | None] = {}
 
 
@@ -125,7 +225,8 @@ def _layout(keys: tuple[str, ...]) -> tuple[list[_MessageSpec], list[_MessageSpe
         if field in msg or field.startswith("contents."):
             return None
         msg[field] = key
-    return tuple([(m.get("role"), m.get("content"), tuple((f, k) for f, k in m.items() if f not in ("role", "content")))
+    return tuple([(m.get("role"), m.get("content"),
+                   tuple((_field_plan(f), k) for f, k in m.items() if f not in ("role", "content")))
                   for _, m in sorted(side.items())] for side in fields)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
+from marft_lg.trajectories.columns import ACTION_COLUMNS
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
 from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
@@ -25,6 +26,9 @@ from marft_lg.trajectories.quarantine import Quarantine
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
 _TRACE, _SPAN, _PARENT, _FMT = attrgetter("trace_id"), attrgetter("span_id"), attrgetter("parent_id"), attrgetter("fmt")
+ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")  # the action rows' fields, in order
+_AGENT, _MESSAGES, _COMPLETION, _DEPENDS_ON, _TOOL_CALLS, _TOOL_ERRORS = map(
+    ACTION_FIELDS.index, ("agent", "messages", "completion", "depends_on", "tool_calls", "tool_errors"))
 _BY_START, _BY_START_END, _BY_END = (attrgetter("start_ns", "span_id"), attrgetter("start_ns", "end_ns", "span_id"),
                                      attrgetter("end_ns", "span_id"))
 
@@ -122,8 +126,9 @@ class _Tree:
 
 
 def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
-                     stats: dict[str, int]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """One episode's row and its action rows (token columns still encoded); None when it holds no LLM call."""
+                     stats: dict[str, int]) -> tuple[dict[str, Any], list[list[Any]]] | None:
+    """One episode's row and its action rows (lists in `ACTION_FIELDS` order: no dict per action; token columns
+    still encoded); None when it holds no LLM call."""
     trace_ids = set(map(_TRACE, spans))
     repair_parents(spans, stats, trace_ids)
     tree = _Tree(spans)
@@ -136,31 +141,20 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         return None
     tasks = [c.task or tree.task_of(c) for c in calls]
     steps = [c.step if c.step is not None else tree.step_of(c) for c in calls]
-    actions: list[dict[str, Any]] = []
-    for order, c in enumerate(calls):
+    actions: list[list[Any]] = []
+    for order, c in enumerate(calls):  # a row in `ACTION_FIELDS` order (transposed into columns per batch)
         latency = c.latency_s
-        actions.append({
-            "episode_id": key,
-            "order": order,
-            "step": steps[order],
-            "agent": c.agent or tree.agent_of(c) or "unknown",
-            "span_id": c.span_id,
-            "messages": c.messages or [],
-            "completion": c.completion or "",
+        actions.append([
+            key, order, steps[order], c.agent or tree.agent_of(c) or "unknown", c.span_id, c.messages or [],
+            c.completion or "",
             # as the span carried them ("i32:<base64>", a list, ...): decoded a column at a time (TokenColumn)
-            "prompt_token_ids": c.prompt_token_ids,
-            "completion_token_ids": c.completion_token_ids,
-            "completion_logprobs": c.completion_logprobs,
-            "depends_on": [],
-            "tool_calls": [dict(tc, result=None, error=None) for tc in c.tool_calls] if c.tool_calls else [],
-            "tool_errors": 0,
-            "input_tokens": c.input_tokens,
-            "output_tokens": c.output_tokens,
-            "latency_s": latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
-            "model": c.model,
-            "adapter_version": c.adapter_version,
-            "trace_id": c.trace_id,
-        })
+            c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs,
+            [],  # depends_on
+            [dict(tc, result=None, error=None) for tc in c.tool_calls] if c.tool_calls else [],
+            0,  # tool_errors
+            c.input_tokens, c.output_tokens, latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
+            c.model, c.adapter_version, c.trace_id,
+        ])
     tools = [s for s in spans if s.kind == TOOL]
     if tools:
         _attach_tools(tools, calls, tasks, actions, tree, quarantine)
@@ -180,7 +174,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "start_time": min(map(_START, spans)),
         "end_time": max(map(_END, spans)),
         "n_actions": len(actions),
-        "agents": list(dict.fromkeys([a["agent"] for a in actions])),
+        "agents": list(dict.fromkeys([a[_AGENT] for a in actions])),
         "status": "error" if failed else "ok",
         "outcome": outcome,
         "feedback": {},
@@ -191,7 +185,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     return episode, actions
 
 
-def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[dict[str, Any]],
+def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[list[Any]],
                   tree: _Tree, quarantine: Quarantine) -> None:
     """Each tool span fills (or adds) an entry of the latest call before it of its node run, else of the latest
     earlier call that requested it, else of the latest earlier call."""
@@ -210,8 +204,8 @@ def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
             name, call_id = t.tool_name, t.tool_call_id
             idx = next((i for i in range(k - 1, -1, -1)
                         if any(tc.get("name") == name or (call_id and tc.get("id") == call_id)
-                               for tc in actions[i]["tool_calls"])), k - 1)
-        entries = actions[idx]["tool_calls"]
+                               for tc in actions[i][_TOOL_CALLS])), k - 1)
+        entries = actions[idx][_TOOL_CALLS]
         entry = next((e for e in entries if t.tool_call_id and e.get("id") == t.tool_call_id), None)
         if entry is None:
             entry = next((e for e in entries if e.get("name") == t.tool_name and id(e) not in done), None)
@@ -225,7 +219,7 @@ def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
         entry["result"] = None if t.error else _plain(t.tool_result)
         entry["error"] = (t.error_message or "error") if t.error else None
     for idx in touched:  # the other actions' entries all have error None: tool_errors stays 0
-        actions[idx]["tool_errors"] = sum(1 for e in actions[idx]["tool_calls"] if e.get("error"))
+        actions[idx][_TOOL_ERRORS] = sum(1 for e in actions[idx][_TOOL_CALLS] if e.get("error"))
 
 
 def _plain(value: Any) -> Any:
@@ -236,9 +230,9 @@ def _plain(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _dependencies(tasks: list[str], steps: list[int | None], actions: list[dict[str, Any]]) -> None:
+def _dependencies(tasks: list[str], steps: list[int | None], actions: list[list[Any]]) -> None:
     quoted = [(j, text) for j, a in enumerate(actions)
-              if len(text := (a["completion"] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
+              if len(text := (a[_COMPLETION] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
     first_quoted = quoted[0][0] if quoted else len(actions)
     of_task: dict[str, list[int]] = {}  # earlier actions per node run
     last_of_step: dict[int, dict[str, int]] = {}  # step -> node run -> its latest earlier action in that step
@@ -252,13 +246,13 @@ def _dependencies(tasks: list[str], steps: list[int | None], actions: list[dict[
             if below:
                 deps.update(last_of_step[step_keys[below - 1]].values())
         if first_quoted < i:
-            prompt = messages_text(action["messages"])
+            prompt = messages_text(action[_MESSAGES])
             for j, text in quoted:
                 if j >= i:
                     break
                 if text in prompt:
                     deps.add(j)
-        action["depends_on"] = sorted(deps)
+        action[_DEPENDS_ON] = sorted(deps)
         if same is None:
             of_task[task] = [i]
         else:

@@ -13,21 +13,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
-from marft_lg.trajectories.assembly import assemble_episode
-from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_COLUMNS, json_texts
+from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
+from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import iter_span_batches
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.token_columns import TokenColumn
 
-ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 _INTERNED = frozenset({"agent", "model", "adapter_version"})
+_MESSAGES = ACTION_FIELDS.index("messages")
 
 
 @contextmanager
@@ -153,7 +153,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
     `agents` counts the kept actions per agent."""
     rows: list[dict] = []
-    batch: list[dict[str, Any]] = []
+    batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
     intern = sys.intern  # and one copy of each role name ("system", "user", ...) overall: ~100 bytes an action
     for key in sorted(episodes):
@@ -170,7 +170,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)
         for a in acts:
-            for m in a["messages"]:
+            for m in a[_MESSAGES]:
                 if type(m) is dict:
                     role = m.get("role")
                     if type(role) is str:
@@ -186,9 +186,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         yield rows, _columns(batch, agents)
 
 
-def _columns(actions: list[dict[str, Any]], agents: Counter[str]) -> dict[str, list]:
+def _columns(actions: list[list[Any]], agents: Counter[str]) -> dict[str, list]:
     """Action rows -> columns (short repeated strings shared); counts the actions per agent."""
-    rows = zip(*map(itemgetter(*ACTION_FIELDS), actions), strict=True)  # transposed in C
+    rows = zip(*actions, strict=True)  # transposed in C
     cols = {name: interned(values) if name in _INTERNED else list(values)
             for name, values in zip(ACTION_FIELDS, rows, strict=True)} if actions else new_columns()
     agents.update(cols["agent"])

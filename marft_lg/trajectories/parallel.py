@@ -1,7 +1,7 @@
 """Mining on several cores: the input is cut into line-aligned byte ranges, one worker process per range.
 
-1. Each worker reads and interprets its range (`read_traces`) and sends back a `TraceSummary` per trace
-   and its feedback spans; its spans stay in the worker.
+1. Each worker reads and interprets its range (`read_traces`) and sends back each trace's episode key (from
+   its `TraceSummary`) and its feedback spans; its spans stay in the worker.
 2. The parent finds traces read by more than one worker (a trace cut by a range boundary, or re-exported
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
@@ -34,7 +34,6 @@ from typing import Any
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import FileRange
 from marft_lg.trajectories.pipeline import (
-    TraceSummary,
     assemble_batches,
     decode_tokens,
     feedback_index,
@@ -153,9 +152,10 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
             if spans:
                 by_trace[t] = spans
         del traces
-        summaries = {t: summarise_trace(spans) for t, spans in by_trace.items()}  # no feedback span: never None
-        conn.send(("parsed", summaries, feedback, stats, dict(formats), kept))
-        del summaries
+        # the episode key of each trace (no feedback span here: never None); used for the traces no other worker read
+        keys = {t: summarise_trace(spans).key(t) for t, spans in by_trace.items()}
+        conn.send(("parsed", keys, feedback, stats, dict(formats), kept))
+        del keys
         while True:
             cmd, arg = conn.recv()
             if cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them
@@ -255,20 +255,20 @@ class ParallelRun:
                 i = self._conns.index(conn)
                 parsed[i] = self._recv(i)
                 pending.discard(i)
-        presence: dict[str, list[int]] = defaultdict(list)
-        summaries: list[dict[str, TraceSummary]] = []
+        keys_by_worker: list[dict[str, str]] = []
         fb_by_worker: list[dict[str, list[SpanInfo]]] = []
+        readers: Counter[str] = Counter()  # trace id -> how many workers read it
         for i in range(len(self._conns)):
-            _, summ, feedback, stats, formats, kept = parsed.pop(i)
-            summaries.append(summ)
-            for t in {*summ, *feedback}:
-                presence[t].append(i)
+            _, keys, feedback, stats, formats, kept = parsed.pop(i)
+            keys_by_worker.append(keys)
+            readers.update(keys.keys() | feedback.keys())
             for k, v in stats.items():
                 self.stats[k] = self.stats.get(k, 0) + v
             self.formats.update(formats)
             self.spans_kept += kept
             fb_by_worker.append(feedback)
-        shared = sorted(t for t, where in presence.items() if len(where) > 1)
+        shared = sorted(t for t, n in readers.items() if n > 1)
+        del readers
         merged_traces, merged_feedback = self._merge_shared(shared)
         shared_set = set(shared)
         for feedback in fb_by_worker:
@@ -278,21 +278,26 @@ class ParallelRun:
         self.feedback_spans.extend(merged_feedback)
         # every trace's episode key, and where its spans are
         self._parent_traces = merged_traces  # trace id -> spans (read order), held here
-        trace_key: dict[str, str] = {}
-        for t, spans in merged_traces.items():
-            trace_key[t] = summarise_trace(spans).key(t)
+        trace_key: dict[str, str] = {t: summarise_trace(spans).key(t) for t, spans in merged_traces.items()}
         home: dict[str, int] = {}
-        for i, summ in enumerate(summaries):
-            for t, s in summ.items():
-                if t not in shared_set:
-                    trace_key[t] = s.key(t)
-                    home[t] = i
+        for i, keys in enumerate(keys_by_worker):
+            if shared_set:
+                keys = {t: k for t, k in keys.items() if t not in shared_set}
+            trace_key.update(keys)
+            home.update(dict.fromkeys(keys, i))
         episodes: dict[str, list[str]] = defaultdict(list)
         for t in sorted(trace_key):
             episodes[trace_key[t]].append(t)
         self._local: list[dict[str, list[str]]] = [{} for _ in self._conns]
         self._global: dict[str, list[str]] = {}
         for key, tids in episodes.items():
+            if len(tids) == 1:  # the usual episode: one trace
+                owner = home.get(tids[0], -1)
+                if owner >= 0:
+                    self._local[owner][key] = tids
+                else:
+                    self._global[key] = tids
+                continue
             owners = {home.get(t, -1) for t in tids}
             if len(owners) == 1 and -1 not in owners:
                 self._local[owners.pop()][key] = tids

@@ -144,7 +144,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     if n_workers > 1:
         from marft_lg.trajectories.parallel import plan_ranges
 
-        groups = plan_ranges(files, n_workers)
+        groups = plan_ranges(files, n_workers, count_lines=False)  # counted once the first worker runs
     if len(groups) > 1:
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
                                      chunk_actions=chunk_actions, writer=writer)

@@ -27,6 +27,7 @@ import tempfile
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,10 @@ def default_workers() -> int:
     return max(1, min(8, n))
 
 
-def plan_ranges(files: list[Path], workers: int) -> list[list[FileRange]]:
+def plan_ranges(files: list[Path], workers: int, *, count_lines: bool = True) -> list[list[FileRange]]:
     """Cut `files` (in order) into at most `workers` contiguous groups of about equal bytes, splitting plain
-    files at line boundaries (``.gz`` files stay whole); empty groups are dropped."""
+    files at line boundaries (``.gz`` files stay whole); empty groups are dropped. With `count_lines` False a range
+    that starts inside a file gets first_line 0, to be filled in by `number_lines` (the first group never needs it)."""
     sizes = [f.stat().st_size for f in files]
     total = sum(sizes)
     groups: list[list[FileRange]] = [[] for _ in range(max(1, workers))]
@@ -77,7 +79,8 @@ def plan_ranges(files: list[Path], workers: int) -> list[list[FileRange]]:
                 if not last and assigned >= (g + 1) * total / len(groups):
                     g += 1
                 break
-            cut, cut_line = _line_boundary(path, start + max(room, 1), start, line)
+            cut = _next_line_start(path, start + max(room, 1))
+            cut_line = line + _count_newlines(path, start, cut) if count_lines else 0
             if cut >= size:
                 groups[g].append(FileRange(path, start, None, line))
                 assigned += size - start
@@ -90,21 +93,42 @@ def plan_ranges(files: list[Path], workers: int) -> list[list[FileRange]]:
     return [grp for grp in groups if grp]
 
 
-def _line_boundary(path: Path, pos: int, start: int, line: int) -> tuple[int, int]:
-    """The first line start after `pos`, and its line number (counting from `line` at byte `start`)."""
+def number_lines(groups: list[list[FileRange]]) -> list[list[FileRange]]:
+    """`groups` with the first line number of every range planned without counting (first_line 0) filled in,
+    counting each file's newlines once, in order."""
+    at: dict[Path, tuple[int, int]] = {}  # file -> (byte, line number) of the latest range start seen
+    out = []
+    for group in groups:
+        numbered = []
+        for r in group:
+            if r.first_line == 0:
+                pos, line = at.get(r.path, (0, 1))
+                r = replace(r, first_line=line + _count_newlines(r.path, pos, r.start))
+            at[r.path] = (r.start, r.first_line)
+            numbered.append(r)
+        out.append(numbered)
+    return out
+
+
+def _next_line_start(path: Path, pos: int) -> int:
+    """The first line start after `pos`."""
     with path.open("rb") as fh:
         fh.seek(pos)
         fh.readline()
-        cut = fh.tell()
+        return fh.tell()
+
+
+def _count_newlines(path: Path, start: int, end: int) -> int:
+    with path.open("rb") as fh:
         fh.seek(start)
-        left, newlines = cut - start, 0
+        left, newlines = end - start, 0
         while left > 0:
             block = fh.read(min(_BLOCK, left))
             if not block:
                 break
             newlines += block.count(b"\n")
             left -= len(block)
-    return cut, line + newlines
+    return newlines
 
 
 def _start_method() -> str:
@@ -209,9 +233,14 @@ class ParallelRun:
 
     # lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start one worker per group; the line numbers of the later groups (when planned without counting) are
+        counted while the first worker already reads."""
         ctx = mp.get_context(_start_method())
         self._counters = [ctx.Value("q", 0, lock=False) for _ in self.groups]
-        for i, group in enumerate(self.groups):
+        for i in range(len(self.groups)):
+            if i == 1:
+                self.groups = number_lines(self.groups)
+            group = self.groups[i]
             parent, child = ctx.Pipe()
             qpath = str(self._tmp / f"quarantine-{i}.jsonl") if self.quarantine_path is not None else None
             p = ctx.Process(target=_worker_main, args=(child, group, self.max_attribute_bytes, qpath, self._counters[i]),

@@ -15,7 +15,7 @@ from marft_lg.tracing import attributes as A
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
 from marft_lg.trajectories.otlp import expand_paths
-from marft_lg.trajectories.parallel import plan_ranges
+from marft_lg.trajectories.parallel import number_lines, plan_ranges
 
 SAMPLES = Path(__file__).resolve().parents[3] / "traces" / "samples"
 
@@ -66,6 +66,16 @@ def test_plan_ranges_cover_every_line_once(tmp_path):
         spans = sorted((s, e) for p, s, e in seen if p == path)
         assert spans[0][0] == 0 and spans[-1][1] == path.stat().st_size
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_line_numbers_counted_after_planning_are_the_same(tmp_path):
+    src = _damaged_input(tmp_path)
+    other = write(tmp_path / "b.jsonl", ["x", "y", "z"] * 50)
+    files = expand_paths([src, other])
+    for workers in (2, 3, 5):
+        lazy = plan_ranges(files, workers, count_lines=False)
+        assert all(r.first_line == 1 for r in lazy[0])  # the first worker starts before any counting
+        assert number_lines(lazy) == plan_ranges(files, workers)
 
 
 @pytest.mark.parametrize("workers", [2, 3])

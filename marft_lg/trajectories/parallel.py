@@ -1,7 +1,7 @@
 """Mining on several cores: the input is cut into line-aligned byte ranges, one worker process per range.
 
 1. Each worker reads and interprets its range (`read_traces`) and sends back each trace's episode key (from
-   its `TraceSummary`) and its feedback spans; its spans stay in the worker.
+   `trace_episode_key`) and its feedback spans; its spans stay in the worker.
 2. The parent finds traces read by more than one worker (a trace cut by a range boundary, or re-exported
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
@@ -40,8 +40,8 @@ from marft_lg.trajectories.pipeline import (
     feedback_index,
     gc_paused,
     read_traces,
-    summarise_trace,
     table_columns,
+    trace_episode_key,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 
@@ -176,8 +176,8 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
             if spans:
                 by_trace[t] = spans
         del traces
-        # the episode key of each trace (no feedback span here: never None); used for the traces no other worker read
-        keys = {t: summarise_trace(spans).key(t) for t, spans in by_trace.items()}
+        # the episode key of each trace (no feedback span here); used for the traces no other worker read
+        keys = {t: trace_episode_key(t, spans) for t, spans in by_trace.items()}
         conn.send(("parsed", keys, feedback, stats, dict(formats), kept))
         del keys
         while True:
@@ -307,7 +307,7 @@ class ParallelRun:
         self.feedback_spans.extend(merged_feedback)
         # every trace's episode key, and where its spans are
         self._parent_traces = merged_traces  # trace id -> spans (read order), held here
-        trace_key: dict[str, str] = {t: summarise_trace(spans).key(t) for t, spans in merged_traces.items()}
+        trace_key: dict[str, str] = {t: trace_episode_key(t, spans) for t, spans in merged_traces.items()}
         home: dict[str, int] = {}
         for i, keys in enumerate(keys_by_worker):
             if shared_set:

@@ -142,6 +142,20 @@ def summarise_trace(spans: list[SpanInfo]) -> TraceSummary | None:
     return summary
 
 
+_EPISODE_ID, _SESSION = attrgetter("episode_id"), attrgetter("session")
+
+
+def trace_episode_key(trace_id: str, spans: list[SpanInfo]) -> str:
+    """`summarise_trace(spans).key(trace_id)` for a trace without feedback spans, without building the summary."""
+    named = list(filter(_EPISODE_ID, spans))
+    if named:
+        return min(named, key=_ORDER).episode_id
+    named = list(filter(_SESSION, spans))
+    if named:
+        return str(min(named, key=_ORDER).session)
+    return trace_id
+
+
 def new_columns() -> dict[str, list]:
     return {c: [] for c in ACTION_FIELDS}
 

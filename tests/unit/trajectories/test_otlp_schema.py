@@ -187,7 +187,7 @@ def test_one_trace_summary_equals_the_streaming_summary():
     import random
 
     from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-    from marft_lg.trajectories.pipeline import summarise_trace
+    from marft_lg.trajectories.pipeline import summarise_trace, trace_episode_key
 
     rng = random.Random(0)
     for _ in range(500):
@@ -198,6 +198,9 @@ def test_one_trace_summary_equals_the_streaming_summary():
             s.kind = FEEDBACK if rng.random() < 0.1 else s.kind
             spans.append(s)
         assert summarise_trace(spans) == _streaming_summaries(spans).get("t")
+        plain = [s for s in spans if s.kind != FEEDBACK]
+        if plain:  # what the mining workers send: the key alone
+            assert trace_episode_key("t", plain) == summarise_trace(plain).key("t")
 
 
 def test_interned_shares_one_copy_per_string():

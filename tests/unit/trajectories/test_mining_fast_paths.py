@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import gc
+import json
+import random
 
 import pytest
 
+from marft_lg.tracing import attributes as A
 from marft_lg.tracing.attributes import from_genai_messages
+from marft_lg.trajectories.formats import openinference as oi
+from marft_lg.trajectories.formats import own
+from marft_lg.trajectories.formats.base import intern_strings
 from marft_lg.trajectories.formats.genai import _text_messages
 from marft_lg.trajectories.formats.openinference import flat_messages, io_messages
 from marft_lg.trajectories.otlp import _fast_raw_span, _raw_span
 from marft_lg.trajectories.pipeline import gc_paused
 from marft_lg.trajectories.quarantine import Quarantine
+from marft_lg.trajectories.raw_span import RawSpan
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 
@@ -85,3 +92,96 @@ def test_gc_paused_restores_the_collector():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+# -- own / OpenInference: the one-pass reader of the usual span (no error, no feedback) ----------
+N_RANDOM = 3000  # random attribute sets per format: right and wrong types, JSON and non-JSON text
+
+
+
+def _both(parse_fast, parse_general, make):
+    results = []
+    for parse in (lambda: intern_strings(parse_general(make())), lambda: parse_fast(make())):
+        try:
+            results.append((parse(), None))
+        except Exception as exc:  # noqa: BLE001 - the exception type is what is compared
+            results.append((None, type(exc)))
+    return results
+
+
+def _assert_same(general, fast, attrs):
+    (old, old_exc), (new, new_exc) = general, fast
+    assert old_exc == new_exc, (attrs, old_exc, new_exc)
+    if old is not None:
+        for name in old.__slots__:
+            x, y = getattr(old, name), getattr(new, name)
+            assert x == y and type(x) is type(y), (name, x, y, attrs)
+
+
+def test_own_fast_path_matches_general_path():
+    rng = random.Random(1)
+    keys = [own._EPISODE_ID, own._SCENARIO_ID, own._ROLE, own._NODE, own._STEP, own._TRIGGERS, own._TASK_ID,
+            own._CHECKPOINT_NS, own._PROMPT_TOKEN_IDS, own._COMPLETION_TOKEN_IDS, own._COMPLETION_LOGPROBS,
+            own._ADAPTER_VERSION, own._LATENCY_S, own._TOOL_CALLS, own._OUTCOME, own._EPISODE_METADATA,
+            "gen_ai.conversation.id", "gen_ai.agent.name", "gen_ai.input.messages", "gen_ai.output.messages",
+            "gen_ai.system_instructions", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+            "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "gen_ai.response.model",
+            "gen_ai.request.model", "gen_ai.tool.name", "gen_ai.tool.call.id", "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result", "gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.content"]
+    values = [None, "", "x", "unknown", 0, 1, 7, True, 2.5, -1.0, "12", "[1,2]", '{"a": 1}',
+              '[{"name": "t", "id": "c"}]', ["a", "b"], [], "i32:AQAAAA==",
+              A.to_genai_messages([{"role": "user", "content": "hi"}]), "not json {"]
+    ops = ["chat", "text_completion", "execute_tool", "invoke_agent", "create_agent", "invoke_workflow", "other", "", 5,
+           None]
+    fast_taken = 0
+    for _ in range(N_RANDOM):
+        attrs = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, len(keys)))}
+        if rng.random() < 0.95:
+            attrs["gen_ai.operation.name"] = rng.choice(ops)
+        if not own.detect(attrs):
+            attrs[own._EPISODE_ID] = rng.choice(values)
+        parent = rng.choice([None, "00000000000000aa"])
+        name = rng.choice(["n", "invoke_agent x", ""])
+        fast_taken += type(attrs.get("gen_ai.operation.name")) is str
+
+        def make(attrs=attrs, parent=parent, name=name):
+            return RawSpan("t" * 32, "s" * 16, parent, name, 1, 2, dict(attrs), False, "", [], "f:1")
+
+        general, fast = _both(own.parse, own._parse, make)
+        _assert_same(general, fast, attrs)
+    assert fast_taken > N_RANDOM // 2  # the fast path was exercised, not only the fallback
+
+
+def test_openinference_fast_path_matches_general_path():
+    rng = random.Random(2)
+    metas = [None, "", "{}", "not json",
+             json.dumps({"langgraph_node": "a", "langgraph_step": 2, "thread_id": "t1", "scenario_id": "s",
+                         "langgraph_checkpoint_ns": "a:1", "langgraph_triggers": ["x"], "ls_x": 1, "user": "u"}),
+             json.dumps({"langgraph_node": "b", "checkpoint_ns": "outer:1|b:2", "session_id": 5}), json.dumps([1]),
+             json.dumps({"langgraph_node": 3, "langgraph_step": "x"})]
+    keys = ["session.id", "llm.model_name", "llm.token_count.prompt", "llm.token_count.completion", "tool.name",
+            "tool_call.id", "tool.parameters", "input.value", "output.value", "llm.input_messages.0.message.role",
+            "llm.input_messages.0.message.content", "llm.input_messages.1.message.content",
+            "llm.output_messages.0.message.content", "llm.output_messages.0.message.role",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.id",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.name",
+            "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments",
+            "llm.input_messages.0.message.contents.0.message_content.text", "llm.input_messages.0.message.tool_call_id"]
+    values = [None, "", "x", "a", "b", 0, 3, True, 2.5, "12", '{"a": 1}', '{"output": {"kwargs": {"content": "r"}}}', [],
+              ["q"]]
+    kinds = ["LLM", "llm", "TOOL", "AGENT", "CHAIN", "chain", "RETRIEVER", "", 5, None]
+    for _ in range(N_RANDOM):
+        attrs = {"openinference.span.kind": rng.choice(kinds)}
+        for k in rng.sample(keys, rng.randint(0, len(keys))):
+            attrs[k] = rng.choice(values)
+        attrs["metadata"] = rng.choice(metas)
+        if rng.random() < 0.1:
+            del attrs["metadata"]
+        name = rng.choice(["a", "b", "ChatModel", ""])
+        parent = rng.choice([None, "00000000000000aa"])
+
+        def make(attrs=attrs, parent=parent, name=name):
+            return RawSpan("t" * 32, "s" * 16, parent, name, 1, 2, dict(attrs), False, "", [], "f:1")
+
+        general, fast = _both(oi.parse, oi._parse, make)
+        _assert_same(general, fast, attrs)

@@ -34,15 +34,18 @@ _BY_START, _BY_START_END, _BY_END = (attrgetter("start_ns", "span_id"), attrgett
 
 
 def episode_key(spans: list[SpanInfo]) -> str:
-    """The episode a trace belongs to: own episode id > conversation/session id > trace id."""
-    ordered = sorted(spans, key=_BY_START)
-    for s in ordered:
-        if s.episode_id:
-            return s.episode_id
-    for s in ordered:
-        if s.session:
-            return str(s.session)
-    return ordered[0].trace_id
+    """The episode a trace (its non-feedback spans) belongs to: the own episode id of its earliest span naming one >
+    the conversation/session id of its earliest span naming one > its trace id."""
+    named = list(filter(_EPISODE_ID, spans))
+    if named:
+        return min(named, key=_BY_START).episode_id
+    named = list(filter(_SESSION, spans))
+    if named:
+        return str(min(named, key=_BY_START).session)
+    return spans[0].trace_id
+
+
+_EPISODE_ID, _SESSION = attrgetter("episode_id"), attrgetter("session")
 
 
 def group_episodes(spans: Iterable[SpanInfo]) -> tuple[dict[str, list[SpanInfo]], list[SpanInfo]]:

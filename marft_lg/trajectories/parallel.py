@@ -1,7 +1,7 @@
 """Mining on several cores: the input is cut into line-aligned byte ranges, one worker process per range.
 
 1. Each worker reads and interprets its range (`read_traces`) and sends back each trace's episode key (from
-   `trace_episode_key`) and its feedback spans; its spans stay in the worker.
+   `assembly.episode_key`) and its feedback spans; its spans stay in the worker.
 2. The parent finds traces read by more than one worker (a trace cut by a range boundary, or re-exported
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import FileRange
 from marft_lg.trajectories.pipeline import (
@@ -41,7 +42,6 @@ from marft_lg.trajectories.pipeline import (
     gc_paused,
     read_traces,
     table_columns,
-    trace_episode_key,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 
@@ -177,7 +177,7 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 by_trace[t] = spans
         del traces
         # the episode key of each trace (no feedback span here); used for the traces no other worker read
-        keys = {t: trace_episode_key(t, spans) for t, spans in by_trace.items()}
+        keys = {t: episode_key(spans) for t, spans in by_trace.items()}
         conn.send(("parsed", keys, feedback, stats, dict(formats), kept))
         del keys
         while True:
@@ -307,7 +307,7 @@ class ParallelRun:
         self.feedback_spans.extend(merged_feedback)
         # every trace's episode key, and where its spans are
         self._parent_traces = merged_traces  # trace id -> spans (read order), held here
-        trace_key: dict[str, str] = {t: trace_episode_key(t, spans) for t, spans in merged_traces.items()}
+        trace_key: dict[str, str] = {t: episode_key(spans) for t, spans in merged_traces.items()}
         home: dict[str, int] = {}
         for i, keys in enumerate(keys_by_worker):
             if shared_set:

@@ -12,14 +12,13 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.formats import interpret
-from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
+from marft_lg.trajectories.formats.base import SpanInfo
 from marft_lg.trajectories.otlp import iter_span_batches
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.token_columns import TokenColumn
@@ -96,64 +95,6 @@ def _read_first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, S
 
 
 _FMT = attrgetter("fmt")
-
-
-@dataclass(slots=True)
-class TraceSummary:
-    """What deciding a trace's episode needs (see `assembly.episode_key`), without its spans."""
-
-    first: tuple[int, str]  # (start, span id) of its earliest span
-    episode: tuple[int, str, str] | None = None  # earliest span naming an own episode id: (start, span id, id)
-    session: tuple[int, str, str] | None = None  # earliest span naming a session
-
-    def merge(self, other: TraceSummary) -> TraceSummary:
-        return TraceSummary(first=min(self.first, other.first), episode=_min(self.episode, other.episode),
-                            session=_min(self.session, other.session))
-
-    def key(self, trace_id: str) -> str:
-        if self.episode is not None:
-            return self.episode[2]
-        if self.session is not None:
-            return self.session[2]
-        return trace_id
-
-
-def _min(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else min(a, b)
-
-
-_ORDER = attrgetter("start_ns", "span_id")
-
-
-def summarise_trace(spans: list[SpanInfo]) -> TraceSummary | None:
-    """One trace's `TraceSummary` (None when all its spans are feedback: those belong to no trace's episode)."""
-    spans = [s for s in spans if s.kind != FEEDBACK]
-    if not spans:
-        return None
-    summary = TraceSummary(first=_ORDER(min(spans, key=_ORDER)))
-    named = [s for s in spans if s.episode_id]
-    if named:
-        s = min(named, key=_ORDER)
-        summary.episode = (s.start_ns, s.span_id, s.episode_id)
-    named = [s for s in spans if s.session]
-    if named:
-        s = min(named, key=_ORDER)
-        summary.session = (s.start_ns, s.span_id, str(s.session))
-    return summary
-
-
-_EPISODE_ID, _SESSION = attrgetter("episode_id"), attrgetter("session")
-
-
-def trace_episode_key(trace_id: str, spans: list[SpanInfo]) -> str:
-    """`summarise_trace(spans).key(trace_id)` for a trace without feedback spans, without building the summary."""
-    named = list(filter(_EPISODE_ID, spans))
-    if named:
-        return min(named, key=_ORDER).episode_id
-    named = list(filter(_SESSION, spans))
-    if named:
-        return str(min(named, key=_ORDER).session)
-    return trace_id
 
 
 def new_columns() -> dict[str, list]:

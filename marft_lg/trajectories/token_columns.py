@@ -39,7 +39,8 @@ def _decode_uniform(raw: Sequence[Any], prefix: str, dtype: np.dtype,
     try:
         if not raw or not all(map(str.startswith, raw, repeat(prefix))):
             return None
-        datas = list(map(binascii.a2b_base64, [v[4:] for v in raw]))
+        n = len(prefix)
+        datas = list(map(binascii.a2b_base64, [v[n:] for v in raw]))
     except (TypeError, ValueError):
         return None
     lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))

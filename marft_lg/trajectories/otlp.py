@@ -3,7 +3,9 @@
 Each good span comes out as a `RawSpan` (ids normalised to lower-case hex, attributes as Python
 values, its source `file:line`); each bad line or span goes to the `Quarantine` with its reason.
 Files are read one line at a time, so memory does not grow with the file size. A well-formed line is
-decoded by `otlp_schema.typed_spans` in one typed pass; any other goes through the tolerant path.
+decoded by the C reader (`_otlp_c.spans`, built at install when a compiler is there) or else by
+`otlp_schema.typed_spans` in one typed pass; a line either of them declines goes through the tolerant path,
+which decides every quarantine reason. Set ``MARFT_MINING_C_READER=0`` to read without the C reader.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from typing import Any
 from marft_lg.trajectories.otlp_schema import typed_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
+
+c_spans: Any = None  # the C reader's `spans(line, source)`, when built and not switched off
+if os.environ.get("MARFT_MINING_C_READER", "1") != "0":
+    try:
+        from marft_lg.trajectories import _otlp_c
+    except ImportError:  # pragma: no cover - built without a C compiler
+        pass
+    else:
+        _otlp_c.configure(RawSpan)
+        c_spans = _otlp_c.spans
 
 try:  # orjson is ~5x faster on long lines; the standard library is the fallback
     import orjson
@@ -207,7 +219,12 @@ def iter_span_batches(
                     continue
                 source = f"{path}:{lineno}"
                 # no value can be longer than its line: no size check, the typed decoder may read it
-                typed = typed_spans(line, source) if len(line) <= max_attribute_bytes else None
+                if len(line) > max_attribute_bytes:
+                    typed = None
+                else:
+                    typed = c_spans(line, source) if c_spans is not None else None
+                    if typed is None:
+                        typed = typed_spans(line, source)
                 if typed is None:
                     yield tolerant_spans_of_line(line, source, quarantine, max_attribute_bytes, stats)
                 else:

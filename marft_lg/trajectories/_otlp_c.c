@@ -1,0 +1,1009 @@
+/* The C fast path of marft_lg's OTLP/JSON reader: one well-formed ExportTraceServiceRequest line -> RawSpans.
+ *
+ * `spans(line, source)` parses the line in one pass and builds each span's RawSpan directly (no intermediate
+ * objects per attribute). It accepts only the usual shape: strict JSON, camelCase OTLP keys, lower-case hex ids,
+ * integer times, scalar/array/kvlist attribute values with exactly one key. For anything else it returns None
+ * and the caller reads the line with the typed (msgspec) path and then the tolerant path, which decide every
+ * quarantine reason. So this file never has to be right about damage, only about good lines, and the tests
+ * check that its spans equal the tolerant reader's on good lines and random ones.
+ *
+ * Attribute keys, trace ids and short attribute strings go through a small direct-mapped cache, so the strings
+ * that repeat on every span (keys, agent names, operation names) are allocated once, not once per span.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+enum { OK = 0, REJECT = 1, FAIL = -1 }; /* FAIL: a Python exception is set (out of memory) */
+
+#define MAX_DEPTH 64
+#define CACHE_SIZE 4096 /* a power of two */
+#define CACHED_VALUE_LEN 48 /* attribute strings up to this long are shared (names, operations, models) */
+#define CACHED_KEY_LEN 128  /* attribute keys up to this long are shared and interned */
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+    int depth;
+} Parser;
+
+typedef struct {
+    PyObject *s;
+    uint64_t h;
+    Py_ssize_t n;
+} CacheEntry;
+
+static CacheEntry cache[CACHE_SIZE];
+static PyObject *raw_span_type = NULL;
+static PyObject *str_name = NULL, *str_attributes = NULL, *str_empty = NULL;
+
+/* ---------- small helpers ---------- */
+
+static inline void ws(Parser *ps) {
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '\t')) ps->p++;
+}
+
+static inline int peek(Parser *ps) {
+    ws(ps);
+    return ps->p < ps->end ? *ps->p : -1;
+}
+
+static inline int eat(Parser *ps, unsigned char c) {
+    ws(ps);
+    if (ps->p < ps->end && *ps->p == c) {
+        ps->p++;
+        return 1;
+    }
+    return 0;
+}
+
+/* After a member or element: 1 when another follows (a ',' was eaten), 0 at the closing `close`, -1 otherwise. */
+static inline int next_member(Parser *ps, unsigned char close) {
+    ws(ps);
+    if (ps->p >= ps->end) return -1;
+    if (*ps->p == ',') {
+        ps->p++;
+        return 1;
+    }
+    if (*ps->p == close) {
+        ps->p++;
+        return 0;
+    }
+    return -1;
+}
+
+static inline int key_is(const unsigned char *k, Py_ssize_t n, const char *name) {
+    return (Py_ssize_t)strlen(name) == n && memcmp(k, name, (size_t)n) == 0;
+}
+
+/* A 64-bit hash of a short string, eight bytes at a time. */
+static inline uint64_t hash_bytes(const unsigned char *p, Py_ssize_t n) {
+    uint64_t h = (uint64_t)n * 0x9E3779B97F4A7C15ULL, w;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+    }
+    w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+static PyObject *new_ascii(const unsigned char *p, Py_ssize_t n) {
+    PyObject *s = PyUnicode_New(n, 127);
+    if (s != NULL) memcpy(PyUnicode_1BYTE_DATA(s), p, (size_t)n);
+    return s;
+}
+
+/* A str of these ASCII bytes, shared with earlier equal ones while they stay in the cache. */
+static PyObject *cached_ascii(const unsigned char *p, Py_ssize_t n, int intern) {
+    uint64_t h = hash_bytes(p, n);
+    CacheEntry *e = &cache[h & (CACHE_SIZE - 1)];
+    if (e->s != NULL && e->h == h && e->n == n && memcmp(PyUnicode_1BYTE_DATA(e->s), p, (size_t)n) == 0) {
+        Py_INCREF(e->s);
+        return e->s;
+    }
+    PyObject *s = new_ascii(p, n);
+    if (s == NULL) return NULL;
+    if (intern) PyUnicode_InternInPlace(&s);
+    if (PyUnicode_IS_COMPACT_ASCII(s)) {
+        Py_XDECREF(e->s);
+        Py_INCREF(s);
+        e->s = s;
+        e->h = h;
+        e->n = n;
+    }
+    return s;
+}
+
+static inline int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* ---------- strings ---------- */
+
+#define ONES 0x0101010101010101ULL
+/* Nonzero when a byte of `w` is zero / below `n` (n <= 128); exact as a yes-or-no answer. */
+static inline uint64_t has_zero(uint64_t w) { return (w - ONES) & ~w & (ONES * 0x80); }
+static inline uint64_t has_less(uint64_t w, uint64_t n) { return (w - ONES * n) & ~w & (ONES * 0x80); }
+
+/* Scan a JSON string at ps->p (the opening quote); sets [*s, *s + *n) to its raw body and *flags
+ * (1: escapes, 2: non-ASCII bytes). Control characters and a missing closing quote reject. */
+static int scan_string(Parser *ps, const unsigned char **s, Py_ssize_t *n, int *flags) {
+    ws(ps);
+    if (ps->p >= ps->end || *ps->p != '"') return REJECT;
+    const unsigned char *p = ++ps->p, *end = ps->end;
+    int f = 0;
+    for (;;) {
+        /* skip plain ASCII bytes (no quote, backslash, control character, non-ASCII) many at a time */
+#if defined(__SSE2__)
+        while (end - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)p);
+            __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                                         _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                                           _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));  /* signed: also >= 0x80 */
+            int mask = _mm_movemask_epi8(special);
+            if (mask) {
+                p += __builtin_ctz((unsigned)mask);
+                break;
+            }
+            p += 16;
+        }
+#endif
+        while (end - p >= 8) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (has_zero(w ^ (ONES * '"')) | has_zero(w ^ (ONES * '\\')) | has_less(w, 0x20) | (w & (ONES * 0x80)))
+                break;
+            p += 8;
+        }
+        if (p >= end) return REJECT;
+        unsigned char c = *p;
+        if (c == '"') break;
+        if (c == '\\') {
+            f |= 1;
+            p += 2;
+            continue;
+        }
+        if (c < 0x20) return REJECT;
+        if (c >= 0x80) f |= 2;
+        p++;
+    }
+    *s = ps->p;
+    *n = p - ps->p;
+    *flags = f;
+    ps->p = p + 1;
+    return OK;
+}
+
+static inline void put_utf8(unsigned char **o, uint32_t cp) {
+    unsigned char *q = *o;
+    if (cp < 0x80) {
+        *q++ = (unsigned char)cp;
+    } else if (cp < 0x800) {
+        *q++ = (unsigned char)(0xC0 | (cp >> 6));
+        *q++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        *q++ = (unsigned char)(0xE0 | (cp >> 12));
+        *q++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *q++ = (unsigned char)(0x80 | (cp & 0x3F));
+    } else {
+        *q++ = (unsigned char)(0xF0 | (cp >> 18));
+        *q++ = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
+        *q++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+        *q++ = (unsigned char)(0x80 | (cp & 0x3F));
+    }
+    *o = q;
+}
+
+static int read_u4(const unsigned char *p, const unsigned char *end, uint32_t *cp) {
+    if (end - p < 4) return REJECT;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p[i]);
+        if (h < 0) return REJECT;
+        v = (v << 4) | (uint32_t)h;
+    }
+    *cp = v;
+    return OK;
+}
+
+/* The UTF-8 text of an escaped body in `buf` (at least n bytes: unescaping never grows it); lone surrogates
+ * and unknown escapes reject. */
+static int unescape(const unsigned char *p, Py_ssize_t n, unsigned char *buf, Py_ssize_t *out_n) {
+    const unsigned char *end = p + n;
+    unsigned char *o = buf;
+    while (p < end) {
+        unsigned char c = *p++;
+        if (c != '\\') {
+            *o++ = c;
+            continue;
+        }
+        if (p >= end) return REJECT;
+        c = *p++;
+        switch (c) {
+            case '"': *o++ = '"'; break;
+            case '\\': *o++ = '\\'; break;
+            case '/': *o++ = '/'; break;
+            case 'b': *o++ = '\b'; break;
+            case 'f': *o++ = '\f'; break;
+            case 'n': *o++ = '\n'; break;
+            case 'r': *o++ = '\r'; break;
+            case 't': *o++ = '\t'; break;
+            case 'u': {
+                uint32_t cp;
+                if (read_u4(p, end, &cp) != OK) return REJECT;
+                p += 4;
+                if (cp >= 0xDC00 && cp <= 0xDFFF) return REJECT;
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    uint32_t lo;
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || read_u4(p + 2, end, &lo) != OK) return REJECT;
+                    if (lo < 0xDC00 || lo > 0xDFFF) return REJECT;
+                    p += 6;
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                }
+                put_utf8(&o, cp);
+                break;
+            }
+            default: return REJECT;
+        }
+    }
+    *out_n = o - buf;
+    return OK;
+}
+
+static int decode_utf8(const unsigned char *p, Py_ssize_t n, PyObject **out) {
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (s == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            return REJECT;
+        }
+        return FAIL;
+    }
+    *out = s;
+    return OK;
+}
+
+/* A JSON string value as a str; ASCII ones up to `cached` bytes are shared (`intern`: and interned). */
+static int parse_string(Parser *ps, PyObject **out, Py_ssize_t cached, int intern) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    int flags;
+    int r = scan_string(ps, &s, &n, &flags);
+    if (r != OK) return r;
+    if (flags == 0) {
+        *out = n <= cached ? cached_ascii(s, n, intern) : new_ascii(s, n);
+        return *out == NULL ? FAIL : OK;
+    }
+    if (flags == 2) return decode_utf8(s, n, out);
+    unsigned char small[256];
+    unsigned char *buf = n <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    Py_ssize_t m;
+    r = unescape(s, n, buf, &m);
+    if (r == OK) r = decode_utf8(buf, m, out);
+    if (buf != small) PyMem_Free(buf);
+    return r;
+}
+
+/* ---------- numbers and skipped values ---------- */
+
+/* A JSON number at ps->p; *is_int when it has neither fraction nor exponent, *digits counts its integer digits. */
+static int scan_number(Parser *ps, const unsigned char **s, Py_ssize_t *n, int *is_int, int *digits) {
+    ws(ps);
+    const unsigned char *p = ps->p, *end = ps->end, *start = p;
+    int integral = 1, d = 0;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return REJECT;
+    if (*p == '0') {
+        p++;
+        d = 1;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            p++;
+            d++;
+        }
+    } else {
+        return REJECT;
+    }
+    if (p < end && *p == '.') {
+        integral = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return REJECT;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        integral = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') return REJECT;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    *s = start;
+    *n = p - start;
+    *is_int = integral;
+    *digits = d;
+    ps->p = p;
+    return OK;
+}
+
+/* Digits (an optional leading '-' when `sign`) of at most 18 digits -> int; anything else rejects. */
+static int small_int(const unsigned char *s, Py_ssize_t n, int sign, PyObject **out) {
+    int neg = 0;
+    if (sign && n > 0 && *s == '-') {
+        neg = 1;
+        s++;
+        n--;
+    }
+    if (n < 1 || n > 18) return REJECT;
+    long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return REJECT;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = PyLong_FromLongLong(neg ? -v : v);
+    return *out == NULL ? FAIL : OK;
+}
+
+/* The double a JSON number's text stands for; rejects the ones that overflow (orjson refuses those). */
+static int number_value(const unsigned char *s, Py_ssize_t n, double *out) {
+    char buf[48];
+    if (n >= (Py_ssize_t)sizeof(buf)) return REJECT;
+    memcpy(buf, s, (size_t)n);
+    buf[n] = '\0';
+    double d = PyOS_string_to_double(buf, NULL, NULL);
+    if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return REJECT;
+    }
+    if (!isfinite(d)) return REJECT;
+    *out = d;
+    return OK;
+}
+
+static int literal(Parser *ps, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) return REJECT;
+    ps->p += n;
+    return OK;
+}
+
+/* Check and skip any JSON value (fields the reader does not use). Integers of many digits, numbers that
+ * overflow and non-ASCII strings reject: the other decoders may read or refuse those differently. */
+static int skip_value(Parser *ps) {
+    int c = peek(ps), r;
+    if (c == '"') {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int flags;
+        r = scan_string(ps, &s, &n, &flags);
+        if (r != OK || flags & 2) return REJECT;
+        if (flags & 1) {
+            unsigned char small[256];
+            unsigned char *buf = n <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n);
+            if (buf == NULL) {
+                PyErr_NoMemory();
+                return FAIL;
+            }
+            Py_ssize_t m;
+            r = unescape(s, n, buf, &m);
+            if (buf != small) PyMem_Free(buf);
+        }
+        return r;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int is_int, digits;
+        r = scan_number(ps, &s, &n, &is_int, &digits);
+        if (r != OK) return r;
+        double d;
+        return is_int ? (digits > 18 ? REJECT : OK) : number_value(s, n, &d);
+    }
+    if (c == 't') return literal(ps, "true");
+    if (c == 'f') return literal(ps, "false");
+    if (c == 'n') return literal(ps, "null");
+    if (c != '{' && c != '[') return REJECT;
+    if (++ps->depth > MAX_DEPTH) return REJECT;
+    ps->p++;
+    unsigned char close = c == '{' ? '}' : ']';
+    if (eat(ps, close)) {
+        ps->depth--;
+        return OK;
+    }
+    for (;;) {
+        if (c == '{') {
+            const unsigned char *k;
+            Py_ssize_t kn;
+            int kflags;
+            r = scan_string(ps, &k, &kn, &kflags);
+            if (r != OK) return r;
+            if (kflags) return REJECT;
+            if (!eat(ps, ':')) return REJECT;
+        }
+        r = skip_value(ps);
+        if (r != OK) return r;
+        int more = next_member(ps, close);
+        if (more < 0) return REJECT;
+        if (!more) break;
+    }
+    ps->depth--;
+    return OK;
+}
+
+/* An object key (no escapes, ASCII) and the ':' after it. */
+static int object_key(Parser *ps, const unsigned char **k, Py_ssize_t *n) {
+    int flags;
+    int r = scan_string(ps, k, n, &flags);
+    if (r != OK) return r;
+    if (flags || !eat(ps, ':')) return REJECT;
+    return OK;
+}
+
+/* The key `quoted` (with its quotes and colon, as compact JSON writes it) at ps->p: eaten, 1; else 0. */
+static inline int try_key(Parser *ps, const char *quoted, size_t n) {
+    if ((size_t)(ps->end - ps->p) >= n && memcmp(ps->p, quoted, n) == 0) {
+        ps->p += n;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------- attribute values ---------- */
+
+static int kv_list(Parser *ps, PyObject *dict);
+
+/* `{"values": [...]}` (or `{}`) of an arrayValue (`kv` 0: a list) or kvlistValue (`kv` 1: a dict). */
+static int any_value(Parser *ps, PyObject **out);
+
+static int values_of(Parser *ps, int kv, PyObject **out) {
+    if (!eat(ps, '{')) return REJECT;
+    PyObject *v = kv ? PyDict_New() : PyList_New(0);
+    if (v == NULL) return FAIL;
+    int r = OK;
+    if (!eat(ps, '}')) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        r = object_key(ps, &k, &kn);
+        if (r == OK && !key_is(k, kn, "values")) r = REJECT;
+        if (r == OK) {
+            if (kv) {
+                r = kv_list(ps, v);
+            } else if (!eat(ps, '[')) {
+                r = REJECT;
+            } else if (!eat(ps, ']')) {
+                for (;;) {
+                    PyObject *item = NULL;
+                    r = any_value(ps, &item);
+                    if (r != OK) break;
+                    int failed = PyList_Append(v, item);
+                    Py_DECREF(item);
+                    if (failed) {
+                        r = FAIL;
+                        break;
+                    }
+                    int more = next_member(ps, ']');
+                    if (more < 0) r = REJECT;
+                    if (more <= 0) break;
+                }
+            }
+        }
+        if (r == OK && !eat(ps, '}')) r = REJECT;
+    }
+    if (r != OK) {
+        Py_DECREF(v);
+        return r;
+    }
+    *out = v;
+    return OK;
+}
+
+/* An OTLP AnyValue with exactly one key -> its Python value (as `otlp.any_value` reads it). */
+static int any_value(Parser *ps, PyObject **out) {
+    if (++ps->depth > MAX_DEPTH) return REJECT;
+    if (!eat(ps, '{')) return REJECT;
+    const unsigned char *k = (const unsigned char *)"stringValue";
+    Py_ssize_t kn = 11;
+    int r = try_key(ps, "\"stringValue\":", 14) ? OK : object_key(ps, &k, &kn);
+    if (r != OK) return r;
+    PyObject *v = NULL;
+    if (key_is(k, kn, "stringValue")) {
+        r = parse_string(ps, &v, CACHED_VALUE_LEN, 0);
+    } else if (key_is(k, kn, "intValue")) {
+        int c = peek(ps);
+        const unsigned char *s;
+        Py_ssize_t n;
+        if (c == '"') {  /* OTLP/JSON writes 64-bit integers as strings */
+            int flags;
+            r = scan_string(ps, &s, &n, &flags);
+            if (r == OK) r = flags ? REJECT : small_int(s, n, 1, &v);
+        } else {
+            int is_int, digits;
+            r = scan_number(ps, &s, &n, &is_int, &digits);
+            if (r == OK) r = is_int ? small_int(s, n, 1, &v) : REJECT;
+        }
+    } else if (key_is(k, kn, "doubleValue")) {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int is_int, digits;
+        r = scan_number(ps, &s, &n, &is_int, &digits);
+        double d;
+        if (r == OK) r = number_value(s, n, &d);
+        if (r == OK && (v = PyFloat_FromDouble(d)) == NULL) r = FAIL;
+    } else if (key_is(k, kn, "boolValue")) {
+        int c = peek(ps);
+        r = literal(ps, c == 't' ? "true" : "false");
+        if (r == OK) {
+            v = c == 't' ? Py_True : Py_False;
+            Py_INCREF(v);
+        }
+    } else if (key_is(k, kn, "arrayValue")) {
+        r = values_of(ps, 0, &v);
+    } else if (key_is(k, kn, "kvlistValue")) {
+        r = values_of(ps, 1, &v);
+    } else if (key_is(k, kn, "bytesValue")) {
+        r = parse_string(ps, &v, 0, 0);
+    } else {
+        r = REJECT;
+    }
+    if (r == OK && !eat(ps, '}')) r = REJECT;  /* a second key: the other decoders apply a precedence */
+    if (r != OK) {
+        Py_XDECREF(v);
+        return r;
+    }
+    ps->depth--;
+    *out = v;
+    return OK;
+}
+
+/* `[{"key": ..., "value": ...}, ...]` (or null) into `dict`, later keys overwriting earlier ones. */
+static int kv_list(Parser *ps, PyObject *dict) {
+    if (peek(ps) == 'n') return literal(ps, "null");
+    if (!eat(ps, '[')) return REJECT;
+    if (eat(ps, ']')) return OK;
+    for (;;) {
+        if (!eat(ps, '{')) return REJECT;
+        PyObject *key = NULL, *value = NULL;
+        int r = OK;
+        for (;;) {
+            const unsigned char *k = (const unsigned char *)"key";
+            Py_ssize_t kn = 3;
+            if (try_key(ps, "\"value\":", 8)) {
+                k = (const unsigned char *)"value";
+                kn = 5;
+            } else if (!try_key(ps, "\"key\":", 6)) {
+                r = object_key(ps, &k, &kn);
+                if (r != OK) break;
+            }
+            if (key_is(k, kn, "key") && key == NULL) {
+                r = parse_string(ps, &key, CACHED_KEY_LEN, 1);
+            } else if (key_is(k, kn, "value") && value == NULL) {
+                r = any_value(ps, &value);
+            } else {
+                r = REJECT;
+            }
+            if (r != OK) break;
+            int more = next_member(ps, '}');
+            if (more < 0) r = REJECT;
+            if (more <= 0) break;
+        }
+        if (r == OK && (key == NULL || value == NULL)) r = REJECT;
+        if (r == OK && PyDict_SetItem(dict, key, value) < 0) r = FAIL;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (r != OK) return r;
+        int more = next_member(ps, ']');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
+/* ---------- spans ---------- */
+
+/* A string of exactly `len` lower-case hex digits (ids); *zero when they are all '0'. */
+static int hex_id(Parser *ps, Py_ssize_t len, const unsigned char **s, int *zero) {
+    Py_ssize_t n;
+    int flags;
+    int r = scan_string(ps, s, &n, &flags);
+    if (r != OK) return r;
+    if (flags || n != len) return REJECT;
+    int z = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (*s)[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return REJECT;
+        if (c != '0') z = 0;
+    }
+    *zero = z;
+    return OK;
+}
+
+/* A time: up to 19 digits, as a string (how OTLP/JSON writes 64-bit integers) or a JSON integer, as an int. */
+static int span_time(Parser *ps, PyObject **out) {
+    const unsigned char *s;
+    Py_ssize_t n;
+    int r;
+    if (peek(ps) == '"') {
+        int flags;
+        r = scan_string(ps, &s, &n, &flags);
+        if (r == OK && flags) r = REJECT;
+    } else {
+        int is_int, digits;
+        r = scan_number(ps, &s, &n, &is_int, &digits);
+        if (r == OK && !is_int) r = REJECT;
+    }
+    if (r != OK) return r;
+    if (n < 1 || n > 19) return REJECT;
+    unsigned long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return REJECT;
+        v = v * 10 + (unsigned long long)(s[i] - '0');
+    }
+    *out = PyLong_FromUnsignedLongLong(v);
+    return *out == NULL ? FAIL : OK;
+}
+
+typedef struct {
+    PyObject *trace_id, *span_id, *parent, *name, *start, *end, *attributes, *error, *message, *events;
+} SpanFields;
+
+static void clear_fields(SpanFields *f) {
+    Py_CLEAR(f->trace_id);
+    Py_CLEAR(f->span_id);
+    Py_CLEAR(f->parent);
+    Py_CLEAR(f->name);
+    Py_CLEAR(f->start);
+    Py_CLEAR(f->end);
+    Py_CLEAR(f->attributes);
+    Py_CLEAR(f->error);
+    Py_CLEAR(f->message);
+    Py_CLEAR(f->events);
+}
+
+static int status_of(Parser *ps, SpanFields *f) {
+    if (peek(ps) == 'n') return literal(ps, "null");
+    if (!eat(ps, '{')) return REJECT;
+    if (eat(ps, '}')) return OK;
+    int seen_code = 0, seen_message = 0;
+    for (;;) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        int r = object_key(ps, &k, &kn);
+        if (r != OK) return r;
+        if (key_is(k, kn, "code") && !seen_code) {
+            seen_code = 1;
+            int c = peek(ps);
+            if (c == '"') {
+                PyObject *code = NULL;
+                r = parse_string(ps, &code, CACHED_VALUE_LEN, 0);
+                if (r != OK) return r;
+                int is_error = PyUnicode_CompareWithASCIIString(code, "2") == 0 ||
+                               PyUnicode_CompareWithASCIIString(code, "STATUS_CODE_ERROR") == 0 ||
+                               PyUnicode_CompareWithASCIIString(code, "ERROR") == 0;
+                Py_DECREF(code);
+                if (is_error) Py_SETREF(f->error, Py_NewRef(Py_True));
+            } else {
+                const unsigned char *s;
+                Py_ssize_t n;
+                int is_int, digits;
+                r = scan_number(ps, &s, &n, &is_int, &digits);
+                if (r != OK) return r;
+                if (!is_int || digits > 18) return REJECT;
+                if (n == 1 && *s == '2') Py_SETREF(f->error, Py_NewRef(Py_True));
+            }
+        } else if (key_is(k, kn, "message") && !seen_message) {
+            seen_message = 1;
+            PyObject *m = NULL;
+            r = parse_string(ps, &m, 0, 0);
+            if (r != OK) return r;
+            Py_SETREF(f->message, m);
+        } else {
+            return REJECT;
+        }
+        int more = next_member(ps, '}');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
+/* One event -> {"name": ..., "attributes": {...}}, appended to f->events. */
+static int event_of(Parser *ps, SpanFields *f) {
+    if (!eat(ps, '{')) return REJECT;
+    PyObject *name = Py_NewRef(Py_None), *attrs = PyDict_New();
+    if (attrs == NULL) {
+        Py_DECREF(name);
+        return FAIL;
+    }
+    int r = OK, seen = 0;
+    if (!eat(ps, '}')) {
+        for (;;) {
+            const unsigned char *k;
+            Py_ssize_t kn;
+            r = object_key(ps, &k, &kn);
+            if (r != OK) break;
+            if (key_is(k, kn, "name") && !(seen & 1)) {
+                seen |= 1;
+                if (peek(ps) == 'n') {
+                    r = literal(ps, "null");
+                } else {
+                    PyObject *s = NULL;
+                    r = parse_string(ps, &s, CACHED_VALUE_LEN, 0);
+                    if (r == OK) Py_SETREF(name, s);
+                }
+            } else if (key_is(k, kn, "attributes") && !(seen & 2)) {
+                seen |= 2;
+                r = kv_list(ps, attrs);
+            } else if ((key_is(k, kn, "timeUnixNano") && !(seen & 4)) ||
+                       (key_is(k, kn, "droppedAttributesCount") && !(seen & 8))) {
+                seen |= key_is(k, kn, "timeUnixNano") ? 4 : 8;
+                r = skip_value(ps);
+            } else {
+                r = REJECT;
+            }
+            if (r != OK) break;
+            int more = next_member(ps, '}');
+            if (more < 0) r = REJECT;
+            if (more <= 0) break;
+        }
+    }
+    PyObject *event = NULL;
+    if (r == OK) {
+        event = PyDict_New();
+        if (event == NULL || PyDict_SetItem(event, str_name, name) < 0 ||
+            PyDict_SetItem(event, str_attributes, attrs) < 0 || PyList_Append(f->events, event) < 0)
+            r = FAIL;
+    }
+    Py_XDECREF(event);
+    Py_DECREF(name);
+    Py_DECREF(attrs);
+    return r;
+}
+
+static int events_of(Parser *ps, SpanFields *f) {
+    if (peek(ps) == 'n') return literal(ps, "null");
+    if (!eat(ps, '[')) return REJECT;
+    if (eat(ps, ']')) return OK;
+    for (;;) {
+        int r = event_of(ps, f);
+        if (r != OK) return r;
+        int more = next_member(ps, ']');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
+enum {
+    F_TRACE = 1 << 0, F_SPAN = 1 << 1, F_PARENT = 1 << 2, F_START = 1 << 3, F_END = 1 << 4, F_NAME = 1 << 5,
+    F_ATTRS = 1 << 6, F_STATUS = 1 << 7, F_EVENTS = 1 << 8
+};
+
+static const char *const SKIPPED_SPAN_KEYS[] = {
+    "kind", "traceState", "flags", "links", "droppedAttributesCount", "droppedEventsCount", "droppedLinksCount", NULL};
+
+static int span_of(Parser *ps, PyObject *source, PyObject *out) {
+    if (!eat(ps, '{')) return REJECT;
+    SpanFields f = {0};
+    f.attributes = PyDict_New();
+    f.events = PyList_New(0);
+    f.error = Py_NewRef(Py_False);
+    f.message = Py_NewRef(str_empty);
+    f.name = Py_NewRef(str_empty);
+    f.parent = Py_NewRef(Py_None);
+    if (f.attributes == NULL || f.events == NULL) {
+        clear_fields(&f);
+        return FAIL;
+    }
+    int r = OK;
+    unsigned seen = 0, skipped = 0;
+    if (eat(ps, '}')) r = REJECT;
+    while (r == OK) {
+        const unsigned char *k, *s;
+        Py_ssize_t kn;
+        int zero;
+        r = object_key(ps, &k, &kn);
+        if (r != OK) break;
+        unsigned bit = 0;
+        if (key_is(k, kn, "traceId")) {
+            bit = F_TRACE;
+            r = hex_id(ps, 32, &s, &zero);
+            if (r == OK && zero) r = REJECT;
+            if (r == OK && (seen & bit) == 0 && (f.trace_id = cached_ascii(s, 32, 0)) == NULL) r = FAIL;
+        } else if (key_is(k, kn, "spanId")) {
+            bit = F_SPAN;
+            r = hex_id(ps, 16, &s, &zero);
+            if (r == OK && zero) r = REJECT;
+            if (r == OK && (seen & bit) == 0 && (f.span_id = new_ascii(s, 16)) == NULL) r = FAIL;
+        } else if (key_is(k, kn, "parentSpanId")) {
+            bit = F_PARENT;
+            if (peek(ps) == '"' && ps->p + 1 < ps->end && ps->p[1] == '"') {
+                ps->p += 2;  /* "": a root span */
+            } else {
+                r = hex_id(ps, 16, &s, &zero);
+                if (r == OK && !zero && (seen & bit) == 0) {
+                    PyObject *parent = new_ascii(s, 16);
+                    if (parent == NULL) r = FAIL;
+                    else Py_SETREF(f.parent, parent);
+                }
+            }
+        } else if (key_is(k, kn, "startTimeUnixNano")) {
+            bit = F_START;
+            if ((seen & bit) == 0) r = span_time(ps, &f.start);
+        } else if (key_is(k, kn, "endTimeUnixNano")) {
+            bit = F_END;
+            if ((seen & bit) == 0) r = span_time(ps, &f.end);
+        } else if (key_is(k, kn, "name")) {
+            bit = F_NAME;
+            if (peek(ps) == 'n') {
+                r = literal(ps, "null");
+            } else if ((seen & bit) == 0) {
+                PyObject *name = NULL;
+                r = parse_string(ps, &name, CACHED_KEY_LEN, 1);
+                if (r == OK) Py_SETREF(f.name, name);
+            }
+        } else if (key_is(k, kn, "attributes")) {
+            bit = F_ATTRS;
+            if ((seen & bit) == 0) r = kv_list(ps, f.attributes);
+        } else if (key_is(k, kn, "status")) {
+            bit = F_STATUS;
+            if ((seen & bit) == 0) r = status_of(ps, &f);
+        } else if (key_is(k, kn, "events")) {
+            bit = F_EVENTS;
+            if ((seen & bit) == 0) r = events_of(ps, &f);
+        } else {
+            int i = 0;
+            while (SKIPPED_SPAN_KEYS[i] != NULL && !key_is(k, kn, SKIPPED_SPAN_KEYS[i])) i++;
+            if (SKIPPED_SPAN_KEYS[i] == NULL || (skipped & (1u << i))) {
+                r = REJECT;
+            } else {
+                skipped |= 1u << i;
+                r = skip_value(ps);
+            }
+        }
+        if (r != OK) break;
+        if (seen & bit) {  /* a field twice: the other decoders decide which one counts */
+            r = REJECT;
+            break;
+        }
+        seen |= bit;
+        int more = next_member(ps, '}');
+        if (more < 0) r = REJECT;
+        if (more <= 0) break;
+    }
+    /* parentSpanId may be absent (a root span, as collectors write it); the rest is required */
+    if (r == OK && (seen & (F_TRACE | F_SPAN | F_START | F_END)) != (F_TRACE | F_SPAN | F_START | F_END)) r = REJECT;
+    if (r == OK) {
+        int lt = PyObject_RichCompareBool(f.end, f.start, Py_LT);
+        if (lt < 0) r = FAIL;
+        else if (lt) r = REJECT;
+    }
+    if (r == OK) {
+        PyObject *args[11] = {f.trace_id, f.span_id, f.parent, f.name, f.start, f.end,
+                              f.attributes, f.error, f.message, f.events, source};
+        PyObject *span = PyObject_Vectorcall(raw_span_type, args, 11, NULL);
+        if (span == NULL || PyList_Append(out, span) < 0) r = FAIL;
+        Py_XDECREF(span);
+    }
+    clear_fields(&f);
+    return r;
+}
+
+/* `[span, ...]` of one scopeSpans entry. */
+static int span_list(Parser *ps, PyObject *source, PyObject *out) {
+    if (!eat(ps, '[')) return REJECT;
+    if (eat(ps, ']')) return OK;
+    for (;;) {
+        int r = span_of(ps, source, out);
+        if (r != OK) return r;
+        int more = next_member(ps, ']');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
+/* `[{...}, ...]` entries with one required list key (`inner`, parsed by `parse_inner`) and optional skipped keys. */
+static int entries(Parser *ps, const char *inner, const char *skip1, const char *skip2,
+                   int (*parse_inner)(Parser *, PyObject *, PyObject *), PyObject *source, PyObject *out) {
+    if (!eat(ps, '[')) return REJECT;
+    if (eat(ps, ']')) return OK;
+    for (;;) {
+        if (!eat(ps, '{')) return REJECT;
+        int seen = 0, r = OK;
+        if (eat(ps, '}')) return REJECT;
+        for (;;) {
+            const unsigned char *k;
+            Py_ssize_t kn;
+            r = object_key(ps, &k, &kn);
+            if (r != OK) return r;
+            int bit = key_is(k, kn, inner) ? 1 : key_is(k, kn, skip1) ? 2 : key_is(k, kn, skip2) ? 4 : 0;
+            if (bit == 0 || (seen & bit)) return REJECT;
+            seen |= bit;
+            r = bit == 1 ? parse_inner(ps, source, out) : skip_value(ps);
+            if (r != OK) return r;
+            int more = next_member(ps, '}');
+            if (more < 0) return REJECT;
+            if (!more) break;
+        }
+        if (!(seen & 1)) return REJECT;
+        int more = next_member(ps, ']');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
+static int scope_spans(Parser *ps, PyObject *source, PyObject *out) {
+    return entries(ps, "spans", "scope", "schemaUrl", span_list, source, out);
+}
+
+static PyObject *spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "spans(line: bytes, source: str)");
+        return NULL;
+    }
+    if (raw_span_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "call configure(RawSpan) first");
+        return NULL;
+    }
+    Parser ps = {(const unsigned char *)PyBytes_AS_STRING(args[0]),
+                 (const unsigned char *)PyBytes_AS_STRING(args[0]) + PyBytes_GET_SIZE(args[0]), 0};
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    int r = OK;
+    if (!eat(&ps, '{')) r = REJECT;
+    if (r == OK) {
+        const unsigned char *k;
+        Py_ssize_t kn;
+        r = object_key(&ps, &k, &kn);
+        if (r == OK && !key_is(k, kn, "resourceSpans")) r = REJECT;
+    }
+    if (r == OK) r = entries(&ps, "scopeSpans", "resource", "schemaUrl", scope_spans, args[1], out);
+    if (r == OK && !eat(&ps, '}')) r = REJECT;
+    if (r == OK) {
+        ws(&ps);
+        if (ps.p != ps.end) r = REJECT;
+    }
+    if (r == FAIL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (r == REJECT) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = Py_BuildValue("(Nn)", out, PyList_GET_SIZE(out));
+    return result;
+}
+
+static PyObject *configure(PyObject *module, PyObject *type) {
+    Py_XSETREF(raw_span_type, Py_NewRef(type));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"spans", (PyCFunction)(void (*)(void))spans, METH_FASTCALL,
+     "spans(line, source) -> (list of RawSpan, count) for a well-formed OTLP/JSON line, or None."},
+    {"configure", configure, METH_O, "configure(RawSpan): the span type to build."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_otlp_c",
+                                        "C fast path of marft_lg's OTLP/JSON reader.", -1, methods};
+
+PyMODINIT_FUNC PyInit__otlp_c(void) {
+    str_name = PyUnicode_InternFromString("name");
+    str_attributes = PyUnicode_InternFromString("attributes");
+    str_empty = PyUnicode_FromString("");
+    if (str_name == NULL || str_attributes == NULL || str_empty == NULL) return NULL;
+    return PyModule_Create(&module_def);
+}

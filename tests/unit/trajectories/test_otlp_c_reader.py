@@ -1,0 +1,250 @@
+"""The C reader (`_otlp_c.spans`) either declines a line or gives exactly what the tolerant reader gives, on
+random lines of every shape (escapes, unicode, numbers, nesting, whitespace, damage), and it accepts the usual
+ones. Mining gives the same tables with and without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import string
+
+import pytest
+from trajectory_spans import line, own_episode, write
+
+from marft_lg.trajectories import otlp
+from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, tolerant_spans_of_line
+from marft_lg.trajectories.quarantine import Quarantine
+
+pytestmark = pytest.mark.skipif(os.environ.get("MARFT_MINING_C_READER") == "0", reason="C reader switched off")
+
+
+def test_the_c_reader_is_built():
+    # setup.py builds it on install (optional=True: without a compiler the install still succeeds); CI has gcc
+    assert otlp.c_spans is not None, "marft_lg/trajectories/_otlp_c.c was not compiled: reinstall with a C compiler"
+
+
+def _tolerant(raw: bytes):
+    q, stats = Quarantine(None), {}
+    spans = list(tolerant_spans_of_line(raw, "f.jsonl:3", q, DEFAULT_MAX_ATTRIBUTE_BYTES, stats))
+    return spans, stats.get("spans_read", 0), dict(q.counts)
+
+
+_TEXT = string.ascii_letters + string.digits + ' "\\/\n\t\r\b\f\x00\x01\x1f\x7f{}[]:,' + "é€😀\u2028\ud7ff\ue000"
+
+
+def _text(rng: random.Random, n: int = 12) -> str:
+    if rng.random() < 0.3:
+        return rng.choice(["", "planner", "gen_ai.operation.name", "chat", "x" * 200, "ép" * 40])
+    return "".join(rng.choice(_TEXT) for _ in range(rng.randint(0, n)))
+
+
+def _int_text(rng: random.Random, clean: bool) -> str:
+    usual = ["0", "7", "-3", "0012", "-0", str(rng.randint(-10**17, 10**17))]
+    return rng.choice(usual if clean else [*usual, "12a", "", "+5", " 5", "1_0", str(2**63), str(2**70), "٣"])
+
+
+def _number(rng: random.Random, clean: bool):
+    usual = [0, 1, -1, 2**53 + 1, 10**17, rng.randint(-10**6, 10**6), rng.random(), -rng.random() * 1e300,
+             1.5e200, float(rng.randint(0, 9)), rng.uniform(-1e9, 1e9)]
+    return rng.choice(usual if clean else [*usual, 2**63, 2**64, 1e-310, 12345678901234567890.5])
+
+
+def _any_value(rng: random.Random, depth: int = 0, clean: bool = False):
+    odd = 0 if clean else 1
+    kind = rng.choices(["string", "int", "intnum", "double", "bool", "array", "kvlist", "bytes", "two", "empty",
+                        "null", "other"], weights=[30, 8, 4, 6, 4, 3 if depth < 3 else 0, 3 if depth < 3 else 0,
+                                                   2, odd, odd, odd, odd])[0]
+    if kind == "string":
+        return {"stringValue": _text(rng)}
+    if kind == "int":
+        return {"intValue": _int_text(rng, clean)}
+    if kind == "intnum":
+        return {"intValue": rng.randint(-10**17, 10**17) if clean else _number(rng, clean)}
+    if kind == "double":
+        return {"doubleValue": _number(rng, clean)}
+    if kind == "bool":
+        return {"boolValue": rng.choice([True, False] if clean else [True, False, 1, "true", None])}
+    if kind == "array":
+        values = {"values": [_any_value(rng, depth + 1, clean) for _ in range(rng.randint(0, 3))]}
+        return {"arrayValue": rng.choice([{}, values] if clean else [{}, values, {"values": None}, None])}
+    if kind == "kvlist":
+        return {"kvlistValue": {"values": _attributes(rng, depth + 1, clean)}}
+    if kind == "bytes":
+        return {"bytesValue": rng.choice(["AAE=", "", _text(rng)])}
+    if kind == "two":
+        return {"stringValue": "s", "intValue": "1"}
+    if kind == "empty":
+        return {}
+    if kind == "null":
+        return {"stringValue": None}
+    return {"vendorValue": 1}
+
+
+def _attributes(rng: random.Random, depth: int = 0, clean: bool = False) -> list:
+    out = []
+    for _ in range(rng.randint(0, 6)):
+        kv = {"key": rng.choice(["a", "b", "gen_ai.operation.name", _text(rng, 6)]),
+              "value": _any_value(rng, depth, clean)}
+        r = 1.0 if clean else rng.random()
+        if r < 0.02:
+            del kv["value"]
+        elif r < 0.04:
+            kv["extra"] = 1
+        elif r < 0.06:
+            kv = {"value": kv["value"], "key": kv["key"]}
+        out.append(kv)
+    return out
+
+
+def _id(rng: random.Random, n: int, clean: bool = False) -> object:
+    good = "".join(rng.choice("0123456789abcdef") for _ in range(n))
+    if clean:
+        return good if good.strip("0") else "1" * n
+    return rng.choices([good, good.upper(), "0" * n, good[:-1], "t61rcWkgMzE=", 5, None, "zz" * (n // 2)],
+                       weights=[90, 2, 1, 1, 1, 1, 1, 1])[0]
+
+
+def _span(rng: random.Random, trace: str, clean: bool) -> dict:
+    """A random span; `clean`: only shapes the C reader is meant to take (random content all the same)."""
+    if not clean:
+        return _odd_span(rng, trace)
+    start = rng.randint(0, 2**62)
+    span: dict = {"traceId": trace, "spanId": _id(rng, 16, True)}
+    r = rng.random()
+    if r < 0.6:
+        span["parentSpanId"] = _id(rng, 16, True)
+    elif r < 0.9:
+        span["parentSpanId"] = rng.choice(["", "0" * 16])
+    span["name"] = rng.choice([_text(rng), None])
+    span["startTimeUnixNano"], span["endTimeUnixNano"] = rng.choice([(str(start), str(start + 5)), (start, start)])
+    if rng.random() < 0.9:
+        span["attributes"] = _attributes(rng, 0, True) if rng.random() < 0.95 else None
+    if rng.random() < 0.7:
+        span["status"] = rng.choice([None, {}, {"code": 1}, {"code": 2, "message": _text(rng)}, {"code": "2"},
+                                     {"code": "STATUS_CODE_ERROR"}, {"code": "ERROR"}, {"code": -2}])
+    if rng.random() < 0.2:
+        span["events"] = rng.choice([None, [], [{"name": _text(rng), "attributes": _attributes(rng, 0, True),
+                                                 "timeUnixNano": "5"}], [{"name": None}], [{}]])
+    for key, value in (("kind", 1), ("traceState", ""), ("flags", 256), ("links", []), ("droppedAttributesCount", 0)):
+        if rng.random() < 0.2:
+            span[key] = value
+    return span
+
+
+def _odd_span(rng: random.Random, trace: str) -> dict:
+    start = rng.randint(0, 2**62)
+    span: dict = {"traceId": trace if rng.random() < 0.95 else _id(rng, 32), "spanId": _id(rng, 16)}
+    r = rng.random()
+    if r < 0.6:
+        span["parentSpanId"] = _id(rng, 16)
+    elif r < 0.8:
+        span["parentSpanId"] = ""
+    elif r < 0.85:
+        span["parentSpanId"] = "0" * 16
+    elif r < 0.9:
+        span["parentSpanId"] = None
+    span["name"] = rng.choices([_text(rng), None, 5], weights=[95, 3, 2])[0]
+    times = rng.choices([(str(start), str(start + 5)), (start, start + 5), (str(start), str(start - 1)),
+                         ("soon", "1"), (2**64, 2**64 + 1), (float(start), float(start)), (str(2**70), str(2**70))],
+                        weights=[80, 8, 3, 2, 2, 2, 3])[0]
+    span["startTimeUnixNano"], span["endTimeUnixNano"] = times
+    if rng.random() < 0.9:
+        span["attributes"] = _attributes(rng) if rng.random() < 0.95 else None
+    if rng.random() < 0.7:
+        span["status"] = rng.choice([None, {}, {"code": 1}, {"code": 2, "message": _text(rng)}, {"code": "2"},
+                                     {"code": "STATUS_CODE_ERROR"}, {"code": "ERROR", "message": None},
+                                     {"code": 2.0}, {"code": True}, {"message": 5}, "bad"])
+    if rng.random() < 0.2:
+        span["events"] = rng.choice([None, [], [{"name": _text(rng), "attributes": _attributes(rng),
+                                                 "timeUnixNano": "5"}], [{"name": None}], [{}], [5]])
+    for key, value in (("kind", 1), ("traceState", ""), ("flags", 256), ("links", []), ("droppedAttributesCount", 0)):
+        if rng.random() < 0.2:
+            span[key] = value
+    if rng.random() < 0.02:
+        span["vendorField"] = {"x": [1, 2.5, "é"]}
+    if rng.random() < 0.01:
+        span = {k: v for k, v in span.items() if k != "spanId"}
+    return span
+
+
+def _request(rng: random.Random) -> dict:
+    trace = _id(rng, 32, True)
+    clean = rng.random() < 0.5
+    resource_spans = []
+    for _ in range(rng.randint(1, 2)):
+        scopes = [{"scope": {"name": "s"}, "spans": [_span(rng, trace, clean) for _ in range(rng.randint(0, 3))]}
+                  for _ in range(rng.randint(1, 2))]
+        rs: dict = {"scopeSpans": scopes}
+        if rng.random() < 0.5:
+            rs["resource"] = {"attributes": [{"key": "service.name", "value": {"stringValue": "app"}}],
+                              "n": [1.5, -2, True, None]}
+        if rng.random() < 0.2:
+            rs["schemaUrl"] = "https://opentelemetry.io/schemas/1.26.0"
+        resource_spans.append(rs)
+    return {"resourceSpans": resource_spans}
+
+
+def _dump(rng: random.Random, request: dict) -> bytes:
+    text = json.dumps(request, ensure_ascii=rng.random() < 0.5,
+                      separators=rng.choice([(",", ":"), (", ", ": "), (" ,", " :")]))
+    raw = text.encode("utf-8", errors="surrogatepass") + rng.choice([b"", b"\n", b" \r\n"])
+    r = rng.random()
+    if r < 0.05 and raw:
+        raw = raw[: rng.randrange(len(raw))]  # truncated
+    elif r < 0.1 and raw:
+        i = rng.randrange(len(raw))
+        raw = raw[:i] + bytes([rng.randrange(256)]) + raw[i + 1:]  # one byte changed
+    return raw
+
+
+def test_c_reader_declines_or_equals_the_tolerant_reader_on_random_lines():
+    rng = random.Random(20261122)
+    accepted = kept = 0
+    for i in range(4000):
+        raw = _dump(rng, _request(rng))
+        got = otlp.c_spans(raw, "f.jsonl:3")
+        if got is None:
+            continue
+        accepted += 1
+        kept += len(got[0])
+        spans, n, quarantined = _tolerant(raw)
+        assert quarantined == {}, (i, raw[:300])
+        assert got == (spans, n), (i, raw[:300])
+    assert accepted > 1000 and kept > 2000  # it takes lines with escapes, unicode, numbers and nesting
+
+
+def test_c_reader_accepts_usual_lines_and_shares_trace_ids():
+    raw = line(own_episode(1, "e1") + own_episode(2, "e2", base=10, tool_error=True)).encode()
+    got = otlp.c_spans(raw, "f.jsonl:3")
+    assert got is not None and got[1] == len(got[0]) > 10
+    spans, n, _ = _tolerant(raw)
+    assert got == (spans, n)
+    assert len({id(s.trace_id) for s in got[0] if s.trace_id == got[0][0].trace_id}) == 1
+
+
+@pytest.mark.parametrize("raw", [b"", b"{}", b"[]", b"not json", b'{"resourceSpans": []} x', b'{"resourceSpans": {}}',
+                                 b'{"resource_spans": []}', b'{"resourceSpans": [{}]}', b'{"resourceSpans": [5]}',
+                                 b'{"resourceSpans": [{"scopeSpans": [{"spans": [5]}]}]}',
+                                 b'{"resourceSpans": [], "resourceSpans": []}'])
+def test_c_reader_declines_other_shapes(raw):
+    assert otlp.c_spans(raw, "f:1") is None
+
+
+def test_c_reader_refuses_wrong_arguments():
+    with pytest.raises(TypeError):
+        otlp.c_spans("text, not bytes", "f:1")
+
+
+def test_mining_gives_the_same_tables_with_and_without_the_c_reader(tmp_path, monkeypatch):
+    from marft_lg.trajectories.mining import mine
+
+    lines = [line(own_episode(e, f"e{e}", base=10 * e, tool_error=e % 3 == 0)) for e in range(1, 30)]
+    lines.insert(5, "garbage")
+    lines.insert(9, line(own_episode(4, "e4", base=40))[:-1].replace('"spanId"', ' "spanId" '))
+    path = write(tmp_path / "t.jsonl", lines)
+    with_c = mine(path, quarantine=tmp_path / "q1.jsonl", workers=1)
+    monkeypatch.setattr(otlp, "c_spans", None)
+    without = mine(path, quarantine=tmp_path / "q2.jsonl", workers=1)
+    assert with_c.episodes.equals(without.episodes) and with_c.actions.equals(without.actions)
+    assert (tmp_path / "q1.jsonl").read_text() == (tmp_path / "q2.jsonl").read_text() != ""

@@ -19,6 +19,7 @@ the parent's). Workers are forked from a single-threaded caller, spawned otherwi
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -34,7 +35,7 @@ from typing import Any
 
 from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.otlp import FileRange, count_newlines
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
     decode_tokens,
@@ -44,8 +45,6 @@ from marft_lg.trajectories.pipeline import (
     table_columns,
 )
 from marft_lg.trajectories.quarantine import Quarantine
-
-_BLOCK = 16 * 1024 * 1024
 
 
 def default_workers() -> int:
@@ -119,16 +118,12 @@ def _next_line_start(path: Path, pos: int) -> int:
 
 
 def _count_newlines(path: Path, start: int, end: int) -> int:
-    with path.open("rb") as fh:
-        fh.seek(start)
-        left, newlines = end - start, 0
-        while left > 0:
-            block = fh.read(min(_BLOCK, left))
-            if not block:
-                break
-            newlines += block.count(b"\n")
-            left -= len(block)
-    return newlines
+    """Newlines in bytes [start, end) of `path`, read through a memory map (no copy of the file)."""
+    if end <= start:
+        return 0
+    with (path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+          memoryview(mm)[start:end] as view):
+        return count_newlines(view)
 
 
 def _start_method() -> str:

@@ -248,3 +248,18 @@ def test_mining_gives_the_same_tables_with_and_without_the_c_reader(tmp_path, mo
     without = mine(path, quarantine=tmp_path / "q2.jsonl", workers=1)
     assert with_c.episodes.equals(without.episodes) and with_c.actions.equals(without.actions)
     assert (tmp_path / "q1.jsonl").read_text() == (tmp_path / "q2.jsonl").read_text() != ""
+
+
+def test_newline_counting_in_c_equals_bytes_count(tmp_path, monkeypatch):
+    from marft_lg.trajectories.parallel import _count_newlines
+
+    rng = random.Random(3)
+    data = bytes(rng.choice(b"ab\n") for _ in range(100_000))
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(data)
+    cuts = [(0, len(data)), (0, 0), (5, 6), *[sorted(rng.sample(range(len(data) + 1), 2)) for _ in range(20)]]
+    expected = [data[a:b].count(b"\n") for a, b in cuts]
+    assert [_count_newlines(path, a, b) for a, b in cuts] == expected
+    monkeypatch.setattr(otlp, "_otlp_c", None)  # the pure-Python fallback, a chunk at a time
+    assert [_count_newlines(path, a, b) for a, b in cuts] == expected
+    assert otlp.count_newlines(memoryview(data), chunk=4096) == expected[0]

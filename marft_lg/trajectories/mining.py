@@ -160,7 +160,8 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         del spans
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
-        for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents):
+        for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,
+                                           share_strings=writer is None):
             yield rows, decode_tokens(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q.counts, agents)

@@ -187,7 +187,8 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 st: dict[str, int] = {}
                 seen: set[str] = set()
                 agents: Counter[str] = Counter()
-                batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents)
+                batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents,
+                                           share_strings=part_dir.endswith(".pickle"))
                 if part_dir.endswith(".pickle"):  # mine(): rows wait on disk until every worker has exited
                     with open(part_dir, "wb") as fh:
                         for rows, cols in batches:
@@ -374,7 +375,7 @@ class ParallelRun:
         self._parent_traces = {}
         fb = {k: fb_index[k] for k in episodes if k in fb_index}
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
-                                           self.agents):
+                                           self.agents, share_strings=not self.parquet):
             yield rows, decode_tokens(cols)
         done = self._write_parts() if self.parquet else [self._recv(i) for i in range(len(self._conns))]
         for _, st, seen, qcounts, agents in done:

@@ -103,10 +103,12 @@ def new_columns() -> dict[str, list]:
 
 def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: dict[str, int],
                      feedback: dict[str, dict[str, Any]], watermark: int | None, seen: set[str],
-                     chunk_actions: int, agents: Counter[str]) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                     chunk_actions: int, agents: Counter[str], *,
+                     share_strings: bool = True) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
-    `agents` counts the kept actions per agent."""
+    `agents` counts the kept actions per agent. `share_strings`: repeated message texts and names share one copy
+    (what keeps `mine()`'s tables small; batches headed for parquet are encoded at once and skip it)."""
     rows: list[dict] = []
     batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
@@ -124,7 +126,7 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         stats["episodes"] = stats.get("episodes", 0) + 1
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)
-        for a in acts:
+        for a in acts if share_strings else ():
             for m in a[_MESSAGES]:
                 if type(m) is dict:
                     role = m.get("role")
@@ -135,16 +137,17 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
                         m["content"] = texts.setdefault(text, text)
         batch.extend(acts)
         if len(batch) >= chunk_actions:
-            yield rows, _columns(batch, agents)
+            yield rows, _columns(batch, agents, share_strings)
             rows, batch, texts = [], [], {}
     if rows:
-        yield rows, _columns(batch, agents)
+        yield rows, _columns(batch, agents, share_strings)
 
 
-def _columns(actions: list[list[Any]], agents: Counter[str]) -> dict[str, list]:
-    """Action rows -> columns (short repeated strings shared); counts the actions per agent."""
+def _columns(actions: list[list[Any]], agents: Counter[str], share_strings: bool = True) -> dict[str, list]:
+    """Action rows -> columns (short repeated strings shared when `share_strings`); counts the actions per agent."""
     rows = zip(*actions, strict=True)  # transposed in C
-    cols = {name: interned(values) if name in _INTERNED else list(values)
+    shared = _INTERNED if share_strings else ()
+    cols = {name: interned(values) if name in shared else list(values)
             for name, values in zip(ACTION_FIELDS, rows, strict=True)} if actions else new_columns()
     agents.update(cols["agent"])
     return cols

@@ -185,3 +185,26 @@ def test_openinference_fast_path_matches_general_path():
 
         general, fast = _both(oi.parse, oi._parse, make)
         _assert_same(general, fast, attrs)
+
+
+def test_parquet_batches_skip_string_sharing_and_hold_the_same_values(tmp_path):
+    from collections import Counter
+
+    from trajectory_spans import line, own_episode, write
+
+    from marft_lg.trajectories.pipeline import assemble_batches, read_traces
+
+    path = write(tmp_path / "t.jsonl", [line(own_episode(e, f"e{e}", base=10 * e)) for e in range(1, 6)])
+
+    def batches(share: bool):
+        traces = read_traces([path], Quarantine(None), max_attribute_bytes=1 << 20, stats={}, formats=Counter())
+        episodes = {m[next(iter(m))].episode_id: list(m.values()) for m in traces.values()}
+        return list(assemble_batches(episodes, Quarantine(None), {}, {}, None, set(), 100, Counter(),
+                                     share_strings=share))
+
+    shared, plain = batches(True), batches(False)
+    assert shared == plain
+    system = [m[0]["content"] for m in shared[0][1]["messages"] if m[0]["role"] == "system"]
+    assert len(system) == 5 and len({id(s) for s in system}) == 1  # one copy of the repeated system prompt
+    system = [m[0]["content"] for m in plain[0][1]["messages"] if m[0]["role"] == "system"]
+    assert len({id(s) for s in system}) == 5

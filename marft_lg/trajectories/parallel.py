@@ -19,7 +19,6 @@ the parent's). Workers are forked from a single-threaded caller, spawned otherwi
 
 from __future__ import annotations
 
-import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -45,6 +44,8 @@ from marft_lg.trajectories.pipeline import (
     table_columns,
 )
 from marft_lg.trajectories.quarantine import Quarantine
+
+_BLOCK = 16 * 1024 * 1024
 
 
 def default_workers() -> int:
@@ -118,12 +119,20 @@ def _next_line_start(path: Path, pos: int) -> int:
 
 
 def _count_newlines(path: Path, start: int, end: int) -> int:
-    """Newlines in bytes [start, end) of `path`, read through a memory map (no copy of the file)."""
-    if end <= start:
-        return 0
-    with (path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm,
-          memoryview(mm)[start:end] as view):
-        return count_newlines(view)
+    """Newlines in bytes [start, end) of `path`, read a block at a time into one buffer (a memory map would count
+    the file's pages in this process's RSS)."""
+    buf = bytearray(min(_BLOCK, max(end - start, 0)))
+    newlines = 0
+    with path.open("rb", buffering=0) as fh, memoryview(buf) as view:
+        fh.seek(start)
+        left = end - start
+        while left > 0:
+            n = fh.readinto(view[:min(_BLOCK, left)])
+            if not n:
+                break
+            newlines += count_newlines(view[:n])
+            left -= n
+    return newlines
 
 
 def _start_method() -> str:

@@ -71,7 +71,24 @@ _encode = _json_encoder()
 _EMPTY_JSON = {list: "[]", dict: "{}"}  # most tool_calls, feedback and metadata values
 
 
-def json_texts(values: Iterable[Any]) -> list[str | None]:
-    """A JSON column's values as the JSON text parquet stores (None stays None)."""
+def json_texts(values: Iterable[Any], *, parsed: bool = False) -> list[str | None]:
+    """A JSON column's values as the JSON text parquet stores (None stays None). `parsed`: the values were read
+    from JSON (mined prompts and tool calls: no NaN, no non-string keys, no other Python types), so orjson writes
+    the same JSON, compact, ~3x faster; a value it refuses (an integer over 64 bits) takes the general encoder."""
     encode, empty = _encode, _EMPTY_JSON
+    if parsed and _orjson_dumps is not None:
+        return [None if v is None else _dumps_or(v, encode) if v else empty.get(type(v)) or encode(v) for v in values]
     return [None if v is None else encode(v) if v else empty.get(type(v)) or encode(v) for v in values]
+
+
+def _dumps_or(value: Any, encode: Callable[[Any], str]) -> str:
+    try:
+        return _orjson_dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return encode(value)
+
+
+try:
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover
+    _orjson_dumps = None

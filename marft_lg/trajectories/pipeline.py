@@ -199,6 +199,6 @@ def table_columns(episode_rows: list[dict[str, Any]], action_columns: dict[str, 
     for the actions). Plain Python, so that mining workers prepare batches without loading pyarrow."""
     episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_FIELDS}
     for cols in (episodes, action_columns):
-        for name in JSON_COLUMNS & cols.keys():
-            cols[name] = json_texts(cols[name])
+        for name in JSON_COLUMNS & cols.keys():  # the actions' prompts and tool calls were read from JSON
+            cols[name] = json_texts(cols[name], parsed=cols is action_columns)
     return episodes, action_columns

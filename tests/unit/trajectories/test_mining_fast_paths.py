@@ -208,3 +208,30 @@ def test_parquet_batches_skip_string_sharing_and_hold_the_same_values(tmp_path):
     assert len(system) == 5 and len({id(s) for s in system}) == 1  # one copy of the repeated system prompt
     system = [m[0]["content"] for m in plain[0][1]["messages"] if m[0]["role"] == "system"]
     assert len({id(s) for s in system}) == 5
+
+
+def test_parsed_json_columns_encode_the_same_values_as_the_general_encoder():
+    from marft_lg.trajectories.columns import json_texts
+
+    rng = random.Random(5)
+
+    def value(depth=0):
+        kind = rng.randrange(8 if depth < 3 else 5)
+        if kind == 0:
+            return "".join(rng.choice("ab \"\\\n\té€😀\u2028\x00") for _ in range(rng.randrange(8)))
+        if kind == 1:
+            return rng.choice([0, -1, 2**63 - 1, 2**64 + 5, -(2**70)])  # over 64 bits: the general encoder
+        if kind == 2:
+            return rng.choice([0.1, -2.5e-300, 1e16, 123456.789])
+        if kind == 3:
+            return rng.choice([True, False, None])
+        if kind == 4:
+            return {}
+        if kind == 5:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {str(value(3)) + str(i): value(depth + 1) for i in range(rng.randrange(4))}
+
+    values = [value() for _ in range(3000)] + [None, [], {}]
+    fast, general = json_texts(values, parsed=True), json_texts(values)
+    assert [None if t is None else json.loads(t) for t in fast] == [None if t is None else json.loads(t) for t in general]
+    assert any(f != g for f, g in zip(fast, general, strict=True))  # the fast texts are compact: it did take them

@@ -32,13 +32,18 @@ _MESSAGES = ACTION_FIELDS.index("messages")
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while mining allocates millions of acyclic objects: every
-    collection walks everything allocated so far (15-25% of mining's CPU time); reference counting still frees."""
+    collection walks everything allocated so far (15-25% of mining's CPU time); reference counting still frees.
+    On the way out the survivors (the mined tables) go straight to the oldest generation (freeze + unfreeze: two
+    list splices), so that the first allocation after the pause does not walk them all (~0.25 s per million)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():  # a caller's own frozen objects stay frozen
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -94,6 +94,47 @@ def test_gc_paused_restores_the_collector():
         gc.enable()
 
 
+def test_gc_paused_hands_its_survivors_to_the_oldest_generation_and_still_collects_cycles():
+    import weakref
+
+    class Node:
+        pass
+
+    collections: list[int] = []
+
+    def record(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        with gc_paused():
+            kept = [[i] for i in range(50_000)]
+            cycle = Node()
+            cycle.me = cycle
+            alive = weakref.ref(cycle)
+            del cycle
+        ran = list(collections)
+    finally:
+        gc.callbacks.remove(record)
+    assert ran == []  # leaving the pause did not walk the 50,000 young objects
+    assert gc.get_count()[0] < 1000 and gc.get_freeze_count() == 0
+    gc.collect()
+    assert alive() is None and len(kept) == 50_000  # the cycle made in the pause is still found and freed
+
+
+def test_gc_paused_leaves_a_callers_frozen_objects_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            [[i] for i in range(100)]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
 # -- own / OpenInference: the one-pass reader of the usual span (no error, no feedback) ----------
 N_RANDOM = 3000  # random attribute sets per format: right and wrong types, JSON and non-JSON text
 

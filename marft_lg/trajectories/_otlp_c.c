@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -985,6 +986,362 @@ static PyObject *spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return result;
 }
 
+/* ---------- own-format spans -> SpanInfo ----------
+ * `own_usual(raw, attrs, op)` is `formats/own._parse_usual` (the usual own span: no error, no feedback, a string
+ * operation) in C: the same lookups, conversions and interning, the rarer conversions through the same Python
+ * helpers, and the SpanInfo's slots filled directly instead of through the dataclass's Python __init__. The
+ * attribute keys, helpers and constants come from Python (`configure_own`), so the names live in one place. */
+
+enum {
+    K_EPISODE_ID, K_SCENARIO_ID, K_ROLE, K_NODE, K_STEP, K_TRIGGERS, K_TASK_ID, K_CHECKPOINT_NS, K_CONVERSATION,
+    K_AGENT_NAME, K_INPUT_MESSAGES, K_SYSTEM_INSTRUCTIONS, K_OUTPUT_MESSAGES, K_INPUT_TOKENS, K_PROMPT_TOKENS,
+    K_OUTPUT_TOKENS, K_COMPLETION_TOKENS, K_RESPONSE_MODEL, K_REQUEST_MODEL, K_PROMPT_TOKEN_IDS,
+    K_COMPLETION_TOKEN_IDS, K_COMPLETION_LOGPROBS, K_ADAPTER_VERSION, K_LATENCY_S, K_TOOL_CALLS, K_TOOL_NAME,
+    K_TOOL_CALL_ID, K_TOOL_ARGS, K_TOOL_RESULT, K_OUTCOME, K_EPISODE_METADATA, N_KEYS
+};
+enum { H_AS_INT, H_AS_LIST, H_JSON_OR, H_INPUT_MESSAGES, H_OUTPUT_MESSAGE, N_HELPERS };
+enum { C_FMT, C_LLM, C_TOOL, C_AGENT, C_WORKFLOW, C_OTHER, C_OP_TOOL, C_AGENT_OPS, C_OP_WORKFLOW, C_LLM_OPS,
+       C_UNKNOWN, N_CONSTANTS };
+enum {
+    S_TRACE_ID, S_SPAN_ID, S_PARENT_ID, S_NAME, S_START_NS, S_END_NS, S_SOURCE, S_FMT, S_KIND, S_ERROR,
+    S_ERROR_MESSAGE, S_AGENT, S_EPISODE_ID, S_SESSION, S_SCENARIO_ID, S_STEP, S_TRIGGERS, S_TASK, S_MESSAGES,
+    S_COMPLETION, S_TOOL_CALLS, S_PROMPT_TOKEN_IDS, S_COMPLETION_TOKEN_IDS, S_COMPLETION_LOGPROBS, S_INPUT_TOKENS,
+    S_OUTPUT_TOKENS, S_LATENCY_S, S_MODEL, S_ADAPTER_VERSION, S_TOOL_NAME, S_TOOL_ARGS, S_TOOL_RESULT,
+    S_TOOL_CALL_ID, S_OUTCOME, S_METADATA, S_RAW_IO, N_SET
+};
+static const char *const SET_NAMES[N_SET] = {
+    "trace_id", "span_id", "parent_id", "name", "start_ns", "end_ns", "source", "fmt", "kind", "error",
+    "error_message", "agent", "episode_id", "session", "scenario_id", "step", "triggers", "task", "messages",
+    "completion", "tool_calls", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "input_tokens",
+    "output_tokens", "latency_s", "model", "adapter_version", "tool_name", "tool_args", "tool_result",
+    "tool_call_id", "outcome", "metadata", "raw_io"};
+enum { R_TRACE_ID, R_SPAN_ID, R_PARENT_ID, R_NAME, R_START_NS, R_END_NS, R_SOURCE, N_RAW };
+static const char *const RAW_NAMES[N_RAW] = {"trace_id", "span_id", "parent_id", "name", "start_ns", "end_ns",
+                                             "source"};
+
+static PyObject *own_keys[N_KEYS], *own_helpers[N_HELPERS], *own_constants[N_CONSTANTS];
+static PyTypeObject *span_info = NULL, *raw_span = NULL;
+static Py_ssize_t info_offset[N_SET], raw_offset[N_RAW];
+static PyObject *info_defaults = NULL;  /* tuple: (offset, default) for every slot of SpanInfo */
+
+/* The offset of a writable object slot `name` of `type` (a __slots__ / msgspec field); -1 with an error set. */
+static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    if (descr == NULL) return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT) && !(m->flags & READONLY)) off = m->offset;
+    }
+    Py_DECREF(descr);
+    if (off < 0) PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", type->tp_name, name);
+    return off;
+}
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+static void set_slot(PyObject *obj, int field, PyObject *value) {  /* steals `value` */
+    PyObject **slot = &SLOT(obj, info_offset[field]);
+    Py_XSETREF(*slot, value);
+}
+
+/* configure_own(SpanInfo, RawSpan, keys, helpers, constants, defaults): see formats/own.py. */
+static PyObject *configure_own(PyObject *module, PyObject *args) {
+    PyObject *info_type, *raw_type, *keys, *helpers, *constants, *defaults;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyType_Type, &info_type, &PyType_Type, &raw_type, &PyTuple_Type,
+                          &keys, &PyTuple_Type, &helpers, &PyTuple_Type, &constants, &PyDict_Type, &defaults))
+        return NULL;
+    if (PyTuple_GET_SIZE(keys) != N_KEYS || PyTuple_GET_SIZE(helpers) != N_HELPERS ||
+        PyTuple_GET_SIZE(constants) != N_CONSTANTS) {
+        PyErr_SetString(PyExc_ValueError, "configure_own: wrong number of keys, helpers or constants");
+        return NULL;
+    }
+    for (int i = 0; i < N_SET; i++)
+        if ((info_offset[i] = slot_offset((PyTypeObject *)info_type, SET_NAMES[i])) < 0) return NULL;
+    for (int i = 0; i < N_RAW; i++)
+        if ((raw_offset[i] = slot_offset((PyTypeObject *)raw_type, RAW_NAMES[i])) < 0) return NULL;
+    PyObject *pairs = PyList_New(0), *name, *value;
+    Py_ssize_t pos = 0;
+    if (pairs == NULL) return NULL;
+    while (PyDict_Next(defaults, &pos, &name, &value)) {  /* every slot: one default each */
+        const char *text = PyUnicode_AsUTF8(name);
+        Py_ssize_t off = text == NULL ? -1 : slot_offset((PyTypeObject *)info_type, text);
+        PyObject *pair = off < 0 ? NULL : Py_BuildValue("(nO)", off, value);
+        if (pair == NULL || PyList_Append(pairs, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    Py_XSETREF(info_defaults, PyList_AsTuple(pairs));
+    Py_DECREF(pairs);
+    if (info_defaults == NULL) return NULL;
+    for (int i = 0; i < N_KEYS; i++) Py_XSETREF(own_keys[i], Py_NewRef(PyTuple_GET_ITEM(keys, i)));
+    for (int i = 0; i < N_HELPERS; i++) Py_XSETREF(own_helpers[i], Py_NewRef(PyTuple_GET_ITEM(helpers, i)));
+    for (int i = 0; i < N_CONSTANTS; i++) Py_XSETREF(own_constants[i], Py_NewRef(PyTuple_GET_ITEM(constants, i)));
+    Py_XSETREF(span_info, (PyTypeObject *)Py_NewRef(info_type));
+    Py_XSETREF(raw_span, (PyTypeObject *)Py_NewRef(raw_type));
+    Py_RETURN_NONE;
+}
+
+/* A new SpanInfo with every slot at its default. */
+static PyObject *new_span_info(void) {
+    PyObject *obj = span_info->tp_alloc(span_info, 0);
+    if (obj == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(info_defaults); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(info_defaults, i);
+        SLOT(obj, PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0))) = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+    }
+    return obj;
+}
+
+static inline PyObject *get(PyObject *a, int key) {  /* borrowed; NULL when absent (no error) */
+    return PyDict_GetItemWithError(a, own_keys[key]);
+}
+
+static inline PyObject *or_none(PyObject *v) { return Py_NewRef(v != NULL ? v : Py_None); }
+
+/* `_str(v)`: None and str as they are, anything else str(v) (a new reference). */
+static PyObject *as_str(PyObject *v) {
+    if (v == NULL || v == Py_None) return Py_NewRef(Py_None);
+    if (PyUnicode_CheckExact(v)) return Py_NewRef(v);
+    return PyObject_Str(v);
+}
+
+/* `sys.intern(v) if type(v) is str else v`; steals and returns a reference. */
+static PyObject *interned(PyObject *v) {
+    if (v != NULL && PyUnicode_CheckExact(v)) PyUnicode_InternInPlace(&v);
+    return v;
+}
+
+/* `x or y`: x when truthy, else y (steals x; y borrowed, None when NULL); NULL on error. */
+static PyObject *or_else(PyObject *x, PyObject *y) {
+    if (x == NULL) return NULL;
+    int t = PyObject_IsTrue(x);
+    if (t < 0) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    if (t) return x;
+    Py_DECREF(x);
+    return or_none(y);
+}
+
+static PyObject *call1(int helper, PyObject *arg) {
+    return PyObject_CallOneArg(own_helpers[helper], arg != NULL ? arg : Py_None);
+}
+
+/* `v if type(v) is int else as_int(v)` */
+static PyObject *int_or_as_int(PyObject *v) {
+    if (v != NULL && PyLong_CheckExact(v)) return Py_NewRef(v);
+    return call1(H_AS_INT, v);
+}
+
+static PyObject *own_usual(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (span_info == NULL || nargs != 3 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "own_usual(raw, attrs: dict, op): call configure_own first");
+        return NULL;
+    }
+    PyObject *raw = args[0], *a = args[1], *op = args[2], *v;
+    if (!Py_IS_TYPE(raw, raw_span)) {
+        PyErr_SetString(PyExc_TypeError, "own_usual: raw must be a RawSpan");
+        return NULL;
+    }
+    PyObject *info = NULL, *agent = NULL, *kind;
+    PyObject *name = interned(Py_NewRef(SLOT(raw, raw_offset[R_NAME])));
+    PyObject *episode_id = NULL, *scenario_id = NULL, *step = NULL, *triggers = NULL, *task = NULL, *session = NULL;
+
+    v = get(a, K_EPISODE_ID);
+    if (v != NULL && v != Py_None) {
+        if ((episode_id = interned(as_str(v))) == NULL) goto fail;
+    }
+    v = get(a, K_SCENARIO_ID);
+    if (v != NULL && v != Py_None) {
+        if ((scenario_id = interned(as_str(v))) == NULL) goto fail;
+    }
+    if ((agent = or_else(as_str(get(a, K_ROLE)), NULL)) == NULL) goto fail;
+    if (agent == Py_None) {
+        Py_DECREF(agent);
+        if ((agent = as_str(get(a, K_NODE))) == NULL) goto fail;
+    }
+    if ((step = int_or_as_int(get(a, K_STEP))) == NULL) goto fail;
+    v = get(a, K_TRIGGERS);
+    if (v != NULL && v != Py_None && (triggers = call1(H_AS_LIST, v)) == NULL) goto fail;
+    if ((task = or_else(as_str(get(a, K_TASK_ID)), NULL)) == NULL) goto fail;
+    if (task == Py_None) {
+        Py_DECREF(task);
+        if ((task = as_str(get(a, K_CHECKPOINT_NS))) == NULL) goto fail;
+    }
+    task = interned(task);
+    session = interned(or_none(get(a, K_CONVERSATION)));
+    if (PyErr_Occurred()) goto fail;
+
+    int is_llm = PySet_Contains(own_constants[C_LLM_OPS], op);
+    if (is_llm < 0) goto fail;
+    if (is_llm) {
+        kind = own_constants[C_LLM];
+        if ((agent = or_else(agent, get(a, K_AGENT_NAME))) == NULL) goto fail;
+    } else {
+        int cmp;
+        if ((cmp = PyObject_RichCompareBool(op, own_constants[C_OP_TOOL], Py_EQ)) < 0) goto fail;
+        if (cmp) {
+            kind = own_constants[C_TOOL];
+        } else {
+            if ((cmp = PySequence_Contains(own_constants[C_AGENT_OPS], op)) < 0) goto fail;
+            if (cmp) {
+                kind = own_constants[C_AGENT];
+                if ((agent = or_else(agent, get(a, K_AGENT_NAME))) == NULL) goto fail;
+                if ((agent = or_else(agent, name)) == NULL) goto fail;
+            } else {
+                if ((cmp = PyObject_RichCompareBool(op, own_constants[C_OP_WORKFLOW], Py_EQ)) < 0) goto fail;
+                kind = own_constants[cmp ? C_WORKFLOW : C_OTHER];
+            }
+        }
+    }
+    if (PyErr_Occurred()) goto fail;
+    if ((info = new_span_info()) == NULL) goto fail;
+    set_slot(info, S_TRACE_ID, Py_NewRef(SLOT(raw, raw_offset[R_TRACE_ID])));
+    set_slot(info, S_SPAN_ID, Py_NewRef(SLOT(raw, raw_offset[R_SPAN_ID])));
+    set_slot(info, S_PARENT_ID, Py_NewRef(SLOT(raw, raw_offset[R_PARENT_ID])));
+    set_slot(info, S_NAME, Py_NewRef(name));
+    set_slot(info, S_START_NS, Py_NewRef(SLOT(raw, raw_offset[R_START_NS])));
+    set_slot(info, S_END_NS, Py_NewRef(SLOT(raw, raw_offset[R_END_NS])));
+    set_slot(info, S_SOURCE, Py_NewRef(SLOT(raw, raw_offset[R_SOURCE])));
+    set_slot(info, S_FMT, Py_NewRef(own_constants[C_FMT]));
+    set_slot(info, S_KIND, Py_NewRef(kind));
+    set_slot(info, S_AGENT, interned(agent));
+    agent = NULL;
+    set_slot(info, S_EPISODE_ID, or_none(episode_id));
+    set_slot(info, S_SESSION, session);
+    session = NULL;
+    set_slot(info, S_SCENARIO_ID, or_none(scenario_id));
+    set_slot(info, S_STEP, step);
+    step = NULL;
+    set_slot(info, S_TRIGGERS, or_none(triggers));
+    set_slot(info, S_TASK, task);
+    task = NULL;
+
+    if (kind == own_constants[C_LLM]) {
+        int has_in = PyDict_Contains(a, own_keys[K_INPUT_MESSAGES]);
+        int has_out = has_in ? 0 : PyDict_Contains(a, own_keys[K_OUTPUT_MESSAGES]);
+        if (has_in < 0 || has_out < 0) goto fail;
+        if (has_in || has_out) {
+            PyObject *in = get(a, K_INPUT_MESSAGES), *system = get(a, K_SYSTEM_INSTRUCTIONS);
+            PyObject *out = get(a, K_OUTPUT_MESSAGES);
+            PyObject *io = PyTuple_Pack(3, in ? in : Py_None, system ? system : Py_None, out ? out : Py_None);
+            if (io == NULL) goto fail;
+            set_slot(info, S_RAW_IO, io);
+        } else {
+            PyObject *messages = call1(H_INPUT_MESSAGES, a), *out;
+            if (messages == NULL) goto fail;
+            set_slot(info, S_MESSAGES, messages);
+            if ((out = call1(H_OUTPUT_MESSAGE, a)) == NULL) goto fail;
+            if (!PyTuple_Check(out) || PyTuple_GET_SIZE(out) != 2) {
+                Py_DECREF(out);
+                PyErr_SetString(PyExc_ValueError, "output_message must return (completion, tool_calls)");
+                goto fail;
+            }
+            set_slot(info, S_COMPLETION, Py_NewRef(PyTuple_GET_ITEM(out, 0)));
+            set_slot(info, S_TOOL_CALLS, Py_NewRef(PyTuple_GET_ITEM(out, 1)));
+            Py_DECREF(out);
+        }
+        PyObject *t;  /* `v if type(v) is int else as_int(get(legacy key) if v is missing else v)` */
+        v = get(a, K_INPUT_TOKENS);
+        t = v != NULL && PyLong_CheckExact(v) ? Py_NewRef(v) : call1(H_AS_INT, v != NULL ? v : get(a, K_PROMPT_TOKENS));
+        if (t == NULL) goto fail;
+        set_slot(info, S_INPUT_TOKENS, t);
+        v = get(a, K_OUTPUT_TOKENS);
+        t = v != NULL && PyLong_CheckExact(v) ? Py_NewRef(v)
+                                              : call1(H_AS_INT, v != NULL ? v : get(a, K_COMPLETION_TOKENS));
+        if (t == NULL) goto fail;
+        set_slot(info, S_OUTPUT_TOKENS, t);
+        PyObject *model = or_else(or_none(get(a, K_RESPONSE_MODEL)), get(a, K_REQUEST_MODEL));
+        if (model == NULL) goto fail;
+        if (model != Py_None) {
+            int ne = PyObject_RichCompareBool(model, own_constants[C_UNKNOWN], Py_NE);
+            if (ne < 0) {
+                Py_DECREF(model);
+                goto fail;
+            }
+            if (ne) {
+                PyObject *text = PyObject_Str(model);
+                if (text == NULL) {
+                    Py_DECREF(model);
+                    goto fail;
+                }
+                set_slot(info, S_MODEL, interned(text));
+            }
+        }
+        Py_DECREF(model);
+        set_slot(info, S_PROMPT_TOKEN_IDS, or_none(get(a, K_PROMPT_TOKEN_IDS)));
+        set_slot(info, S_COMPLETION_TOKEN_IDS, or_none(get(a, K_COMPLETION_TOKEN_IDS)));
+        set_slot(info, S_COMPLETION_LOGPROBS, or_none(get(a, K_COMPLETION_LOGPROBS)));
+        v = get(a, K_ADAPTER_VERSION);
+        if (v != NULL && v != Py_None) {
+            PyObject *text = as_str(v);
+            if (text == NULL) goto fail;
+            set_slot(info, S_ADAPTER_VERSION, interned(text));
+        }
+        v = get(a, K_LATENCY_S);
+        if (v != NULL && (PyLong_Check(v) || PyFloat_Check(v))) {
+            PyObject *f = PyNumber_Float(v);
+            if (f == NULL) goto fail;
+            set_slot(info, S_LATENCY_S, f);
+        }
+        v = get(a, K_TOOL_CALLS);
+        if (v != NULL && v != Py_None) {
+            PyObject *calls = call1(H_JSON_OR, v);
+            if (calls == NULL) goto fail;
+            if (PyList_Check(calls) && PyList_GET_SIZE(calls) > 0) set_slot(info, S_TOOL_CALLS, calls);
+            else Py_DECREF(calls);
+        }
+    } else if (kind == own_constants[C_TOOL]) {
+        PyObject *tool_name = or_else(or_none(get(a, K_TOOL_NAME)), name), *args;
+        if (tool_name == NULL) goto fail;
+        set_slot(info, S_TOOL_NAME, interned(tool_name));
+        set_slot(info, S_TOOL_CALL_ID, or_none(get(a, K_TOOL_CALL_ID)));
+        if ((args = call1(H_JSON_OR, get(a, K_TOOL_ARGS))) == NULL) goto fail;
+        set_slot(info, S_TOOL_ARGS, args);
+        set_slot(info, S_TOOL_RESULT, or_none(get(a, K_TOOL_RESULT)));
+    }
+    if (PyErr_Occurred()) goto fail;
+    int has_outcome = PyDict_Contains(a, own_keys[K_OUTCOME]);
+    int has_meta = PyDict_Contains(a, own_keys[K_EPISODE_METADATA]);
+    if (has_outcome < 0 || has_meta < 0) goto fail;
+    if (kind == own_constants[C_WORKFLOW] || has_outcome || has_meta) {
+        if (has_outcome) {
+            PyObject *outcome = as_str(get(a, K_OUTCOME));
+            if (outcome == NULL) goto fail;
+            set_slot(info, S_OUTCOME, outcome);
+        }
+        PyObject *meta = call1(H_JSON_OR, get(a, K_EPISODE_METADATA));
+        if (meta == NULL) goto fail;
+        if (PyDict_Check(meta)) set_slot(info, S_METADATA, meta);
+        else Py_DECREF(meta);
+        if (kind != own_constants[C_LLM] && kind != own_constants[C_TOOL] && SLOT(raw, raw_offset[R_PARENT_ID]) == Py_None)
+            set_slot(info, S_KIND, Py_NewRef(own_constants[C_WORKFLOW]));
+    }
+    if (PyErr_Occurred()) goto fail;
+    Py_DECREF(name);
+    Py_XDECREF(episode_id);
+    Py_XDECREF(scenario_id);
+    Py_XDECREF(triggers);
+    return info;
+
+fail:
+    Py_XDECREF(session);
+    Py_XDECREF(info);
+    Py_XDECREF(name);
+    Py_XDECREF(agent);
+    Py_XDECREF(episode_id);
+    Py_XDECREF(scenario_id);
+    Py_XDECREF(step);
+    Py_XDECREF(triggers);
+    Py_XDECREF(task);
+    return NULL;
+}
+
 /* count_newlines(buffer): how many b"\n" it holds (memchr: many times faster than bytes.count on long lines). */
 static PyObject *count_newlines(PyObject *module, PyObject *arg) {
     Py_buffer view;
@@ -1010,6 +1367,9 @@ static PyMethodDef methods[] = {
     {"spans", (PyCFunction)(void (*)(void))spans, METH_FASTCALL,
      "spans(line, source) -> (list of RawSpan, count) for a well-formed OTLP/JSON line, or None."},
     {"configure", configure, METH_O, "configure(RawSpan): the span type to build."},
+    {"configure_own", configure_own, METH_VARARGS, "configure_own(SpanInfo, RawSpan, keys, helpers, constants, defaults)."},
+    {"own_usual", (PyCFunction)(void (*)(void))own_usual, METH_FASTCALL,
+     "own_usual(raw, attrs, op) -> SpanInfo: formats/own._parse_usual in C."},
     {"count_newlines", count_newlines, METH_O, "count_newlines(buffer) -> how many newline bytes it holds."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,14 +25,16 @@ from marft_lg.trajectories.otlp_schema import typed_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
 
-c_spans: Any = None  # the C reader's `spans(line, source)`, when built and not switched off
 try:
     from marft_lg.trajectories import _otlp_c
 except ImportError:  # pragma: no cover - built without a C compiler
     _otlp_c = None
-if _otlp_c is not None and os.environ.get("MARFT_MINING_C_READER", "1") != "0":
-    _otlp_c.configure(RawSpan)
-    c_spans = _otlp_c.spans
+# the C module for reading and interpreting spans, when built and not switched off (the formats use it too)
+C_READER: Any = _otlp_c if os.environ.get("MARFT_MINING_C_READER", "1") != "0" else None
+c_spans: Any = None  # the C reader's `spans(line, source)`
+if C_READER is not None:
+    C_READER.configure(RawSpan)
+    c_spans = C_READER.spans
 
 
 def count_newlines(block: bytes | memoryview, chunk: int = 16 << 20) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from marft_lg.tracing import attributes as A
+from marft_lg.trajectories import otlp
 from marft_lg.trajectories.formats import genai
 from marft_lg.trajectories.formats.base import (
     AGENT,
@@ -37,11 +40,12 @@ def parse(raw: RawSpan) -> SpanInfo:
     op = a.get(_OP)
     if raw.error or type(op) is not str or raw.name == _FEEDBACK_SPAN or _FEEDBACK_NAME in a:
         return intern_strings(_parse(raw))
-    return _parse_usual(raw, a, op)
+    return _usual(raw, a, op)
 
 
 def _parse_usual(raw: RawSpan, a: dict[str, Any], op: str) -> SpanInfo:
-    """`_parse` + `intern_strings` (with `genai.fill` inlined) for a span without error or feedback."""
+    """`_parse` + `intern_strings` (with `genai.fill` inlined) for a span without error or feedback; the C module's
+    `own_usual` does the same, when built (`_use_c`)."""
     get = a.get
     intern = sys.intern
     name = intern(raw.name)
@@ -195,3 +199,28 @@ _MISSING = object()
 
 def _str(value: Any) -> str | None:
     return value if value is None or type(value) is str else str(value)
+
+
+def _use_c() -> Callable[[RawSpan, dict[str, Any], str], SpanInfo]:
+    """The C version of `_parse_usual` (configured with this module's keys, helpers and constants), else this one."""
+    c = otlp.C_READER
+    if c is None:
+        return _parse_usual
+    keys = (_EPISODE_ID, _SCENARIO_ID, _ROLE, _NODE, _STEP, _TRIGGERS, _TASK_ID, _CHECKPOINT_NS, _CONVERSATION,
+            _AGENT_NAME, _INPUT_MESSAGES, _SYSTEM_INSTRUCTIONS, _OUTPUT_MESSAGES, _INPUT_TOKENS, _PROMPT_TOKENS,
+            _OUTPUT_TOKENS, _COMPLETION_TOKENS, _RESPONSE_MODEL, _REQUEST_MODEL, _PROMPT_TOKEN_IDS,
+            _COMPLETION_TOKEN_IDS, _COMPLETION_LOGPROBS, _ADAPTER_VERSION, _LATENCY_S, _TOOL_CALLS, _TOOL_NAME,
+            _TOOL_CALL_ID, _TOOL_ARGS, _TOOL_RESULT, _OUTCOME, _EPISODE_METADATA)  # the order of _otlp_c.c's K_*
+    defaults = {}
+    for f in dataclasses.fields(SpanInfo):
+        if f.default_factory is not dataclasses.MISSING:
+            return _parse_usual  # a default built per span: the C version fills slots with shared defaults
+        defaults[f.name] = None if f.default is dataclasses.MISSING else f.default
+    c.configure_own(SpanInfo, RawSpan, tuple(map(sys.intern, keys)),
+                    (as_int, as_list, json_or, genai.input_messages, genai.output_message),
+                    (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, _OP_TOOL, _AGENT_OPS, _OP_WORKFLOW,
+                     genai.LLM_OPERATIONS, "unknown"), defaults)
+    return c.own_usual
+
+
+_usual = _use_c()

@@ -159,7 +159,12 @@ def _assert_same(general, fast, attrs):
             assert x == y and type(x) is type(y), (name, x, y, attrs)
 
 
-def test_own_fast_path_matches_general_path():
+@pytest.mark.parametrize("usual", ["c", "python"])
+def test_own_fast_path_matches_general_path(usual, monkeypatch):
+    if usual == "python":
+        monkeypatch.setattr(own, "_usual", own._parse_usual)
+    else:
+        assert own._usual is not own._parse_usual, "the C own_usual is not in use (module not built?)"
     rng = random.Random(1)
     keys = [own._EPISODE_ID, own._SCENARIO_ID, own._ROLE, own._NODE, own._STEP, own._TRIGGERS, own._TASK_ID,
             own._CHECKPOINT_NS, own._PROMPT_TOKEN_IDS, own._COMPLETION_TOKEN_IDS, own._COMPLETION_LOGPROBS,

@@ -1045,17 +1045,11 @@ static void set_slot(PyObject *obj, int field, PyObject *value) {  /* steals `va
     Py_XSETREF(*slot, value);
 }
 
-/* configure_own(SpanInfo, RawSpan, keys, helpers, constants, defaults): see formats/own.py. */
-static PyObject *configure_own(PyObject *module, PyObject *args) {
-    PyObject *info_type, *raw_type, *keys, *helpers, *constants, *defaults;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!", &PyType_Type, &info_type, &PyType_Type, &raw_type, &PyTuple_Type,
-                          &keys, &PyTuple_Type, &helpers, &PyTuple_Type, &constants, &PyDict_Type, &defaults))
+/* configure_span_info(SpanInfo, RawSpan, defaults): the slots both types' C builders use (formats/base.py). */
+static PyObject *configure_span_info(PyObject *module, PyObject *args) {
+    PyObject *info_type, *raw_type, *defaults;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &info_type, &PyType_Type, &raw_type, &PyDict_Type, &defaults))
         return NULL;
-    if (PyTuple_GET_SIZE(keys) != N_KEYS || PyTuple_GET_SIZE(helpers) != N_HELPERS ||
-        PyTuple_GET_SIZE(constants) != N_CONSTANTS) {
-        PyErr_SetString(PyExc_ValueError, "configure_own: wrong number of keys, helpers or constants");
-        return NULL;
-    }
     for (int i = 0; i < N_SET; i++)
         if ((info_offset[i] = slot_offset((PyTypeObject *)info_type, SET_NAMES[i])) < 0) return NULL;
     for (int i = 0; i < N_RAW; i++)
@@ -1077,11 +1071,28 @@ static PyObject *configure_own(PyObject *module, PyObject *args) {
     Py_XSETREF(info_defaults, PyList_AsTuple(pairs));
     Py_DECREF(pairs);
     if (info_defaults == NULL) return NULL;
-    for (int i = 0; i < N_KEYS; i++) Py_XSETREF(own_keys[i], Py_NewRef(PyTuple_GET_ITEM(keys, i)));
-    for (int i = 0; i < N_HELPERS; i++) Py_XSETREF(own_helpers[i], Py_NewRef(PyTuple_GET_ITEM(helpers, i)));
-    for (int i = 0; i < N_CONSTANTS; i++) Py_XSETREF(own_constants[i], Py_NewRef(PyTuple_GET_ITEM(constants, i)));
     Py_XSETREF(span_info, (PyTypeObject *)Py_NewRef(info_type));
     Py_XSETREF(raw_span, (PyTypeObject *)Py_NewRef(raw_type));
+    Py_RETURN_NONE;
+}
+
+/* Copy a tuple's items into `dest` (`n` of them exactly). */
+static int take_items(PyObject *tuple, PyObject **dest, Py_ssize_t n, const char *what) {
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != n) {
+        PyErr_Format(PyExc_ValueError, "expected %zd %s", n, what);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) Py_XSETREF(dest[i], Py_NewRef(PyTuple_GET_ITEM(tuple, i)));
+    return 0;
+}
+
+/* configure_own(keys, helpers, constants): see formats/own.py. */
+static PyObject *configure_own(PyObject *module, PyObject *args) {
+    PyObject *keys, *helpers, *constants;
+    if (!PyArg_ParseTuple(args, "OOO", &keys, &helpers, &constants)) return NULL;
+    if (take_items(keys, own_keys, N_KEYS, "keys") < 0 || take_items(helpers, own_helpers, N_HELPERS, "helpers") < 0 ||
+        take_items(constants, own_constants, N_CONSTANTS, "constants") < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1139,8 +1150,8 @@ static PyObject *int_or_as_int(PyObject *v) {
 }
 
 static PyObject *own_usual(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (span_info == NULL || nargs != 3 || !PyDict_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "own_usual(raw, attrs: dict, op): call configure_own first");
+    if (span_info == NULL || own_keys[0] == NULL || nargs != 3 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "own_usual(raw, attrs: dict, op): call configure_span_info and configure_own first");
         return NULL;
     }
     PyObject *raw = args[0], *a = args[1], *op = args[2], *v;
@@ -1342,6 +1353,194 @@ fail:
     return NULL;
 }
 
+/* ---------- OpenInference spans -> SpanInfo ----------
+ * `oi_usual(raw, attrs)` is formats/openinference.parse for a span without error, in C; `_metadata`,
+ * `io_messages` and the other conversions stay the Python helpers given to `configure_oi`. */
+
+enum { OK_KIND, OK_METADATA, OK_SESSION, OK_MODEL, OK_PROMPT_TOKENS, OK_COMPLETION_TOKENS, OK_TOOL_NAME,
+       OK_TOOL_CALL_ID, OK_TOOL_PARAMETERS, OK_INPUT_VALUE, OK_OUTPUT_VALUE, N_OI_KEYS };
+enum { OH_METADATA, OH_IO_MESSAGES, OH_AS_INT, OH_JSON_OR, OH_TOOL_RESULT_TEXT, OH_WORKFLOW_METADATA, N_OI_HELPERS };
+enum { OC_FMT, OC_LLM, OC_TOOL, OC_AGENT, OC_WORKFLOW, OC_OTHER, OC_KIND_LLM, OC_KIND_TOOL, OC_KIND_AGENT,
+       OC_KIND_CHAIN, OC_CONTENT, OC_TOOL_CALLS, OC_EMPTY, N_OI_CONSTANTS };
+static PyObject *oi_keys[N_OI_KEYS], *oi_helpers[N_OI_HELPERS], *oi_constants[N_OI_CONSTANTS];
+
+/* configure_oi(keys, helpers, constants): see formats/openinference.py. */
+static PyObject *configure_oi(PyObject *module, PyObject *args) {
+    PyObject *keys, *helpers, *constants;
+    if (!PyArg_ParseTuple(args, "OOO", &keys, &helpers, &constants)) return NULL;
+    if (take_items(keys, oi_keys, N_OI_KEYS, "keys") < 0 || take_items(helpers, oi_helpers, N_OI_HELPERS, "helpers") < 0 ||
+        take_items(constants, oi_constants, N_OI_CONSTANTS, "constants") < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static inline PyObject *oi_get(PyObject *a, int key) { return PyDict_GetItemWithError(a, oi_keys[key]); }
+
+static PyObject *oi_call(int helper, PyObject *arg) {
+    return PyObject_CallOneArg(oi_helpers[helper], arg != NULL ? arg : Py_None);
+}
+
+/* `obj.get(key)` for the last output message (a dict nearly always). */
+static PyObject *get_item(PyObject *obj, PyObject *key) {
+    if (PyDict_CheckExact(obj)) return or_none(PyDict_GetItemWithError(obj, key));
+    return PyObject_CallMethod(obj, "get", "O", key);
+}
+
+static PyObject *oi_usual(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (span_info == NULL || oi_keys[0] == NULL || nargs != 2 || !PyDict_CheckExact(args[1]) ||
+        !Py_IS_TYPE(args[0], raw_span)) {
+        PyErr_SetString(PyExc_TypeError, "oi_usual(raw: RawSpan, attrs: dict): call configure_span_info and configure_oi first");
+        return NULL;
+    }
+    PyObject *raw = args[0], *a = args[1], *v;
+    PyObject *info = NULL, *kind_text = NULL, *meta = NULL, *session = NULL, *name = NULL, *agent = NULL;
+    PyObject *kind, *node, *step, *triggers, *task, *scenario;
+    int cmp;
+
+    v = oi_get(a, OK_KIND);
+    if (v == NULL && PyErr_Occurred()) goto fail;
+    PyObject *text = PyObject_Str(v != NULL ? v : oi_constants[OC_EMPTY]);  /* str(get(kind, "")).upper() */
+    if (text == NULL) goto fail;
+    kind_text = PyObject_CallMethod(text, "upper", NULL);
+    Py_DECREF(text);
+    if (kind_text == NULL) goto fail;
+    if ((meta = oi_call(OH_METADATA, oi_get(a, OK_METADATA))) == NULL) goto fail;
+    if (!PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) != 8) {
+        PyErr_SetString(PyExc_ValueError, "_metadata must return 8 fields");
+        goto fail;
+    }
+    /* (meta, node, agent, step, triggers, task, session, scenario), borrowed from `meta` */
+    node = PyTuple_GET_ITEM(meta, 1);
+    step = PyTuple_GET_ITEM(meta, 3);
+    triggers = PyTuple_GET_ITEM(meta, 4);
+    task = PyTuple_GET_ITEM(meta, 5);
+    scenario = PyTuple_GET_ITEM(meta, 7);
+    if ((session = or_else(or_none(oi_get(a, OK_SESSION)), PyTuple_GET_ITEM(meta, 6))) == NULL) goto fail;
+    session = interned(session);
+    name = interned(Py_NewRef(SLOT(raw, raw_offset[R_NAME])));
+    agent = Py_NewRef(PyTuple_GET_ITEM(meta, 2));
+    if (PyErr_Occurred()) goto fail;
+
+    int is_llm = PyUnicode_Check(kind_text) && PyUnicode_Compare(kind_text, oi_constants[OC_KIND_LLM]) == 0;
+    int is_tool = !is_llm && PyUnicode_Check(kind_text) && PyUnicode_Compare(kind_text, oi_constants[OC_KIND_TOOL]) == 0;
+    int is_chain = PyUnicode_Check(kind_text) && PyUnicode_Compare(kind_text, oi_constants[OC_KIND_CHAIN]) == 0;
+    if (PyErr_Occurred()) goto fail;
+    if (is_llm) {
+        kind = oi_constants[OC_LLM];
+    } else if (is_tool) {
+        kind = oi_constants[OC_TOOL];
+    } else {
+        int is_agent = PyUnicode_Check(kind_text) && PyUnicode_Compare(kind_text, oi_constants[OC_KIND_AGENT]) == 0;
+        if (!is_agent && is_chain) {  /* kind == "CHAIN" and node and name == node */
+            int t = PyObject_IsTrue(node);
+            if (t < 0) goto fail;
+            if (t) {
+                if ((cmp = PyObject_RichCompareBool(name, node, Py_EQ)) < 0) goto fail;
+                is_agent = cmp;
+            }
+        }
+        if (is_agent) {
+            kind = oi_constants[OC_AGENT];
+            if ((agent = or_else(agent, name)) == NULL) goto fail;
+        } else if (is_chain && SLOT(raw, raw_offset[R_PARENT_ID]) == Py_None) {
+            kind = oi_constants[OC_WORKFLOW];
+        } else {
+            kind = oi_constants[OC_OTHER];
+            if (is_chain) {  /* None if kind == "CHAIN" and name != node else agent */
+                if ((cmp = PyObject_RichCompareBool(name, node, Py_NE)) < 0) goto fail;
+                if (cmp) Py_SETREF(agent, Py_NewRef(Py_None));
+            }
+        }
+    }
+    if ((info = new_span_info()) == NULL) goto fail;
+    set_slot(info, S_TRACE_ID, Py_NewRef(SLOT(raw, raw_offset[R_TRACE_ID])));
+    set_slot(info, S_SPAN_ID, Py_NewRef(SLOT(raw, raw_offset[R_SPAN_ID])));
+    set_slot(info, S_PARENT_ID, Py_NewRef(SLOT(raw, raw_offset[R_PARENT_ID])));
+    set_slot(info, S_NAME, Py_NewRef(name));
+    set_slot(info, S_START_NS, Py_NewRef(SLOT(raw, raw_offset[R_START_NS])));
+    set_slot(info, S_END_NS, Py_NewRef(SLOT(raw, raw_offset[R_END_NS])));
+    set_slot(info, S_SOURCE, Py_NewRef(SLOT(raw, raw_offset[R_SOURCE])));
+    set_slot(info, S_FMT, Py_NewRef(oi_constants[OC_FMT]));
+    set_slot(info, S_KIND, Py_NewRef(kind));
+    set_slot(info, S_AGENT, agent);
+    agent = NULL;
+    set_slot(info, S_SESSION, session);
+    session = NULL;
+    set_slot(info, S_SCENARIO_ID, Py_NewRef(scenario));
+    set_slot(info, S_STEP, Py_NewRef(step));
+    set_slot(info, S_TRIGGERS, Py_NewRef(triggers));
+    set_slot(info, S_TASK, Py_NewRef(task));
+
+    if (kind == oi_constants[OC_LLM]) {
+        PyObject *io = oi_call(OH_IO_MESSAGES, a), *t;
+        if (io == NULL) goto fail;
+        if (!PyTuple_Check(io) || PyTuple_GET_SIZE(io) != 2) {
+            Py_DECREF(io);
+            PyErr_SetString(PyExc_ValueError, "io_messages must return (input, output)");
+            goto fail;
+        }
+        PyObject *out = PyTuple_GET_ITEM(io, 1);
+        set_slot(info, S_MESSAGES, Py_NewRef(PyTuple_GET_ITEM(io, 0)));
+        int has_out = PyObject_IsTrue(out);
+        PyObject *completion = NULL, *calls = NULL;
+        if (has_out > 0) {  /* str(out[-1].get("content") or ""), out[-1].get("tool_calls") or None */
+            PyObject *last = PySequence_GetItem(out, PySequence_Size(out) - 1);
+            if (last != NULL) {
+                PyObject *content = or_else(get_item(last, oi_constants[OC_CONTENT]), oi_constants[OC_EMPTY]);
+                completion = content == NULL ? NULL : PyObject_Str(content);
+                Py_XDECREF(content);
+                if (completion != NULL) calls = or_else(get_item(last, oi_constants[OC_TOOL_CALLS]), NULL);
+                Py_DECREF(last);
+            }
+        } else if (has_out == 0) {
+            completion = Py_NewRef(oi_constants[OC_EMPTY]);
+            calls = Py_NewRef(Py_None);
+        }
+        Py_DECREF(io);
+        if (completion == NULL || calls == NULL) {
+            Py_XDECREF(completion);
+            goto fail;
+        }
+        set_slot(info, S_COMPLETION, completion);
+        set_slot(info, S_TOOL_CALLS, calls);
+        if ((t = oi_call(OH_AS_INT, oi_get(a, OK_PROMPT_TOKENS))) == NULL) goto fail;
+        set_slot(info, S_INPUT_TOKENS, t);
+        if ((t = oi_call(OH_AS_INT, oi_get(a, OK_COMPLETION_TOKENS))) == NULL) goto fail;
+        set_slot(info, S_OUTPUT_TOKENS, t);
+        set_slot(info, S_MODEL, interned(or_none(oi_get(a, OK_MODEL))));
+    } else if (kind == oi_constants[OC_TOOL]) {
+        PyObject *tool_name = or_else(or_none(oi_get(a, OK_TOOL_NAME)), name), *x;
+        if (tool_name == NULL) goto fail;
+        set_slot(info, S_TOOL_NAME, interned(tool_name));
+        set_slot(info, S_TOOL_CALL_ID, or_none(oi_get(a, OK_TOOL_CALL_ID)));
+        v = oi_get(a, OK_TOOL_PARAMETERS);  /* get(tool.parameters, get(input.value)) */
+        if (v == NULL && !PyErr_Occurred()) v = oi_get(a, OK_INPUT_VALUE);
+        if (PyErr_Occurred() || (x = oi_call(OH_JSON_OR, v)) == NULL) goto fail;
+        set_slot(info, S_TOOL_ARGS, x);
+        if ((x = oi_call(OH_TOOL_RESULT_TEXT, oi_get(a, OK_OUTPUT_VALUE))) == NULL) goto fail;
+        set_slot(info, S_TOOL_RESULT, x);
+    } else if (kind == oi_constants[OC_WORKFLOW]) {
+        PyObject *x;
+        set_slot(info, S_OUTCOME, or_none(oi_get(a, OK_OUTPUT_VALUE)));
+        if ((x = oi_call(OH_WORKFLOW_METADATA, PyTuple_GET_ITEM(meta, 0))) == NULL) goto fail;
+        set_slot(info, S_METADATA, x);
+    }
+    if (PyErr_Occurred()) goto fail;
+    Py_DECREF(kind_text);
+    Py_DECREF(meta);
+    Py_DECREF(name);
+    return info;
+
+fail:
+    Py_XDECREF(info);
+    Py_XDECREF(kind_text);
+    Py_XDECREF(meta);
+    Py_XDECREF(session);
+    Py_XDECREF(name);
+    Py_XDECREF(agent);
+    return NULL;
+}
+
 /* count_newlines(buffer): how many b"\n" it holds (memchr: many times faster than bytes.count on long lines). */
 static PyObject *count_newlines(PyObject *module, PyObject *arg) {
     Py_buffer view;
@@ -1367,9 +1566,13 @@ static PyMethodDef methods[] = {
     {"spans", (PyCFunction)(void (*)(void))spans, METH_FASTCALL,
      "spans(line, source) -> (list of RawSpan, count) for a well-formed OTLP/JSON line, or None."},
     {"configure", configure, METH_O, "configure(RawSpan): the span type to build."},
-    {"configure_own", configure_own, METH_VARARGS, "configure_own(SpanInfo, RawSpan, keys, helpers, constants, defaults)."},
+    {"configure_span_info", configure_span_info, METH_VARARGS, "configure_span_info(SpanInfo, RawSpan, defaults)."},
+    {"configure_own", configure_own, METH_VARARGS, "configure_own(keys, helpers, constants)."},
     {"own_usual", (PyCFunction)(void (*)(void))own_usual, METH_FASTCALL,
      "own_usual(raw, attrs, op) -> SpanInfo: formats/own._parse_usual in C."},
+    {"configure_oi", configure_oi, METH_VARARGS, "configure_oi(keys, helpers, constants)."},
+    {"oi_usual", (PyCFunction)(void (*)(void))oi_usual, METH_FASTCALL,
+     "oi_usual(raw, attrs) -> SpanInfo: formats/openinference.parse of a span without error, in C."},
     {"count_newlines", count_newlines, METH_O, "count_newlines(buffer) -> how many newline bytes it holds."},
     {NULL, NULL, 0, NULL},
 };

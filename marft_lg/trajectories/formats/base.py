@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from marft_lg.trajectories import otlp
 from marft_lg.trajectories.otlp import RawSpan, loads_json
 
 LLM, TOOL, AGENT, WORKFLOW, FEEDBACK, OTHER = "llm", "tool", "agent", "workflow", "feedback", "other"
@@ -54,6 +56,24 @@ class SpanInfo:
     outcome: str | None = None
     metadata: dict[str, Any] | None = None
     raw_io: tuple[Any, Any, Any] | None = None  # (input, system, output) GenAI JSON, parsed only when assembled
+
+
+def _configure_c() -> bool:
+    """Tell the C module (when built) where SpanInfo's and RawSpan's slots are and SpanInfo's defaults, so that its
+    format readers fill SpanInfo directly; False when it cannot (no C module, or a default built per span)."""
+    c = otlp.C_READER
+    if c is None:
+        return False
+    defaults = {}
+    for f in dataclasses.fields(SpanInfo):
+        if f.default_factory is not dataclasses.MISSING:
+            return False
+        defaults[f.name] = None if f.default is dataclasses.MISSING else f.default
+    c.configure_span_info(SpanInfo, RawSpan, defaults)
+    return True
+
+
+C_SPAN_INFO = _configure_c()  # the C module builds SpanInfo objects (formats/own.py, formats/openinference.py)
 
 
 def base_info(raw: RawSpan, fmt: str) -> SpanInfo:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
+from marft_lg.trajectories import otlp
 from marft_lg.trajectories.formats.base import (
     AGENT,
+    C_SPAN_INFO,
     LLM,
     OTHER,
     TOOL,
@@ -35,7 +38,12 @@ def parse(raw: RawSpan) -> SpanInfo:
     pass (`_parse` + `intern_strings`, with the fields set once), any other through `_parse`."""
     if raw.error:
         return intern_strings(_parse(raw))
-    a = raw.attributes
+    return _usual(raw, raw.attributes)
+
+
+def _parse_usual(raw: RawSpan, a: dict[str, Any]) -> SpanInfo:
+    """`_parse` + `intern_strings` for a span without error; the C module's `oi_usual` does the same, when built
+    (`_use_c`)."""
     get = a.get
     intern = sys.intern
     kind = str(get(_KIND, "")).upper()
@@ -74,7 +82,7 @@ def parse(raw: RawSpan) -> SpanInfo:
         info = SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME,
                         WORKFLOW, False, None, agent, None, session, scenario, step, triggers, task)
         info.outcome = get(_OUTPUT_VALUE)
-        info.metadata = {k: v for k, v in meta.items() if not k.startswith(("langgraph_", "ls_", "checkpoint"))} or None
+        info.metadata = _workflow_metadata(meta)
         return info
     return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, name, raw.start_ns, raw.end_ns, raw.source, NAME, OTHER,
                     False, None, None if kind == "CHAIN" and name != node else agent, None, session, scenario, step,
@@ -116,10 +124,15 @@ def _parse(raw: RawSpan) -> SpanInfo:
     elif kind == "CHAIN" and raw.parent_id is None:
         info.kind = WORKFLOW
         info.outcome = a.get("output.value")
-        info.metadata = {k: v for k, v in meta.items() if not k.startswith(("langgraph_", "ls_", "checkpoint"))} or None
+        info.metadata = _workflow_metadata(meta)
     else:
         info.agent = None if kind == "CHAIN" and raw.name != node else info.agent
     return info
+
+
+def _workflow_metadata(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The user's metadata of a run: the `metadata` JSON without LangGraph's and LangSmith's own keys."""
+    return {k: v for k, v in meta.items() if not k.startswith(("langgraph_", "ls_", "checkpoint"))} or None
 
 
 _MetaFields = tuple[dict[str, Any], Any, Any, int | None, list[str] | None, Any, Any, Any]
@@ -341,3 +354,19 @@ def _set_field(msg: dict[str, Any], field: str, value: Any) -> None:
             calls[int(t_idx)]["name"] = value
         elif t_field == "tool_call.function.arguments":
             calls[int(t_idx)]["args"] = json_or(value)
+
+
+def _use_c() -> Callable[[RawSpan, dict[str, Any]], SpanInfo]:
+    """The C version of `_parse_usual` (configured with this module's keys, helpers and constants), else this one."""
+    c = otlp.C_READER
+    if c is None or not C_SPAN_INFO:
+        return _parse_usual
+    keys = (_KIND, "metadata", _SESSION, _MODEL, _PROMPT_TOKENS, _COMPLETION_TOKENS, _TOOL_NAME, _TOOL_CALL_ID,
+            _TOOL_PARAMETERS, _INPUT_VALUE, _OUTPUT_VALUE)  # the order of _otlp_c.c's OK_*
+    c.configure_oi(tuple(map(sys.intern, keys)),
+                   (_metadata, io_messages, as_int, json_or, tool_result_text, _workflow_metadata),
+                   (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, "LLM", "TOOL", "AGENT", "CHAIN", "content", "tool_calls", ""))
+    return c.oi_usual
+
+
+_usual = _use_c()

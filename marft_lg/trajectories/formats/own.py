@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ from marft_lg.trajectories import otlp
 from marft_lg.trajectories.formats import genai
 from marft_lg.trajectories.formats.base import (
     AGENT,
+    C_SPAN_INFO,
     FEEDBACK,
     LLM,
     OTHER,
@@ -211,15 +211,11 @@ def _use_c() -> Callable[[RawSpan, dict[str, Any], str], SpanInfo]:
             _OUTPUT_TOKENS, _COMPLETION_TOKENS, _RESPONSE_MODEL, _REQUEST_MODEL, _PROMPT_TOKEN_IDS,
             _COMPLETION_TOKEN_IDS, _COMPLETION_LOGPROBS, _ADAPTER_VERSION, _LATENCY_S, _TOOL_CALLS, _TOOL_NAME,
             _TOOL_CALL_ID, _TOOL_ARGS, _TOOL_RESULT, _OUTCOME, _EPISODE_METADATA)  # the order of _otlp_c.c's K_*
-    defaults = {}
-    for f in dataclasses.fields(SpanInfo):
-        if f.default_factory is not dataclasses.MISSING:
-            return _parse_usual  # a default built per span: the C version fills slots with shared defaults
-        defaults[f.name] = None if f.default is dataclasses.MISSING else f.default
-    c.configure_own(SpanInfo, RawSpan, tuple(map(sys.intern, keys)),
-                    (as_int, as_list, json_or, genai.input_messages, genai.output_message),
+    if not C_SPAN_INFO:
+        return _parse_usual
+    c.configure_own(tuple(map(sys.intern, keys)), (as_int, as_list, json_or, genai.input_messages, genai.output_message),
                     (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, _OP_TOOL, _AGENT_OPS, _OP_WORKFLOW,
-                     genai.LLM_OPERATIONS, "unknown"), defaults)
+                     genai.LLM_OPERATIONS, "unknown"))
     return c.own_usual
 
 

@@ -198,7 +198,12 @@ def test_own_fast_path_matches_general_path(usual, monkeypatch):
     assert fast_taken > N_RANDOM // 2  # the fast path was exercised, not only the fallback
 
 
-def test_openinference_fast_path_matches_general_path():
+@pytest.mark.parametrize("usual", ["c", "python"])
+def test_openinference_fast_path_matches_general_path(usual, monkeypatch):
+    if usual == "python":
+        monkeypatch.setattr(oi, "_usual", oi._parse_usual)
+    else:
+        assert oi._usual is not oi._parse_usual, "the C oi_usual is not in use (module not built?)"
     rng = random.Random(2)
     metas = [None, "", "{}", "not json",
              json.dumps({"langgraph_node": "a", "langgraph_step": 2, "thread_id": "t1", "scenario_id": "s",

@@ -275,6 +275,21 @@ static int decode_utf8(const unsigned char *p, Py_ssize_t n, PyObject **out) {
     return OK;
 }
 
+/* An escaped string body, checked and (when `out` is given) decoded into a str. */
+static int unescaped(const unsigned char *s, Py_ssize_t n, PyObject **out) {
+    unsigned char small[256];
+    unsigned char *buf = n <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    Py_ssize_t m;
+    int r = unescape(s, n, buf, &m);
+    if (r == OK && out != NULL) r = decode_utf8(buf, m, out);
+    if (buf != small) PyMem_Free(buf);
+    return r;
+}
+
 /* A JSON string value as a str; ASCII ones up to `cached` bytes are shared (`intern`: and interned). */
 static int parse_string(Parser *ps, PyObject **out, Py_ssize_t cached, int intern) {
     const unsigned char *s;
@@ -287,17 +302,7 @@ static int parse_string(Parser *ps, PyObject **out, Py_ssize_t cached, int inter
         return *out == NULL ? FAIL : OK;
     }
     if (flags == 2) return decode_utf8(s, n, out);
-    unsigned char small[256];
-    unsigned char *buf = n <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n);
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return FAIL;
-    }
-    Py_ssize_t m;
-    r = unescape(s, n, buf, &m);
-    if (r == OK) r = decode_utf8(buf, m, out);
-    if (buf != small) PyMem_Free(buf);
-    return r;
+    return unescaped(s, n, out);
 }
 
 /* ---------- numbers and skipped values ---------- */
@@ -392,17 +397,7 @@ static int skip_value(Parser *ps) {
         int flags;
         r = scan_string(ps, &s, &n, &flags);
         if (r != OK || flags & 2) return REJECT;
-        if (flags & 1) {
-            unsigned char small[256];
-            unsigned char *buf = n <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n);
-            if (buf == NULL) {
-                PyErr_NoMemory();
-                return FAIL;
-            }
-            Py_ssize_t m;
-            r = unescape(s, n, buf, &m);
-            if (buf != small) PyMem_Free(buf);
-        }
+        if (flags & 1) r = unescaped(s, n, NULL);
         return r;
     }
     if (c == '-' || (c >= '0' && c <= '9')) {
@@ -463,12 +458,36 @@ static inline int try_key(Parser *ps, const char *quoted, size_t n) {
     return 0;
 }
 
+/* `[item, ...]` (or `null` when `nullable`): `item(ps, ctx)` parses each element. */
+static int each_item(Parser *ps, int nullable, int (*item)(Parser *, void *), void *ctx) {
+    if (nullable && peek(ps) == 'n') return literal(ps, "null");
+    if (!eat(ps, '[')) return REJECT;
+    if (eat(ps, ']')) return OK;
+    for (;;) {
+        int r = item(ps, ctx);
+        if (r != OK) return r;
+        int more = next_member(ps, ']');
+        if (more < 0) return REJECT;
+        if (!more) return OK;
+    }
+}
+
 /* ---------- attribute values ---------- */
 
 static int kv_list(Parser *ps, PyObject *dict);
 
 /* `{"values": [...]}` (or `{}`) of an arrayValue (`kv` 0: a list) or kvlistValue (`kv` 1: a dict). */
 static int any_value(Parser *ps, PyObject **out);
+
+/* One AnyValue appended to the list `ctx`. */
+static int list_item(Parser *ps, void *ctx) {
+    PyObject *item = NULL;
+    int r = any_value(ps, &item);
+    if (r != OK) return r;
+    r = PyList_Append((PyObject *)ctx, item) < 0 ? FAIL : OK;
+    Py_DECREF(item);
+    return r;
+}
 
 static int values_of(Parser *ps, int kv, PyObject **out) {
     if (!eat(ps, '{')) return REJECT;
@@ -483,23 +502,8 @@ static int values_of(Parser *ps, int kv, PyObject **out) {
         if (r == OK) {
             if (kv) {
                 r = kv_list(ps, v);
-            } else if (!eat(ps, '[')) {
-                r = REJECT;
-            } else if (!eat(ps, ']')) {
-                for (;;) {
-                    PyObject *item = NULL;
-                    r = any_value(ps, &item);
-                    if (r != OK) break;
-                    int failed = PyList_Append(v, item);
-                    Py_DECREF(item);
-                    if (failed) {
-                        r = FAIL;
-                        break;
-                    }
-                    int more = next_member(ps, ']');
-                    if (more < 0) r = REJECT;
-                    if (more <= 0) break;
-                }
+            } else {
+                r = each_item(ps, 0, list_item, v);
             }
         }
         if (r == OK && !eat(ps, '}')) r = REJECT;
@@ -570,47 +574,42 @@ static int any_value(Parser *ps, PyObject **out) {
     return OK;
 }
 
-/* `[{"key": ..., "value": ...}, ...]` (or null) into `dict`, later keys overwriting earlier ones. */
-static int kv_list(Parser *ps, PyObject *dict) {
-    if (peek(ps) == 'n') return literal(ps, "null");
-    if (!eat(ps, '[')) return REJECT;
-    if (eat(ps, ']')) return OK;
+/* One `{"key": ..., "value": ...}` into the dict `ctx` (a later key overwrites an earlier one). */
+static int kv_entry(Parser *ps, void *ctx) {
+    if (!eat(ps, '{')) return REJECT;
+    PyObject *key = NULL, *value = NULL;
+    int r = OK;
     for (;;) {
-        if (!eat(ps, '{')) return REJECT;
-        PyObject *key = NULL, *value = NULL;
-        int r = OK;
-        for (;;) {
-            const unsigned char *k = (const unsigned char *)"key";
-            Py_ssize_t kn = 3;
-            if (try_key(ps, "\"value\":", 8)) {
-                k = (const unsigned char *)"value";
-                kn = 5;
-            } else if (!try_key(ps, "\"key\":", 6)) {
-                r = object_key(ps, &k, &kn);
-                if (r != OK) break;
-            }
-            if (key_is(k, kn, "key") && key == NULL) {
-                r = parse_string(ps, &key, CACHED_KEY_LEN, 1);
-            } else if (key_is(k, kn, "value") && value == NULL) {
-                r = any_value(ps, &value);
-            } else {
-                r = REJECT;
-            }
+        const unsigned char *k = (const unsigned char *)"key";
+        Py_ssize_t kn = 3;
+        if (try_key(ps, "\"value\":", 8)) {
+            k = (const unsigned char *)"value";
+            kn = 5;
+        } else if (!try_key(ps, "\"key\":", 6)) {
+            r = object_key(ps, &k, &kn);
             if (r != OK) break;
-            int more = next_member(ps, '}');
-            if (more < 0) r = REJECT;
-            if (more <= 0) break;
         }
-        if (r == OK && (key == NULL || value == NULL)) r = REJECT;
-        if (r == OK && PyDict_SetItem(dict, key, value) < 0) r = FAIL;
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        if (r != OK) return r;
-        int more = next_member(ps, ']');
-        if (more < 0) return REJECT;
-        if (!more) return OK;
+        if (key_is(k, kn, "key") && key == NULL) {
+            r = parse_string(ps, &key, CACHED_KEY_LEN, 1);
+        } else if (key_is(k, kn, "value") && value == NULL) {
+            r = any_value(ps, &value);
+        } else {
+            r = REJECT;
+        }
+        if (r != OK) break;
+        int more = next_member(ps, '}');
+        if (more < 0) r = REJECT;
+        if (more <= 0) break;
     }
+    if (r == OK && (key == NULL || value == NULL)) r = REJECT;
+    if (r == OK && PyDict_SetItem((PyObject *)ctx, key, value) < 0) r = FAIL;
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return r;
 }
+
+/* `[{"key": ..., "value": ...}, ...]` (or null) into `dict`. */
+static int kv_list(Parser *ps, PyObject *dict) { return each_item(ps, 1, kv_entry, dict); }
 
 /* ---------- spans ---------- */
 
@@ -772,18 +771,9 @@ static int event_of(Parser *ps, SpanFields *f) {
     return r;
 }
 
-static int events_of(Parser *ps, SpanFields *f) {
-    if (peek(ps) == 'n') return literal(ps, "null");
-    if (!eat(ps, '[')) return REJECT;
-    if (eat(ps, ']')) return OK;
-    for (;;) {
-        int r = event_of(ps, f);
-        if (r != OK) return r;
-        int more = next_member(ps, ']');
-        if (more < 0) return REJECT;
-        if (!more) return OK;
-    }
-}
+static int event_item(Parser *ps, void *f) { return event_of(ps, (SpanFields *)f); }
+
+static int events_of(Parser *ps, SpanFields *f) { return each_item(ps, 1, event_item, f); }
 
 enum {
     F_TRACE = 1 << 0, F_SPAN = 1 << 1, F_PARENT = 1 << 2, F_START = 1 << 3, F_END = 1 << 4, F_NAME = 1 << 5,
@@ -900,17 +890,18 @@ static int span_of(Parser *ps, PyObject *source, PyObject *out) {
     return r;
 }
 
+typedef struct {
+    PyObject *source, *out;
+} SpanSink;
+
+static int span_item(Parser *ps, void *sink) {
+    return span_of(ps, ((SpanSink *)sink)->source, ((SpanSink *)sink)->out);
+}
+
 /* `[span, ...]` of one scopeSpans entry. */
 static int span_list(Parser *ps, PyObject *source, PyObject *out) {
-    if (!eat(ps, '[')) return REJECT;
-    if (eat(ps, ']')) return OK;
-    for (;;) {
-        int r = span_of(ps, source, out);
-        if (r != OK) return r;
-        int more = next_member(ps, ']');
-        if (more < 0) return REJECT;
-        if (!more) return OK;
-    }
+    SpanSink sink = {source, out};
+    return each_item(ps, 0, span_item, &sink);
 }
 
 /* `[{...}, ...]` entries with one required list key (`inner`, parsed by `parse_inner`) and optional skipped keys. */
@@ -1107,6 +1098,20 @@ static PyObject *new_span_info(void) {
     return obj;
 }
 
+/* A new SpanInfo of `raw`'s span: its ids, times and source, the (interned) `name`, `fmt` and `kind`. */
+static PyObject *new_span_of(PyObject *raw, PyObject *name, PyObject *fmt, PyObject *kind) {
+    PyObject *info = new_span_info();
+    if (info == NULL) return NULL;
+    static const int from_raw[][2] = {{S_TRACE_ID, R_TRACE_ID}, {S_SPAN_ID, R_SPAN_ID}, {S_PARENT_ID, R_PARENT_ID},
+                                      {S_START_NS, R_START_NS}, {S_END_NS, R_END_NS}, {S_SOURCE, R_SOURCE}};
+    for (size_t i = 0; i < sizeof(from_raw) / sizeof(from_raw[0]); i++)
+        set_slot(info, from_raw[i][0], Py_NewRef(SLOT(raw, raw_offset[from_raw[i][1]])));
+    set_slot(info, S_NAME, Py_NewRef(name));
+    set_slot(info, S_FMT, Py_NewRef(fmt));
+    set_slot(info, S_KIND, Py_NewRef(kind));
+    return info;
+}
+
 static inline PyObject *get(PyObject *a, int key) {  /* borrowed; NULL when absent (no error) */
     return PyDict_GetItemWithError(a, own_keys[key]);
 }
@@ -1211,16 +1216,7 @@ static PyObject *own_usual(PyObject *module, PyObject *const *args, Py_ssize_t n
         }
     }
     if (PyErr_Occurred()) goto fail;
-    if ((info = new_span_info()) == NULL) goto fail;
-    set_slot(info, S_TRACE_ID, Py_NewRef(SLOT(raw, raw_offset[R_TRACE_ID])));
-    set_slot(info, S_SPAN_ID, Py_NewRef(SLOT(raw, raw_offset[R_SPAN_ID])));
-    set_slot(info, S_PARENT_ID, Py_NewRef(SLOT(raw, raw_offset[R_PARENT_ID])));
-    set_slot(info, S_NAME, Py_NewRef(name));
-    set_slot(info, S_START_NS, Py_NewRef(SLOT(raw, raw_offset[R_START_NS])));
-    set_slot(info, S_END_NS, Py_NewRef(SLOT(raw, raw_offset[R_END_NS])));
-    set_slot(info, S_SOURCE, Py_NewRef(SLOT(raw, raw_offset[R_SOURCE])));
-    set_slot(info, S_FMT, Py_NewRef(own_constants[C_FMT]));
-    set_slot(info, S_KIND, Py_NewRef(kind));
+    if ((info = new_span_of(raw, name, own_constants[C_FMT], kind)) == NULL) goto fail;
     set_slot(info, S_AGENT, interned(agent));
     agent = NULL;
     set_slot(info, S_EPISODE_ID, or_none(episode_id));
@@ -1452,16 +1448,7 @@ static PyObject *oi_usual(PyObject *module, PyObject *const *args, Py_ssize_t na
             }
         }
     }
-    if ((info = new_span_info()) == NULL) goto fail;
-    set_slot(info, S_TRACE_ID, Py_NewRef(SLOT(raw, raw_offset[R_TRACE_ID])));
-    set_slot(info, S_SPAN_ID, Py_NewRef(SLOT(raw, raw_offset[R_SPAN_ID])));
-    set_slot(info, S_PARENT_ID, Py_NewRef(SLOT(raw, raw_offset[R_PARENT_ID])));
-    set_slot(info, S_NAME, Py_NewRef(name));
-    set_slot(info, S_START_NS, Py_NewRef(SLOT(raw, raw_offset[R_START_NS])));
-    set_slot(info, S_END_NS, Py_NewRef(SLOT(raw, raw_offset[R_END_NS])));
-    set_slot(info, S_SOURCE, Py_NewRef(SLOT(raw, raw_offset[R_SOURCE])));
-    set_slot(info, S_FMT, Py_NewRef(oi_constants[OC_FMT]));
-    set_slot(info, S_KIND, Py_NewRef(kind));
+    if ((info = new_span_of(raw, name, oi_constants[OC_FMT], kind)) == NULL) goto fail;
     set_slot(info, S_AGENT, agent);
     agent = NULL;
     set_slot(info, S_SESSION, session);

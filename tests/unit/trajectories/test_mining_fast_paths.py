@@ -159,12 +159,17 @@ def _assert_same(general, fast, attrs):
             assert x == y and type(x) is type(y), (name, x, y, attrs)
 
 
+def _use(module, usual: str, monkeypatch) -> None:
+    """Run the one-pass reader of `module` in C (as imported) or in Python (`_parse_usual`)."""
+    if usual == "python":
+        monkeypatch.setattr(module, "_usual", module._parse_usual)
+    else:
+        assert module._usual is not module._parse_usual, "the C version is not in use (module not built?)"
+
+
 @pytest.mark.parametrize("usual", ["c", "python"])
 def test_own_fast_path_matches_general_path(usual, monkeypatch):
-    if usual == "python":
-        monkeypatch.setattr(own, "_usual", own._parse_usual)
-    else:
-        assert own._usual is not own._parse_usual, "the C own_usual is not in use (module not built?)"
+    _use(own, usual, monkeypatch)
     rng = random.Random(1)
     keys = [own._EPISODE_ID, own._SCENARIO_ID, own._ROLE, own._NODE, own._STEP, own._TRIGGERS, own._TASK_ID,
             own._CHECKPOINT_NS, own._PROMPT_TOKEN_IDS, own._COMPLETION_TOKEN_IDS, own._COMPLETION_LOGPROBS,
@@ -200,10 +205,7 @@ def test_own_fast_path_matches_general_path(usual, monkeypatch):
 
 @pytest.mark.parametrize("usual", ["c", "python"])
 def test_openinference_fast_path_matches_general_path(usual, monkeypatch):
-    if usual == "python":
-        monkeypatch.setattr(oi, "_usual", oi._parse_usual)
-    else:
-        assert oi._usual is not oi._parse_usual, "the C oi_usual is not in use (module not built?)"
+    _use(oi, usual, monkeypatch)
     rng = random.Random(2)
     metas = [None, "", "{}", "not json",
              json.dumps({"langgraph_node": "a", "langgraph_step": 2, "thread_id": "t1", "scenario_id": "s",

@@ -1011,7 +1011,7 @@ static const char *const RAW_NAMES[N_RAW] = {"trace_id", "span_id", "parent_id",
                                              "source"};
 
 static PyObject *own_keys[N_KEYS], *own_helpers[N_HELPERS], *own_constants[N_CONSTANTS];
-static PyTypeObject *span_info = NULL, *raw_span = NULL;
+static PyTypeObject *span_info = NULL;
 static Py_ssize_t info_offset[N_SET], raw_offset[N_RAW];
 static PyObject *info_defaults = NULL;  /* tuple: (offset, default) for every slot of SpanInfo */
 
@@ -1036,15 +1036,20 @@ static void set_slot(PyObject *obj, int field, PyObject *value) {  /* steals `va
     Py_XSETREF(*slot, value);
 }
 
-/* configure_span_info(SpanInfo, RawSpan, defaults): the slots both types' C builders use (formats/base.py). */
+/* configure_span_info(SpanInfo, defaults): SpanInfo's slots and defaults, and where the RawSpan type given to
+ * `configure` keeps its fields, for the format readers below (formats/base.py). */
 static PyObject *configure_span_info(PyObject *module, PyObject *args) {
-    PyObject *info_type, *raw_type, *defaults;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &info_type, &PyType_Type, &raw_type, &PyDict_Type, &defaults))
+    PyObject *info_type, *defaults;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &info_type, &PyDict_Type, &defaults)) return NULL;
+    if (raw_span_type == NULL || !PyType_Check(raw_span_type)) {
+        PyErr_SetString(PyExc_RuntimeError, "call configure(RawSpan) first");
         return NULL;
+    }
+    PyTypeObject *raw_type = (PyTypeObject *)raw_span_type;
     for (int i = 0; i < N_SET; i++)
         if ((info_offset[i] = slot_offset((PyTypeObject *)info_type, SET_NAMES[i])) < 0) return NULL;
     for (int i = 0; i < N_RAW; i++)
-        if ((raw_offset[i] = slot_offset((PyTypeObject *)raw_type, RAW_NAMES[i])) < 0) return NULL;
+        if ((raw_offset[i] = slot_offset(raw_type, RAW_NAMES[i])) < 0) return NULL;
     PyObject *pairs = PyList_New(0), *name, *value;
     Py_ssize_t pos = 0;
     if (pairs == NULL) return NULL;
@@ -1063,7 +1068,6 @@ static PyObject *configure_span_info(PyObject *module, PyObject *args) {
     Py_DECREF(pairs);
     if (info_defaults == NULL) return NULL;
     Py_XSETREF(span_info, (PyTypeObject *)Py_NewRef(info_type));
-    Py_XSETREF(raw_span, (PyTypeObject *)Py_NewRef(raw_type));
     Py_RETURN_NONE;
 }
 
@@ -1160,7 +1164,7 @@ static PyObject *own_usual(PyObject *module, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     PyObject *raw = args[0], *a = args[1], *op = args[2], *v;
-    if (!Py_IS_TYPE(raw, raw_span)) {
+    if (!Py_IS_TYPE(raw, (PyTypeObject *)raw_span_type)) {
         PyErr_SetString(PyExc_TypeError, "own_usual: raw must be a RawSpan");
         return NULL;
     }
@@ -1384,7 +1388,7 @@ static PyObject *get_item(PyObject *obj, PyObject *key) {
 
 static PyObject *oi_usual(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (span_info == NULL || oi_keys[0] == NULL || nargs != 2 || !PyDict_CheckExact(args[1]) ||
-        !Py_IS_TYPE(args[0], raw_span)) {
+        !Py_IS_TYPE(args[0], (PyTypeObject *)raw_span_type)) {
         PyErr_SetString(PyExc_TypeError, "oi_usual(raw: RawSpan, attrs: dict): call configure_span_info and configure_oi first");
         return NULL;
     }
@@ -1553,7 +1557,7 @@ static PyMethodDef methods[] = {
     {"spans", (PyCFunction)(void (*)(void))spans, METH_FASTCALL,
      "spans(line, source) -> (list of RawSpan, count) for a well-formed OTLP/JSON line, or None."},
     {"configure", configure, METH_O, "configure(RawSpan): the span type to build."},
-    {"configure_span_info", configure_span_info, METH_VARARGS, "configure_span_info(SpanInfo, RawSpan, defaults)."},
+    {"configure_span_info", configure_span_info, METH_VARARGS, "configure_span_info(SpanInfo, defaults)."},
     {"configure_own", configure_own, METH_VARARGS, "configure_own(keys, helpers, constants)."},
     {"own_usual", (PyCFunction)(void (*)(void))own_usual, METH_FASTCALL,
      "own_usual(raw, attrs, op) -> SpanInfo: formats/own._parse_usual in C."},

@@ -7,6 +7,11 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+try:  # the fast encoder of `json_texts(..., parsed=True)`
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover
+    _orjson_dumps = None
+
 EPISODE_COLUMNS: tuple[str, ...] = (
     "episode_id",
     "scenario_id",
@@ -87,8 +92,3 @@ def _dumps_or(value: Any, encode: Callable[[Any], str]) -> str:
     except TypeError:  # orjson.JSONEncodeError
         return encode(value)
 
-
-try:
-    from orjson import dumps as _orjson_dumps
-except ImportError:  # pragma: no cover
-    _orjson_dumps = None

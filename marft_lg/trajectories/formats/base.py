@@ -59,8 +59,8 @@ class SpanInfo:
 
 
 def _configure_c() -> bool:
-    """Tell the C module (when built) where SpanInfo's and RawSpan's slots are and SpanInfo's defaults, so that its
-    format readers fill SpanInfo directly; False when it cannot (no C module, or a default built per span)."""
+    """Tell the C module (when built) where SpanInfo's slots are and their defaults, so that its format readers
+    fill SpanInfo directly; False when it cannot (no C module, or a default built per span)."""
     c = otlp.C_READER
     if c is None:
         return False
@@ -69,7 +69,7 @@ def _configure_c() -> bool:
         if f.default_factory is not dataclasses.MISSING:
             return False
         defaults[f.name] = None if f.default is dataclasses.MISSING else f.default
-    c.configure_span_info(SpanInfo, RawSpan, defaults)
+    c.configure_span_info(SpanInfo, defaults)
     return True
 
 

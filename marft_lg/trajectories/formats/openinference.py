@@ -358,11 +358,11 @@ def _set_field(msg: dict[str, Any], field: str, value: Any) -> None:
 
 def _use_c() -> Callable[[RawSpan, dict[str, Any]], SpanInfo]:
     """The C version of `_parse_usual` (configured with this module's keys, helpers and constants), else this one."""
-    c = otlp.C_READER
-    if c is None or not C_SPAN_INFO:
+    if not C_SPAN_INFO:
         return _parse_usual
     keys = (_KIND, "metadata", _SESSION, _MODEL, _PROMPT_TOKENS, _COMPLETION_TOKENS, _TOOL_NAME, _TOOL_CALL_ID,
             _TOOL_PARAMETERS, _INPUT_VALUE, _OUTPUT_VALUE)  # the order of _otlp_c.c's OK_*
+    c = otlp.C_READER
     c.configure_oi(tuple(map(sys.intern, keys)),
                    (_metadata, io_messages, as_int, json_or, tool_result_text, _workflow_metadata),
                    (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, "LLM", "TOOL", "AGENT", "CHAIN", "content", "tool_calls", ""))

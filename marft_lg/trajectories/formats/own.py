@@ -203,16 +203,14 @@ def _str(value: Any) -> str | None:
 
 def _use_c() -> Callable[[RawSpan, dict[str, Any], str], SpanInfo]:
     """The C version of `_parse_usual` (configured with this module's keys, helpers and constants), else this one."""
-    c = otlp.C_READER
-    if c is None:
+    if not C_SPAN_INFO:
         return _parse_usual
     keys = (_EPISODE_ID, _SCENARIO_ID, _ROLE, _NODE, _STEP, _TRIGGERS, _TASK_ID, _CHECKPOINT_NS, _CONVERSATION,
             _AGENT_NAME, _INPUT_MESSAGES, _SYSTEM_INSTRUCTIONS, _OUTPUT_MESSAGES, _INPUT_TOKENS, _PROMPT_TOKENS,
             _OUTPUT_TOKENS, _COMPLETION_TOKENS, _RESPONSE_MODEL, _REQUEST_MODEL, _PROMPT_TOKEN_IDS,
             _COMPLETION_TOKEN_IDS, _COMPLETION_LOGPROBS, _ADAPTER_VERSION, _LATENCY_S, _TOOL_CALLS, _TOOL_NAME,
             _TOOL_CALL_ID, _TOOL_ARGS, _TOOL_RESULT, _OUTCOME, _EPISODE_METADATA)  # the order of _otlp_c.c's K_*
-    if not C_SPAN_INFO:
-        return _parse_usual
+    c = otlp.C_READER
     c.configure_own(tuple(map(sys.intern, keys)), (as_int, as_list, json_or, genai.input_messages, genai.output_message),
                     (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, _OP_TOOL, _AGENT_OPS, _OP_WORKFLOW,
                      genai.LLM_OPERATIONS, "unknown"))

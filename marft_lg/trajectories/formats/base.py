@@ -85,26 +85,19 @@ def base_info(raw: RawSpan, fmt: str) -> SpanInfo:
 
 
 def intern_strings(info: SpanInfo) -> SpanInfo:
-    """Short strings repeated on many spans (names, agents, ids of episodes and tasks) share one copy each."""
+    """Short strings repeated on many spans (names, agents, ids of episodes and tasks) share one copy each. The
+    usual own and OpenInference spans are interned as they are built (their one-pass readers, in C when built);
+    this serves the other spans."""
     intern = sys.intern
-    info.name = intern(info.name)
-    if type(info.agent) is str:
-        info.agent = intern(info.agent)
-    if type(info.episode_id) is str:
-        info.episode_id = intern(info.episode_id)
-    if type(info.session) is str:
-        info.session = intern(info.session)
-    if type(info.scenario_id) is str:
-        info.scenario_id = intern(info.scenario_id)
-    if type(info.task) is str:
-        info.task = intern(info.task)
-    if type(info.model) is str:
-        info.model = intern(info.model)
-    if type(info.adapter_version) is str:
-        info.adapter_version = intern(info.adapter_version)
-    if type(info.tool_name) is str:
-        info.tool_name = intern(info.tool_name)
+    for field in _INTERNED_FIELDS:
+        value = getattr(info, field)
+        if type(value) is str:
+            setattr(info, field, intern(value))
     return info
+
+
+_INTERNED_FIELDS = ("name", "agent", "episode_id", "session", "scenario_id", "task", "model", "adapter_version",
+                    "tool_name")
 
 
 def error_message(raw: RawSpan) -> str:

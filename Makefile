@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv vllm demo test lint bench clean
 
-$(STAMP): pyproject.toml setup.py marft_lg/trajectories/_otlp_c.c
+$(STAMP): pyproject.toml setup.py $(wildcard marft_lg/trajectories/*.c)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.

@@ -12,17 +12,19 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from marft_lg.trajectories.assembly import group_episodes
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.flat_columns import StringColumn, TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
     assemble_batches,
-    decode_tokens,
     feedback_index,
+    flatten,
     gc_paused,
     interned,
     new_columns,
@@ -30,7 +32,6 @@ from marft_lg.trajectories.pipeline import (
     read_spans,
 )
 from marft_lg.trajectories.quarantine import Quarantine
-from marft_lg.trajectories.token_columns import TokenColumn
 
 if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining workers never need it
     import pandas as pd
@@ -83,7 +84,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     episode_rows: list[dict] = []
-    action_cols: dict[str, list] = new_columns()
+    action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or `StringColumn`s)
     with gc_paused():
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
                                    chunk_actions=20_000):
@@ -91,11 +92,11 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
                     values = values.to_lists()
-                elif name in _INTERNED:  # one shared copy per name, also for rows that came from a worker
+                elif name in _INTERNED and type(values) is list:  # one copy per name, also for a worker's rows
                     values = interned(values)
-                action_cols[name].extend(values)
+                action_chunks[name].append(values)
             del rows, cols
-        return _to_dataset(episode_rows, action_cols), report
+        return _to_dataset(episode_rows, action_chunks), report
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
@@ -162,7 +163,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,
                                            share_strings=writer is None):
-            yield rows, decode_tokens(cols)
+            yield rows, flatten(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q.counts, agents)
 
@@ -216,7 +217,7 @@ def _watermark(since: datetime | str | None) -> int | None:
     return int(since.timestamp() * 1_000_000) * 1000
 
 
-def _to_dataset(episode_rows: list[dict], action_cols: dict[str, list]) -> TrajectoryDataset:
+def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> TrajectoryDataset:
     import pandas as pd
 
     from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -229,7 +230,13 @@ def _to_dataset(episode_rows: list[dict], action_cols: dict[str, list]) -> Traje
     columns: dict[str, pd.Series] = {}
     for name in [*ACTION_COLUMNS, "trace_id"]:  # one column at a time: each list is freed once converted
         dtype = _ACTION_DTYPES.get(name)
-        values = action_cols.pop(name)
+        chunks = action_chunks.pop(name)
+        strings = _string_series(chunks)
+        if strings is not None:
+            columns[name] = strings
+            continue
+        values = list(chain.from_iterable(c.to_list() if isinstance(c, StringColumn) else c for c in chunks))
+        del chunks
         columns[name] = pd.Series(values, dtype=None if dtype == "Int64" else dtype)
         del values
         if dtype == "Int64":
@@ -238,5 +245,25 @@ def _to_dataset(episode_rows: list[dict], action_cols: dict[str, list]) -> Traje
     return TrajectoryDataset(episodes=episodes, actions=actions)
 
 
+def _string_series(chunks: list) -> pd.Series | None:
+    """The column from its batches' `StringColumn`s, with the dtype pandas gives a list of those strings (its
+    Arrow-backed "str"), sharing their buffers; None when a batch is a list, the column has no string at all
+    (pandas would make it `object`), or this pandas keeps strings as objects."""
+    import pandas as pd
+
+    if not chunks or not all(isinstance(c, StringColumn) for c in chunks) or not any(c.valid.any() for c in chunks):
+        return None
+    dtype = pd.Series(["x"]).dtype
+    if not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
+        return None
+    import pyarrow as pa
+
+    return pd.Series(pa.chunked_array([c.to_arrow(pa.large_string()) for c in chunks], type=pa.large_string()),
+                     dtype=dtype)
+
+
 _ACTION_DTYPES = {"order": "int64", "tool_errors": "int64", "step": "Int64", "input_tokens": "Int64",
-                  "output_tokens": "Int64", "latency_s": "float64"}
+                  "output_tokens": "Int64", "latency_s": "float64",
+                  # lists and dicts: what pandas would infer, without scanning every value to infer it
+                  **dict.fromkeys(("messages", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
+                                   "depends_on", "tool_calls"), object)}

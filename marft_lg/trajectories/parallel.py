@@ -6,7 +6,7 @@
    elsewhere), fetches their spans and merges them in input order (the first copy wins, later ones are
    quarantined as duplicates, exactly as one process would); then it decides every trace's episode.
 3. Episodes whose traces all live in one worker are assembled there; the few that cross workers are
-   fetched and assembled by the parent. For `mine`, workers leave their rows on disk (pickled) and exit;
+   fetched and assembled by the parent. For `mine`, workers leave their rows on disk (`_dump_batch`) and exit;
    for `mine_to_parquet` they stream their batches to the parent, which writes the first worker's into the
    output as they arrive and stages the others' as Arrow parts, appended in worker order at the end (each
    batch is parquet-encoded once). Only the parent loads pyarrow: its
@@ -19,6 +19,7 @@ the parent's). Workers are forked from a single-threaded caller, spawned otherwi
 
 from __future__ import annotations
 
+import marshal
 import multiprocessing as mp
 import os
 import pickle
@@ -37,8 +38,8 @@ from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
 from marft_lg.trajectories.otlp import FileRange, count_newlines
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
-    decode_tokens,
     feedback_index,
+    flatten,
     gc_paused,
     read_traces,
     table_columns,
@@ -201,14 +202,37 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 if part_dir.endswith(".pickle"):  # mine(): rows wait on disk until every worker has exited
                     with open(part_dir, "wb") as fh:
                         for rows, cols in batches:
-                            pickle.dump((rows, decode_tokens(cols)), fh, protocol=pickle.HIGHEST_PROTOCOL)
+                            _dump_batch(fh, rows, flatten(cols))
                 else:  # mine_to_parquet(): the parent writes the parquet part, so no worker loads pyarrow
                     for rows, cols in batches:
-                        conn.send(("batch", *table_columns(rows, decode_tokens(cols))))
+                        conn.send(("batch", *table_columns(rows, flatten(cols))))
                         del rows, cols
                 q.close()
                 conn.send(("done", st, seen, dict(q.counts), dict(agents)))
                 return
+
+
+def _dump_batch(fh: Any, rows: list[dict], cols: dict[str, Any]) -> None:
+    """Write a batch for `_load_batch`: the rows and plain column lists with marshal (about twice as fast as pickle
+    both ways, for what came from JSON: dicts, lists, str, numbers), the flat columns with pickle."""
+    plain = {k: v for k, v in cols.items() if type(v) is list}
+    try:
+        blob = marshal.dumps((rows, plain), 4)
+    except ValueError:  # a value marshal cannot write
+        pickle.dump((None, rows, cols), fh, protocol=pickle.HIGHEST_PROTOCOL)
+        return
+    flat = {k: v for k, v in cols.items() if k not in plain}
+    pickle.dump((blob, list(cols), flat), fh, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _load_batch(fh: Any) -> tuple[list[dict], dict[str, Any]]:
+    """The next batch written by `_dump_batch` (EOFError at the end)."""
+    blob, names, flat = pickle.load(fh)
+    if blob is None:
+        return names, flat
+    rows, plain = marshal.loads(blob)
+    del blob
+    return rows, {k: plain[k] if k in plain else flat[k] for k in names}
 
 
 # --- parent side ---------------------------------------------------------------------------------
@@ -371,7 +395,7 @@ class ParallelRun:
 
     def batches(self) -> Iterator[tuple[list[dict], dict[str, Any]]]:
         """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
-        as `TokenColumn`s: the parent's, then (`mine`) the workers', which they pickle to disk and which are
+        as `TokenColumn`s: the parent's, then (`mine`) the workers', which they write to disk and which are
         loaded only once the workers have exited, so that their span memory and the rows never add up.
         In parquet mode the workers stream their batches here (see `_write_parts`)."""
         fb_index = feedback_index(self.feedback_spans, self.q)
@@ -385,7 +409,7 @@ class ParallelRun:
         fb = {k: fb_index[k] for k in episodes if k in fb_index}
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
                                            self.agents, share_strings=not self.parquet):
-            yield rows, decode_tokens(cols)
+            yield rows, flatten(cols)
         done = self._write_parts() if self.parquet else [self._recv(i) for i in range(len(self._conns))]
         for _, st, seen, qcounts, agents in done:
             self.agents.update(agents)
@@ -401,9 +425,11 @@ class ParallelRun:
                 with path.open("rb") as fh:
                     while True:
                         try:
-                            yield pickle.load(fh)
+                            batch = _load_batch(fh)
                         except EOFError:
                             break
+                        yield batch
+                        del batch
                 path.unlink()
 
     def _write_parts(self) -> list[tuple]:

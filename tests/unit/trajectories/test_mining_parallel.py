@@ -133,3 +133,31 @@ def test_workers_stream_batches_that_the_parent_writes_in_order(tmp_path):
         assert one.num_rows > 0 and one.equals(three), name
     groups = pq.ParquetFile(tmp_path / "three" / "actions.parquet").num_row_groups
     assert groups > 3 + 1  # more than one batch per worker part (and the parent's own)
+
+
+def test_batch_files_give_back_what_was_written(tmp_path):
+    """A worker's batch file (marshal for plain values, pickle for flat columns, all pickle when marshal cannot
+    write a value) reads back equal, column order and flat columns included."""
+    from datetime import datetime
+
+    import numpy as np
+
+    from marft_lg.trajectories.flat_columns import TokenColumn
+    from marft_lg.trajectories.parallel import _dump_batch, _load_batch
+
+    tokens = TokenColumn("int", np.array([1, 2, 3]), np.array([0, 1, 3]), np.array([True, True]))
+    rows = [{"episode_id": "e1", "metadata": {"k": [1, 2.5, None, True]}, "n": 2**70}]
+    cols = {"order": [0, 1], "prompt_token_ids": tokens, "messages": [[{"role": "user", "content": "é"}], []]}
+    odd_rows = [{"episode_id": "e2", "when": datetime(2026, 1, 1)}]  # marshal cannot write a datetime
+    path = tmp_path / "rows.bin"
+    with path.open("wb") as fh:
+        _dump_batch(fh, rows, cols)
+        _dump_batch(fh, odd_rows, {"order": [5]})
+    with path.open("rb") as fh:
+        got_rows, got_cols = _load_batch(fh)
+        assert got_rows == rows and list(got_cols) == list(cols)
+        assert got_cols["order"] == [0, 1] and got_cols["messages"] == cols["messages"]
+        assert got_cols["prompt_token_ids"].to_lists() == [[1], [2, 3]]
+        assert _load_batch(fh) == (odd_rows, {"order": [5]})
+        with pytest.raises(EOFError):
+            _load_batch(fh)

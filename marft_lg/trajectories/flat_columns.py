@@ -1,17 +1,23 @@
-"""Token-id and log-prob columns, decoded a batch at a time.
+"""Columns as flat buffers plus row offsets (Arrow's layout), built a batch at a time.
 
-Assembly keeps the attribute values as the span carried them (``"i32:<base64>"`` text, or a list from
+`TokenColumn` (token ids, log-probs): assembly keeps the attribute values as the span carried them (``"i32:<base64>"`` text, or a list from
 another emitter); `TokenColumn.decode` turns a whole column into one flat numpy array plus offsets,
 which becomes an Arrow list column (parquet) or Python lists (`TrajectoryDataset`). In the lists,
 token ids below `INT_CACHE_SIZE` are shared `int` objects, one per vocabulary entry, instead of a
 new 28-byte object per token: the difference between ~1.5 kB and ~0.4 kB per 40-token prompt.
+
+`StringColumn` (ids, names, completions): the UTF-8 bytes of a batch's strings, which a mining worker ships
+and the parent wraps as an Arrow string array, with no str object per row on the parent's side.
+Both are built in C (`_columns_c`) when it was compiled at install.
 """
 
 from __future__ import annotations
 
 import binascii
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import repeat
 from typing import Any
 
@@ -22,14 +28,23 @@ from marft_lg.tracing.attributes import decode_floats, decode_ints
 INT_CACHE_SIZE = 1 << 18  # covers the vocabularies of current open models (SmolLM2 49k, Llama-3 128k, Gemma 256k)
 _PREFIX = {"int": "i32:", "float": "f32:"}
 _DTYPE = {"int": np.dtype("<i4"), "float": np.dtype("<f4")}
-_int_cache: np.ndarray | None = None
+try:  # built at install when a C compiler is there (setup.py); MARFT_MINING_C_READER=0 switches it off too
+    from marft_lg.trajectories._columns_c import split_lists as _c_split_lists
+    from marft_lg.trajectories._columns_c import utf8_column as _c_utf8_column
+except ImportError:
+    _c_split_lists = _c_utf8_column = None
+if os.environ.get("MARFT_MINING_C_READER", "1") == "0":
+    _c_split_lists = _c_utf8_column = None
 
 
-def _shared_ints() -> np.ndarray:
-    global _int_cache
-    if _int_cache is None:
-        _int_cache = np.array(list(range(INT_CACHE_SIZE)), dtype=object)
-    return _int_cache
+@cache
+def _shared_ints() -> list[int]:
+    return list(range(INT_CACHE_SIZE))
+
+
+@cache
+def _shared_int_array() -> np.ndarray:
+    return np.array(_shared_ints(), dtype=object)
 
 
 def _decode_uniform(raw: Sequence[Any], prefix: str, dtype: np.dtype,
@@ -113,8 +128,10 @@ class TokenColumn:
 
     def to_lists(self) -> list[list[int] | list[float] | None]:
         """Python lists (None where a row has no value)."""
+        if _c_split_lists is not None:
+            return _c_split_lists(self.values, self.offsets, self.valid, _shared_ints() if self.kind == "int" else None)
         if self.kind == "int" and len(self.values) and self.values.min() >= 0 and self.values.max() < INT_CACHE_SIZE:
-            flat = _shared_ints()[self.values].tolist()
+            flat = _shared_int_array()[self.values].tolist()
         else:
             flat = self.values.tolist()
         off = self.offsets.tolist()
@@ -126,3 +143,43 @@ class TokenColumn:
 
         return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), pa.array(self.values), type=type_,
                                         mask=pa.array(~self.valid))
+
+
+@dataclass
+class StringColumn:
+    """A column of strings (None where a row has none) as UTF-8 bytes + int64 offsets + validity."""
+
+    data: bytes
+    offsets: np.ndarray  # int64, len(rows) + 1
+    valid: np.ndarray  # bool per row
+
+    @classmethod
+    def encode(cls, values: list[Any]) -> StringColumn | None:
+        """The column, or None when the C module is not built or a value is not a str or None (the caller then
+        keeps the list, which pandas and pyarrow convert as they always do)."""
+        if _c_utf8_column is None:
+            return None
+        built = _c_utf8_column(values)
+        if built is None:
+            return None
+        data, offsets, valid = built
+        return cls(data, np.frombuffer(offsets, dtype=np.int64), np.frombuffer(valid, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.valid)
+
+    def to_arrow(self, type_: Any = None) -> Any:
+        """A pyarrow string (or, with ``type_=pa.large_string()``, large_string) array."""
+        import pyarrow as pa
+
+        mask = None if self.valid.all() else pa.py_buffer(np.packbits(self.valid, bitorder="little"))
+        if type_ is not None and type_ == pa.large_string():
+            return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(self.offsets), pa.py_buffer(self.data), mask)
+        if len(self.data) >= 2**31:  # a string array's offsets are int32
+            return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(self.offsets), pa.py_buffer(self.data),
+                                                    mask).cast(pa.string())
+        return pa.StringArray.from_buffers(len(self), pa.py_buffer(self.offsets.astype(np.int32)),
+                                           pa.py_buffer(self.data), mask)
+
+    def to_list(self) -> list[str | None]:
+        return self.to_arrow().to_pylist()

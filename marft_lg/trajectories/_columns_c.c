@@ -1,0 +1,171 @@
+/* The C fast path of marft_lg's column conversions (flat_columns.py).
+ *
+ * `split_lists(values, offsets, valid, shared)` turns a flat int64 or float64 array plus row offsets into one
+ * Python list per row (None where the row has no value). Integers below len(shared) are the shared objects of
+ * that list instead of new ones: a 40-token prompt then costs its list, not 40 new int objects. This is what
+ * `TokenColumn.to_lists` does in numpy and Python, without the flat object list in between (a step per value
+ * in C instead of an object array, a flat list and a slice per row).
+ *
+ * `utf8_column(values)` lays a list of str (or None) out as Arrow's large_string column: the UTF-8 bytes of all
+ * values, int64 offsets and a validity byte per row; None when a value is anything else (or a str that has no
+ * UTF-8 form), and the caller keeps the list. A mining worker ships a string column as these three buffers, and
+ * the parent wraps them as an Arrow array without creating a str object per row.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view->itemsize != itemsize || view->ndim != 1) {
+        PyErr_Format(PyExc_TypeError, "split_lists: %s must be a 1-d array of %zd-byte items", what, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *split_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "split_lists(values, offsets, valid, shared) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *shared = args[3];
+    if (shared != Py_None && !PyList_CheckExact(shared)) {
+        PyErr_SetString(PyExc_TypeError, "split_lists: shared must be a list of ints or None");
+        return NULL;
+    }
+    Py_buffer vals, offs, ok;
+    if (get_buffer(args[0], &vals, 8, "values") < 0) return NULL;
+    if (get_buffer(args[1], &offs, 8, "offsets") < 0) {
+        PyBuffer_Release(&vals);
+        return NULL;
+    }
+    if (get_buffer(args[2], &ok, 1, "valid") < 0) {
+        PyBuffer_Release(&vals);
+        PyBuffer_Release(&offs);
+        return NULL;
+    }
+    const char *fmt = vals.format != NULL ? vals.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@') fmt++;
+    const int floats = fmt[0] == 'd';
+    if (!(fmt[0] == 'd' || fmt[0] == 'q' || fmt[0] == 'l') || fmt[1] != '\0') {
+        PyErr_Format(PyExc_TypeError, "split_lists: values must be int64 or float64, not format %s", vals.format);
+        PyBuffer_Release(&vals);
+        PyBuffer_Release(&offs);
+        PyBuffer_Release(&ok);
+        return NULL;
+    }
+    const Py_ssize_t rows = ok.shape[0], n_values = vals.shape[0];
+    const int64_t *off = offs.buf;
+    const int64_t *ints = vals.buf;
+    const double *dbls = vals.buf;
+    const char *valid = ok.buf;
+    const Py_ssize_t n_shared = shared == Py_None ? 0 : PyList_GET_SIZE(shared);
+    PyObject *out = NULL;
+    if (offs.shape[0] != rows + 1) {
+        PyErr_SetString(PyExc_ValueError, "split_lists: offsets must hold one more item than valid");
+        goto done;
+    }
+    out = PyList_New(rows);
+    if (out == NULL) goto done;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (!valid[r]) {
+            PyList_SET_ITEM(out, r, Py_NewRef(Py_None));
+            continue;
+        }
+        const int64_t lo = off[r], hi = off[r + 1];
+        if (lo < 0 || hi < lo || hi > n_values) {
+            PyErr_Format(PyExc_ValueError, "split_lists: row %zd has offsets %lld..%lld outside 0..%zd", r,
+                         (long long)lo, (long long)hi, n_values);
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyObject *row = PyList_New((Py_ssize_t)(hi - lo));
+        if (row == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, r, row);
+        for (int64_t k = lo; k < hi; k++) {
+            PyObject *item;
+            if (floats) {
+                item = PyFloat_FromDouble(dbls[k]);
+            } else if (ints[k] >= 0 && ints[k] < n_shared) {
+                item = Py_NewRef(PyList_GET_ITEM(shared, (Py_ssize_t)ints[k]));
+            } else {
+                item = PyLong_FromLongLong((long long)ints[k]);
+            }
+            if (item == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            PyList_SET_ITEM(row, (Py_ssize_t)(k - lo), item);
+        }
+    }
+done:
+    PyBuffer_Release(&vals);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&ok);
+    return out;
+}
+
+static PyObject *utf8_column(PyObject *module, PyObject *values) {
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "utf8_column: values must be a list");
+        return NULL;
+    }
+    const Py_ssize_t rows = PyList_GET_SIZE(values);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        PyObject *v = PyList_GET_ITEM(values, r);
+        if (v == Py_None) continue;
+        if (!PyUnicode_CheckExact(v)) Py_RETURN_NONE;
+        Py_ssize_t n;
+        if (PyUnicode_AsUTF8AndSize(v, &n) == NULL) {  /* a lone surrogate: the caller's general path decides */
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        total += n;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * (Py_ssize_t)sizeof(int64_t));
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, rows);
+    if (data == NULL || offsets == NULL || valid == NULL) goto fail;
+    char *d = PyBytes_AS_STRING(data), *ok = PyBytes_AS_STRING(valid);
+    int64_t *off = (int64_t *)PyBytes_AS_STRING(offsets);
+    int64_t at = 0;
+    off[0] = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        PyObject *v = PyList_GET_ITEM(values, r);
+        ok[r] = v != Py_None;
+        if (v != Py_None) {
+            Py_ssize_t n;
+            const char *u = PyUnicode_AsUTF8AndSize(v, &n); /* cached by the first pass */
+            memcpy(d + at, u, (size_t)n);
+            at += n;
+        }
+        off[r + 1] = at;
+    }
+    return Py_BuildValue("(NNN)", data, offsets, valid);
+fail:
+    Py_XDECREF(data);
+    Py_XDECREF(offsets);
+    Py_XDECREF(valid);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"split_lists", (PyCFunction)(void (*)(void))split_lists, METH_FASTCALL,
+     "split_lists(values, offsets, valid, shared) -> one list per row (None where not valid)."},
+    {"utf8_column", utf8_column, METH_O,
+     "utf8_column(list of str/None) -> (utf-8 bytes, int64 offsets bytes, validity bytes), or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_columns_c",
+                                        "C fast path of marft_lg's column conversions.", -1, methods};
+
+PyMODINIT_FUNC PyInit__columns_c(void) { return PyModule_Create(&module_def); }

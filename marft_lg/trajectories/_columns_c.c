@@ -10,6 +10,11 @@
  * values, int64 offsets and a validity byte per row; None when a value is anything else (or a str that has no
  * UTF-8 form), and the caller keeps the list. A mining worker ships a string column as these three buffers, and
  * the parent wraps them as an Arrow array without creating a str object per row.
+ *
+ * `b64_column(values, prefix)` decodes a list of prefixed base64 texts (marft_lg's "i32:..." token ids) into one
+ * buffer: the bytes, int64 byte offsets and a validity byte per row (None rows are not valid). It accepts only
+ * canonical base64 (the alphabet, '=' padding at the end, a length that is a multiple of 4), where it equals
+ * binascii.a2b_base64; anything else gives None and the caller decodes the column value by value.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -157,15 +162,114 @@ fail:
     return NULL;
 }
 
+static signed char B64[256];
+
+static void init_b64(void) {
+    memset(B64, -1, sizeof B64);
+    const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; i++) B64[(unsigned char)alphabet[i]] = (signed char)i;
+}
+
+/* The base64 text of `v` after `prefix` (an ASCII str that starts with it), or NULL. */
+static const unsigned char *b64_text(PyObject *v, const char *prefix, Py_ssize_t np, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return NULL;
+    const Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+    const unsigned char *p = PyUnicode_1BYTE_DATA(v);
+    if (len < np || memcmp(p, prefix, (size_t)np) != 0 || (len - np) % 4 != 0) return NULL;
+    *n = len - np;
+    return p + np;
+}
+
+static inline Py_ssize_t b64_size(const unsigned char *t, Py_ssize_t n) {
+    if (n == 0) return 0;
+    return n / 4 * 3 - (t[n - 1] == '=') - (t[n - 2] == '=');
+}
+
+/* Decode canonical base64 `t` (n a multiple of 4) into `out`; -1 when it is not canonical. */
+static int b64_decode(const unsigned char *t, Py_ssize_t n, unsigned char *out) {
+    for (Py_ssize_t i = 0; i < n; i += 4) {
+        const int last = i + 4 == n;
+        const int a = B64[t[i]], b = B64[t[i + 1]];
+        int c = B64[t[i + 2]], d = B64[t[i + 3]];
+        if (a < 0 || b < 0) return -1;
+        *out++ = (unsigned char)(a << 2 | b >> 4);
+        if (last && t[i + 2] == '=') {
+            if (t[i + 3] != '=') return -1;
+            break;
+        }
+        if (c < 0) return -1;
+        *out++ = (unsigned char)(b << 4 | c >> 2);
+        if (last && t[i + 3] == '=') break;
+        if (d < 0) return -1;
+        *out++ = (unsigned char)(c << 6 | d);
+    }
+    return 0;
+}
+
+static PyObject *b64_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "b64_column(values: list, prefix: str)");
+        return NULL;
+    }
+    PyObject *values = args[0];
+    Py_ssize_t np;
+    const char *prefix = PyUnicode_AsUTF8AndSize(args[1], &np);
+    if (prefix == NULL) return NULL;
+    const Py_ssize_t rows = PyList_GET_SIZE(values);
+    Py_ssize_t total = 0, n;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        PyObject *v = PyList_GET_ITEM(values, r);
+        if (v == Py_None) continue;
+        const unsigned char *t = b64_text(v, prefix, np, &n);
+        if (t == NULL) Py_RETURN_NONE;
+        total += b64_size(t, n);
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * (Py_ssize_t)sizeof(int64_t));
+    PyObject *valid = PyBytes_FromStringAndSize(NULL, rows);
+    if (data == NULL || offsets == NULL || valid == NULL) goto fail;
+    unsigned char *d = (unsigned char *)PyBytes_AS_STRING(data);
+    char *ok = PyBytes_AS_STRING(valid);
+    int64_t *off = (int64_t *)PyBytes_AS_STRING(offsets);
+    int64_t at = 0;
+    off[0] = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        PyObject *v = PyList_GET_ITEM(values, r);
+        ok[r] = v != Py_None;
+        if (v != Py_None) {
+            const unsigned char *t = b64_text(v, prefix, np, &n);
+            if (b64_decode(t, n, d + at) < 0) {  /* not canonical: the caller's general path decides */
+                Py_DECREF(data);
+                Py_DECREF(offsets);
+                Py_DECREF(valid);
+                Py_RETURN_NONE;
+            }
+            at += b64_size(t, n);
+        }
+        off[r + 1] = at;
+    }
+    return Py_BuildValue("(NNN)", data, offsets, valid);
+fail:
+    Py_XDECREF(data);
+    Py_XDECREF(offsets);
+    Py_XDECREF(valid);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"split_lists", (PyCFunction)(void (*)(void))split_lists, METH_FASTCALL,
      "split_lists(values, offsets, valid, shared) -> one list per row (None where not valid)."},
     {"utf8_column", utf8_column, METH_O,
      "utf8_column(list of str/None) -> (utf-8 bytes, int64 offsets bytes, validity bytes), or None."},
+    {"b64_column", (PyCFunction)(void (*)(void))b64_column, METH_FASTCALL,
+     "b64_column(values, prefix) -> (decoded bytes, int64 byte offsets, validity bytes), or None."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_columns_c",
                                         "C fast path of marft_lg's column conversions.", -1, methods};
 
-PyMODINIT_FUNC PyInit__columns_c(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__columns_c(void) {
+    init_b64();
+    return PyModule_Create(&module_def);
+}

@@ -29,12 +29,13 @@ INT_CACHE_SIZE = 1 << 18  # covers the vocabularies of current open models (Smol
 _PREFIX = {"int": "i32:", "float": "f32:"}
 _DTYPE = {"int": np.dtype("<i4"), "float": np.dtype("<f4")}
 try:  # built at install when a C compiler is there (setup.py); MARFT_MINING_C_READER=0 switches it off too
+    from marft_lg.trajectories._columns_c import b64_column as _c_b64_column
     from marft_lg.trajectories._columns_c import split_lists as _c_split_lists
     from marft_lg.trajectories._columns_c import utf8_column as _c_utf8_column
 except ImportError:
-    _c_split_lists = _c_utf8_column = None
+    _c_b64_column = _c_split_lists = _c_utf8_column = None
 if os.environ.get("MARFT_MINING_C_READER", "1") == "0":
-    _c_split_lists = _c_utf8_column = None
+    _c_b64_column = _c_split_lists = _c_utf8_column = None
 
 
 @cache
@@ -49,8 +50,18 @@ def _shared_int_array() -> np.ndarray:
 
 def _decode_uniform(raw: Sequence[Any], prefix: str, dtype: np.dtype,
                     out_dtype: type) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes), a step per
-    value in C; None for anything else (a None, a list, bad base64), which the general loop then decodes."""
+    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes), in C (None
+    values too) or a step per value in C; None for anything else (a list, other base64), which the general loop
+    then decodes."""
+    if _c_b64_column is not None:
+        built = _c_b64_column(raw, prefix) if type(raw) is list else None
+        if built is None:
+            return None
+        data, byte_offsets, valid = built
+        offsets = np.frombuffer(byte_offsets, dtype=np.int64)
+        if (offsets & 3).any():
+            return None
+        return np.frombuffer(data, dtype=dtype).astype(out_dtype), offsets >> 2, np.frombuffer(valid, dtype=bool)
     try:
         if not raw or not all(map(str.startswith, raw, repeat(prefix))):
             return None

@@ -207,9 +207,12 @@ def interned(values: Iterable[Any]) -> list[Any]:
 
 def table_columns(episode_rows: list[dict[str, Any]], action_columns: dict[str, Any]) -> tuple[dict, dict]:
     """A batch as the parquet tables' columns: episode rows to columns, `JSON_COLUMNS` to JSON text (in place
-    for the actions). Plain Python, so that mining workers prepare batches without loading pyarrow."""
+    for the actions; a `StringColumn` where it can be built). No pyarrow, so that mining workers prepare batches
+    without loading it."""
     episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_FIELDS}
     for cols in (episodes, action_columns):
         for name in JSON_COLUMNS & cols.keys():  # the actions' prompts and tool calls were read from JSON
-            cols[name] = json_texts(cols[name], parsed=cols is action_columns)
+            texts = json_texts(cols[name], parsed=cols is action_columns)
+            encoded = StringColumn.encode(texts) if cols is action_columns else None  # a batch's largest texts
+            cols[name] = texts if encoded is None else encoded
     return episodes, action_columns

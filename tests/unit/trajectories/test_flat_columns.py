@@ -24,6 +24,7 @@ def conversion(request, monkeypatch):
     if request.param == "python":
         monkeypatch.setattr(flat_columns, "_c_split_lists", None)
         monkeypatch.setattr(flat_columns, "_c_utf8_column", None)
+        monkeypatch.setattr(flat_columns, "_c_b64_column", None)
     return request.param
 
 
@@ -38,7 +39,7 @@ def _one_by_one(values, fn):
 
 
 INTS = [encode_ints([1, 2, 40000]), None, "[5, 6]", [7, 8], encode_ints([]), "i32:AAA", "not json", 12,
-        encode_ints([INT_CACHE_SIZE + 5, -3]), encode_ints([49151])]
+        encode_ints([INT_CACHE_SIZE + 5, -3]), encode_ints([49151]), "i32:AAAA AAAA", "i32:AAAAAQ==", "i32:AAAAAA=="]
 FLOATS = [encode_floats([-0.5, -0.125]), None, "[0.25]", [1.5], "f32:@@", encode_floats([-1e-3])]
 
 
@@ -162,6 +163,7 @@ def test_mined_tables_are_the_same_with_and_without_the_c_columns(tmp_path, monk
         if not c:
             monkeypatch.setattr(flat_columns, "_c_utf8_column", None)
             monkeypatch.setattr(flat_columns, "_c_split_lists", None)
+            monkeypatch.setattr(flat_columns, "_c_b64_column", None)
         for workers in (1, 2):
             ds = mine(path, workers=workers)
             built[c, workers] = ds
@@ -171,3 +173,36 @@ def test_mined_tables_are_the_same_with_and_without_the_c_columns(tmp_path, monk
     for ds in built.values():
         pd.testing.assert_frame_equal(ds.episodes, first.episodes, check_exact=True)
         pd.testing.assert_frame_equal(ds.actions, first.actions, check_exact=True)
+
+
+@needs_c
+def test_c_base64_accepts_canonical_text_and_equals_binascii_where_it_accepts():
+    import base64
+    import binascii
+    import random
+
+    from marft_lg.trajectories._columns_c import b64_column
+
+    rng = random.Random(5)
+    for _ in range(3000):
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 20)))
+        text = base64.b64encode(raw).decode()
+        data, offsets, valid = b64_column([f"i32:{text}", None], "i32:")
+        assert data == raw and valid == b"\x01\x00"
+        assert np.frombuffer(offsets, dtype=np.int64).tolist() == [0, len(raw), len(raw)]
+        mangled = list(text)
+        for _ in range(rng.randrange(1, 3)):  # change, insert or drop a character
+            at = rng.randrange(len(mangled) + 1)
+            ch = rng.choice("A/+=z9 \n-_.")
+            if rng.random() < 0.4 and mangled:
+                mangled[min(at, len(mangled) - 1)] = ch
+            elif rng.random() < 0.5:
+                mangled.insert(at, ch)
+            elif mangled:
+                del mangled[min(at, len(mangled) - 1)]
+        text = "".join(mangled)
+        got = b64_column([f"i32:{text}"], "i32:")
+        if got is not None:
+            assert got[0] == binascii.a2b_base64(text)
+    assert b64_column(["f32:AAAA"], "i32:") is None and b64_column([["i32:AAAA"]], "i32:") is None
+    assert b64_column(["i32:AAAA", "i32:éAAA"], "i32:") is None

@@ -8,6 +8,7 @@ new 28-byte object per token: the difference between ~1.5 kB and ~0.4 kB per 40-
 
 `StringColumn` (ids, names, completions): the UTF-8 bytes of a batch's strings, which a mining worker ships
 and the parent wraps as an Arrow string array, with no str object per row on the parent's side.
+`NumberColumn` (orders, steps, token counts, latencies): a numpy array and a validity mask, for the same reason.
 Both are built in C (`_columns_c`) when it was compiled at install.
 """
 
@@ -30,12 +31,13 @@ _PREFIX = {"int": "i32:", "float": "f32:"}
 _DTYPE = {"int": np.dtype("<i4"), "float": np.dtype("<f4")}
 try:  # built at install when a C compiler is there (setup.py); MARFT_MINING_C_READER=0 switches it off too
     from marft_lg.trajectories._columns_c import b64_column as _c_b64_column
+    from marft_lg.trajectories._columns_c import number_column as _c_number_column
     from marft_lg.trajectories._columns_c import split_lists as _c_split_lists
     from marft_lg.trajectories._columns_c import utf8_column as _c_utf8_column
 except ImportError:
-    _c_b64_column = _c_split_lists = _c_utf8_column = None
+    _c_b64_column = _c_number_column = _c_split_lists = _c_utf8_column = None
 if os.environ.get("MARFT_MINING_C_READER", "1") == "0":
-    _c_b64_column = _c_split_lists = _c_utf8_column = None
+    _c_b64_column = _c_number_column = _c_split_lists = _c_utf8_column = None
 
 
 @cache
@@ -194,3 +196,36 @@ class StringColumn:
 
     def to_list(self) -> list[str | None]:
         return self.to_arrow().to_pylist()
+
+
+@dataclass
+class NumberColumn:
+    """A column of ints or floats (None where a row has none) as an int64 / float64 array (0 / NaN there) and a
+    validity mask."""
+
+    values: np.ndarray
+    valid: np.ndarray  # bool per row
+
+    @classmethod
+    def encode(cls, values: list[Any], kind: str) -> NumberColumn | None:
+        """`kind` "int" or "float"; None when the C module is not built or a value is not an int (a float) or None,
+        or an int needs more than 64 bits (the caller then keeps the list)."""
+        if _c_number_column is None:
+            return None
+        built = _c_number_column(values, kind == "float")
+        if built is None:
+            return None
+        data, valid = built
+        return cls(np.frombuffer(data, dtype=np.float64 if kind == "float" else np.int64),
+                   np.frombuffer(valid, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.valid)
+
+    def to_arrow(self, type_: Any = None) -> Any:
+        import pyarrow as pa
+
+        return pa.array(self.values, type=type_, mask=None if self.valid.all() else ~self.valid)
+
+    def to_list(self) -> list[int | float | None]:
+        return [v if ok else None for v, ok in zip(self.values.tolist(), self.valid.tolist(), strict=True)]

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from marft_lg.trajectories.assembly import group_episodes
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
-from marft_lg.trajectories.flat_columns import StringColumn, TokenColumn
+from marft_lg.trajectories.flat_columns import NumberColumn, StringColumn, TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
     _INTERNED,
@@ -84,7 +84,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     episode_rows: list[dict] = []
-    action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or `StringColumn`s)
+    action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or flat columns)
     with gc_paused():
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
                                    chunk_actions=20_000):
@@ -231,11 +231,13 @@ def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> Tra
     for name in [*ACTION_COLUMNS, "trace_id"]:  # one column at a time: each list is freed once converted
         dtype = _ACTION_DTYPES.get(name)
         chunks = action_chunks.pop(name)
-        strings = _string_series(chunks)
-        if strings is not None:
-            columns[name] = strings
+        kind = type(chunks[0]) if chunks else list
+        flat = (_string_series(chunks) if kind is StringColumn else _number_series(chunks, dtype)
+                if kind is NumberColumn else None)
+        if flat is not None:
+            columns[name] = flat
             continue
-        values = list(chain.from_iterable(c.to_list() if isinstance(c, StringColumn) else c for c in chunks))
+        values = list(chain.from_iterable(c if type(c) is list else c.to_list() for c in chunks))
         del chunks
         columns[name] = pd.Series(values, dtype=None if dtype == "Int64" else dtype)
         del values
@@ -260,6 +262,22 @@ def _string_series(chunks: list) -> pd.Series | None:
 
     return pd.Series(pa.chunked_array([c.to_arrow(pa.large_string()) for c in chunks], type=pa.large_string()),
                      dtype=dtype)
+
+
+def _number_series(chunks: list, dtype: Any) -> pd.Series | None:
+    """The column from its batches' `NumberColumn`s, as `dtype` ("int64", "Int64", "float64"); None when a batch
+    is a list, or an "int64" column has a missing value (the list then fails as it always did)."""
+    import numpy as np
+    import pandas as pd
+
+    if not chunks or not all(isinstance(c, NumberColumn) for c in chunks):
+        return None
+    values = np.concatenate([c.values for c in chunks])
+    if dtype == "Int64":
+        return pd.Series(pd.arrays.IntegerArray(values, ~np.concatenate([c.valid for c in chunks])))
+    if dtype == "int64" and not all(c.valid.all() for c in chunks):
+        return None
+    return pd.Series(values)
 
 
 _ACTION_DTYPES = {"order": "int64", "tool_errors": "int64", "step": "Int64", "input_tokens": "Int64",

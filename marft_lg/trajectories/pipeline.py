@@ -17,7 +17,7 @@ from typing import Any
 
 from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
-from marft_lg.trajectories.flat_columns import StringColumn, TokenColumn
+from marft_lg.trajectories.flat_columns import NumberColumn, StringColumn, TokenColumn
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import SpanInfo
 from marft_lg.trajectories.otlp import iter_span_batches
@@ -26,6 +26,8 @@ from marft_lg.trajectories.quarantine import Quarantine
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 STRING_FIELDS = ("episode_id", "agent", "span_id", "completion", "model", "adapter_version", "trace_id")
+NUMBER_FIELDS = {"order": "int", "step": "int", "tool_errors": "int", "input_tokens": "int", "output_tokens": "int",
+                 "latency_s": "float"}
 _INTERNED = frozenset({"agent", "model", "adapter_version"})
 _MESSAGES = ACTION_FIELDS.index("messages")
 
@@ -160,12 +162,16 @@ def _columns(actions: list[list[Any]], agents: Counter[str], share_strings: bool
 
 
 def flatten(cols: dict[str, Any]) -> dict[str, Any]:
-    """Replace the encoded token columns of a batch by `TokenColumn`s and its string columns by `StringColumn`s
-    (where those can be built), in place; returns `cols`."""
+    """Replace the encoded token columns of a batch by `TokenColumn`s, and its string and number columns by
+    `StringColumn`s and `NumberColumn`s where those can be built, in place; returns `cols`."""
     for name, kind in TOKEN_FIELDS.items():
         cols[name] = TokenColumn.decode(cols[name], kind)
     for name in STRING_FIELDS:
         encoded = StringColumn.encode(cols[name])
+        if encoded is not None:
+            cols[name] = encoded
+    for name, kind in NUMBER_FIELDS.items():
+        encoded = NumberColumn.encode(cols[name], kind)
         if encoded is not None:
             cols[name] = encoded
     return cols

@@ -11,7 +11,7 @@ import pytest
 
 from marft_lg.tracing.attributes import decode_floats, decode_ints, encode_floats, encode_ints
 from marft_lg.trajectories import flat_columns
-from marft_lg.trajectories.flat_columns import INT_CACHE_SIZE, StringColumn, TokenColumn
+from marft_lg.trajectories.flat_columns import INT_CACHE_SIZE, NumberColumn, StringColumn, TokenColumn
 
 C_BUILT = flat_columns._c_split_lists is not None
 
@@ -25,6 +25,7 @@ def conversion(request, monkeypatch):
         monkeypatch.setattr(flat_columns, "_c_split_lists", None)
         monkeypatch.setattr(flat_columns, "_c_utf8_column", None)
         monkeypatch.setattr(flat_columns, "_c_b64_column", None)
+        monkeypatch.setattr(flat_columns, "_c_number_column", None)
     return request.param
 
 
@@ -164,6 +165,7 @@ def test_mined_tables_are_the_same_with_and_without_the_c_columns(tmp_path, monk
             monkeypatch.setattr(flat_columns, "_c_utf8_column", None)
             monkeypatch.setattr(flat_columns, "_c_split_lists", None)
             monkeypatch.setattr(flat_columns, "_c_b64_column", None)
+            monkeypatch.setattr(flat_columns, "_c_number_column", None)
         for workers in (1, 2):
             ds = mine(path, workers=workers)
             built[c, workers] = ds
@@ -173,6 +175,25 @@ def test_mined_tables_are_the_same_with_and_without_the_c_columns(tmp_path, monk
     for ds in built.values():
         pd.testing.assert_frame_equal(ds.episodes, first.episodes, check_exact=True)
         pd.testing.assert_frame_equal(ds.actions, first.actions, check_exact=True)
+
+
+@pytest.mark.parametrize(("values", "kind"), [([0, 5, None, -2**63, 2**63 - 1], "int"), ([1.5, None, -0.0, 1e300], "float"),
+                                              ([], "int"), ([None, None], "float")])
+def test_number_column_holds_the_numbers(conversion, values, kind):
+    col = NumberColumn.encode(values, kind)
+    if conversion == "python":
+        assert col is None
+        return
+    assert len(col) == len(values) and col.to_list() == values
+    type_ = pa.int64() if kind == "int" else pa.float64()
+    assert col.to_arrow(type_).to_pylist() == values and col.to_arrow(type_).type == type_
+
+
+@needs_c
+@pytest.mark.parametrize(("values", "kind"), [([1, 2**63], "int"), ([1, 2.5], "int"), ([True], "int"), (["1"], "int"),
+                                              ([1.5, 2], "float"), ([np.float64(1.5)], "float")])
+def test_number_column_declines_other_values(values, kind):
+    assert NumberColumn.encode(values, kind) is None
 
 
 @needs_c

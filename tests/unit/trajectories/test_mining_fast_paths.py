@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 
 import pytest
@@ -163,6 +164,8 @@ def _use(module, usual: str, monkeypatch) -> None:
     """Run the one-pass reader of `module` in C (as imported) or in Python (`_parse_usual`)."""
     if usual == "python":
         monkeypatch.setattr(module, "_usual", module._parse_usual)
+    elif os.environ.get("MARFT_MINING_C_READER") == "0":
+        pytest.skip("C reader switched off")
     else:
         assert module._usual is not module._parse_usual, "the C version is not in use (module not built?)"
 

@@ -21,7 +21,6 @@ from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import NumberColumn, StringColumn, TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
 from marft_lg.trajectories.pipeline import (
-    _INTERNED,
     assemble_batches,
     feedback_index,
     flatten,
@@ -40,6 +39,7 @@ if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining wo
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
+_SHARED_NAMES = frozenset({"agent", "model", "adapter_version"})  # columns whose repeated strings mine() shares
 
 
 @dataclass
@@ -92,7 +92,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
                     values = values.to_lists()
-                elif name in _INTERNED and type(values) is list:  # one copy per name, also for a worker's rows
+                elif name in _SHARED_NAMES and type(values) is list:  # one copy per name (not a StringColumn)
                     values = interned(values)
                 action_chunks[name].append(values)
             del rows, cols
@@ -177,6 +177,8 @@ def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Pat
                       chunk_actions=chunk_actions, progress=progress, writer=writer)
     try:
         run.start()
+        if writer is None:  # mine() builds DataFrames at the end: pandas loads now, beside the reading workers
+            import pandas  # noqa: F401
         run.parse()
         yield from run.batches()
         if writer is not None:

@@ -28,7 +28,6 @@ TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "compl
 STRING_FIELDS = ("episode_id", "agent", "span_id", "completion", "model", "adapter_version", "trace_id")
 NUMBER_FIELDS = {"order": "int", "step": "int", "tool_errors": "int", "input_tokens": "int", "output_tokens": "int",
                  "latency_s": "float"}
-_INTERNED = frozenset({"agent", "model", "adapter_version"})
 _MESSAGES = ACTION_FIELDS.index("messages")
 
 
@@ -115,8 +114,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
                      share_strings: bool = True) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
-    `agents` counts the kept actions per agent. `share_strings`: repeated message texts and names share one copy
-    (what keeps `mine()`'s tables small; batches headed for parquet are encoded at once and skip it)."""
+    `agents` counts the kept actions per agent. `share_strings`: repeated message texts share one copy (what keeps
+    `mine()`'s tables small; batches headed for parquet are encoded at once and skip it). Names and ids become
+    `StringColumn`s (`flatten`), or are shared by `mine()` when they stay lists."""
     rows: list[dict] = []
     batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
@@ -145,18 +145,16 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
                         m["content"] = texts.setdefault(text, text)
         batch.extend(acts)
         if len(batch) >= chunk_actions:
-            yield rows, _columns(batch, agents, share_strings)
+            yield rows, _columns(batch, agents)
             rows, batch, texts = [], [], {}
     if rows:
-        yield rows, _columns(batch, agents, share_strings)
+        yield rows, _columns(batch, agents)
 
 
-def _columns(actions: list[list[Any]], agents: Counter[str], share_strings: bool = True) -> dict[str, list]:
-    """Action rows -> columns (short repeated strings shared when `share_strings`); counts the actions per agent."""
+def _columns(actions: list[list[Any]], agents: Counter[str]) -> dict[str, list]:
+    """Action rows -> columns; counts the actions per agent."""
     rows = zip(*actions, strict=True)  # transposed in C
-    shared = _INTERNED if share_strings else ()
-    cols = {name: interned(values) if name in shared else list(values)
-            for name, values in zip(ACTION_FIELDS, rows, strict=True)} if actions else new_columns()
+    cols = dict(zip(ACTION_FIELDS, map(list, rows), strict=True)) if actions else new_columns()
     agents.update(cols["agent"])
     return cols
 

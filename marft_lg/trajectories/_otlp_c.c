@@ -1533,6 +1533,179 @@ fail:
 }
 
 /* count_newlines(buffer): how many b"\n" it holds (memchr: many times faster than bytes.count on long lines). */
+/* ---------- GenAI message lists ---------- */
+
+/* `gen_ai.input.messages` / `gen_ai.output.messages` JSON of text and tool-call parts -> the chat messages
+ * formats/genai._typed_messages builds ([{"role", "content"[, "tool_calls"]}]), or None for anything else
+ * (other keys or part types, a key twice, escapes in keys, no messages), which then takes that typed path. */
+static PyObject *g_role, *g_content, *g_tool_calls, *g_id, *g_name, *g_args, *g_user, *g_loads = NULL;
+
+enum { P_TYPE = 1, P_CONTENT = 2, P_ID = 4, P_NAME = 8, P_ARGUMENTS = 16 };
+
+typedef struct {
+    PyObject *texts;  /* list of the text parts' contents */
+    PyObject *calls;  /* list of tool-call dicts, or NULL */
+} PartsAcc;
+
+/* A str or null value (`*out` None for null). */
+static int str_or_null(Parser *ps, PyObject **out) {
+    if (peek(ps) == 'n') {
+        int r = literal(ps, "null");
+        if (r == OK) *out = Py_NewRef(Py_None);
+        return r;
+    }
+    return parse_string(ps, out, CACHED_VALUE_LEN, 0);
+}
+
+static int genai_part(Parser *ps, void *ctx) {
+    PartsAcc *acc = ctx;
+    PyObject *content = NULL, *id = NULL, *name = NULL;
+    const unsigned char *args = NULL, *args_end = NULL, *k;
+    Py_ssize_t kn;
+    int seen = 0, kind = 0, r = REJECT; /* kind 1: text, 2: tool_call */
+    if (!eat(ps, '{')) return REJECT;
+    if (!eat(ps, '}')) {
+        for (;;) {
+            if ((r = object_key(ps, &k, &kn)) != OK) goto done;
+            int bit = key_is(k, kn, "type") ? P_TYPE : key_is(k, kn, "content") ? P_CONTENT : key_is(k, kn, "id") ? P_ID
+                      : key_is(k, kn, "name") ? P_NAME : key_is(k, kn, "arguments") ? P_ARGUMENTS : 0;
+            r = REJECT;
+            if (bit == 0 || seen & bit) goto done;
+            seen |= bit;
+            if (bit == P_TYPE) {
+                const unsigned char *t;
+                Py_ssize_t tn;
+                int flags;
+                if ((r = scan_string(ps, &t, &tn, &flags)) != OK) goto done;
+                r = REJECT;
+                kind = flags ? 0 : key_is(t, tn, "text") ? 1 : key_is(t, tn, "tool_call") ? 2 : 0;
+                if (!kind) goto done;
+            } else if (bit == P_CONTENT) {
+                if (peek(ps) != '"' || (r = parse_string(ps, &content, 0, 0)) != OK) goto done;
+            } else if (bit == P_ID || bit == P_NAME) {
+                if ((r = str_or_null(ps, bit == P_ID ? &id : &name)) != OK) goto done;
+            } else {
+                ws(ps);
+                args = ps->p;
+                if ((r = skip_value(ps)) != OK) goto done;
+                args_end = ps->p;
+            }
+            int more = next_member(ps, '}');
+            r = REJECT;
+            if (more < 0) goto done;
+            if (!more) break;
+        }
+    }
+    r = REJECT;
+    if (kind == 1 && seen == (P_TYPE | P_CONTENT)) {
+        r = PyList_Append(acc->texts, content) < 0 ? FAIL : OK;
+    } else if (kind == 2 && !(seen & P_CONTENT)) {
+        PyObject *value = NULL, *call = NULL;
+        if (args != NULL) {
+            PyObject *raw = PyBytes_FromStringAndSize((const char *)args, args_end - args);
+            value = raw == NULL ? NULL : PyObject_CallOneArg(g_loads, raw);
+            Py_XDECREF(raw);
+            if (value == NULL) {
+                r = PyErr_ExceptionMatches(PyExc_ValueError) ? REJECT : FAIL;
+                if (r == REJECT) PyErr_Clear();
+                goto done;
+            }
+        }
+        if (acc->calls == NULL && (acc->calls = PyList_New(0)) == NULL) r = FAIL;
+        else if ((call = PyDict_New()) == NULL || PyDict_SetItem(call, g_id, id != NULL ? id : Py_None) < 0 ||
+                 PyDict_SetItem(call, g_name, name != NULL ? name : Py_None) < 0 ||
+                 PyDict_SetItem(call, g_args, value != NULL ? value : Py_None) < 0 || PyList_Append(acc->calls, call) < 0)
+            r = FAIL;
+        else
+            r = OK;
+        Py_XDECREF(call);
+        Py_XDECREF(value);
+    }
+done:
+    Py_XDECREF(content);
+    Py_XDECREF(id);
+    Py_XDECREF(name);
+    return r;
+}
+
+static int genai_message(Parser *ps, void *out) {
+    PyObject *role = NULL, *msg = NULL;
+    PartsAcc acc = {PyList_New(0), NULL};
+    const unsigned char *k;
+    Py_ssize_t kn;
+    int have_parts = 0, r = FAIL;
+    if (acc.texts == NULL) return FAIL;
+    r = REJECT;
+    if (!eat(ps, '{') || eat(ps, '}')) goto done;
+    for (;;) {
+        if ((r = object_key(ps, &k, &kn)) != OK) goto done;
+        r = REJECT;
+        if (key_is(k, kn, "role")) {
+            if (role != NULL || peek(ps) != '"' || (r = parse_string(ps, &role, CACHED_VALUE_LEN, 1)) != OK) goto done;
+        } else if (key_is(k, kn, "parts")) {
+            if (have_parts || (r = each_item(ps, 0, genai_part, &acc)) != OK) goto done;
+            have_parts = 1;
+        } else {
+            goto done;
+        }
+        int more = next_member(ps, '}');
+        r = REJECT;
+        if (more < 0) goto done;
+        if (!more) break;
+    }
+    if (!have_parts) goto done;
+    r = FAIL;
+    PyObject *content = PyList_GET_SIZE(acc.texts) == 1 ? Py_NewRef(PyList_GET_ITEM(acc.texts, 0))
+                                                         : PyUnicode_Join(str_empty, acc.texts);
+    if (content == NULL) goto done;
+    msg = PyDict_New();
+    if (msg == NULL || PyDict_SetItem(msg, g_role, role != NULL ? role : g_user) < 0 ||
+        PyDict_SetItem(msg, g_content, content) < 0 ||
+        (acc.calls != NULL && PyDict_SetItem(msg, g_tool_calls, acc.calls) < 0) || PyList_Append(out, msg) < 0) {
+        Py_DECREF(content);
+        goto done;
+    }
+    Py_DECREF(content);
+    r = OK;
+done:
+    Py_XDECREF(msg);
+    Py_XDECREF(role);
+    Py_DECREF(acc.texts);
+    Py_XDECREF(acc.calls);
+    return r;
+}
+
+static PyObject *genai_messages(PyObject *module, PyObject *text) {
+    Py_ssize_t n;
+    const char *p = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    if (p == NULL) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;  /* not a str, or a lone surrogate */
+    }
+    if (g_loads == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "genai_messages: call configure_genai(loads) first");
+        return NULL;
+    }
+    Parser ps = {(const unsigned char *)p, (const unsigned char *)p + n, 0};
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    int r = each_item(&ps, 0, genai_message, out);
+    if (r == OK) {
+        ws(&ps);
+        if (ps.p != ps.end || PyList_GET_SIZE(out) == 0) r = REJECT;
+    }
+    if (r == OK) return out;
+    Py_DECREF(out);
+    if (r == FAIL) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *configure_genai(PyObject *module, PyObject *loads) {
+    Py_XSETREF(g_loads, Py_NewRef(loads));
+    Py_RETURN_NONE;
+}
+
 static PyObject *count_newlines(PyObject *module, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1564,6 +1737,9 @@ static PyMethodDef methods[] = {
     {"configure_oi", configure_oi, METH_VARARGS, "configure_oi(keys, helpers, constants)."},
     {"oi_usual", (PyCFunction)(void (*)(void))oi_usual, METH_FASTCALL,
      "oi_usual(raw, attrs) -> SpanInfo: formats/openinference.parse of a span without error, in C."},
+    {"genai_messages", genai_messages, METH_O,
+     "genai_messages(text) -> chat messages of GenAI text/tool-call parts JSON, or None (formats/genai.py)."},
+    {"configure_genai", configure_genai, METH_O, "configure_genai(loads): the JSON parser of tool-call arguments."},
     {"count_newlines", count_newlines, METH_O, "count_newlines(buffer) -> how many newline bytes it holds."},
     {NULL, NULL, 0, NULL},
 };
@@ -1576,5 +1752,13 @@ PyMODINIT_FUNC PyInit__otlp_c(void) {
     str_attributes = PyUnicode_InternFromString("attributes");
     str_empty = PyUnicode_FromString("");
     if (str_name == NULL || str_attributes == NULL || str_empty == NULL) return NULL;
+    g_role = PyUnicode_InternFromString("role");
+    g_content = PyUnicode_InternFromString("content");
+    g_tool_calls = PyUnicode_InternFromString("tool_calls");
+    g_id = PyUnicode_InternFromString("id");
+    g_name = PyUnicode_InternFromString("name");
+    g_args = PyUnicode_InternFromString("args");
+    g_user = PyUnicode_InternFromString("user");
+    if (!g_role || !g_content || !g_tool_calls || !g_id || !g_name || !g_args || !g_user) return NULL;
     return PyModule_Create(&module_def);
 }

@@ -18,7 +18,7 @@ from marft_lg.trajectories.formats.base import (
     base_info,
     json_or,
 )
-from marft_lg.trajectories.otlp import RawSpan, loads_json
+from marft_lg.trajectories.otlp import C_READER, RawSpan, loads_json
 
 NAME = "genai"
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
@@ -109,11 +109,20 @@ class _Message(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _decode_messages = msgspec.json.Decoder(list[_Message]).decode
+_c_messages = None
+if C_READER is not None:
+    C_READER.configure_genai(loads_json)
+    _c_messages = C_READER.genai_messages
 
 
 def _typed_messages(raw: str) -> list[dict[str, Any]] | None:
-    """What `_genai_messages` gives for messages of text and tool-call parts, decoded in one typed pass; None for
-    anything else (other parts or keys, other types, no messages), which the general path then reads."""
+    """What `_genai_messages` gives for messages of text and tool-call parts, decoded in one typed pass (in C when
+    built: `_otlp_c.genai_messages`, which declines the rarer shapes to the msgspec pass); None for anything else
+    (other parts or keys, other types, no messages), which the general path then reads."""
+    if _c_messages is not None:
+        out = _c_messages(raw)
+        if out is not None:
+            return out
     try:
         data = _decode_messages(raw)
         out = []

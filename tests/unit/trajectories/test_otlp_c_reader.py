@@ -263,3 +263,81 @@ def test_newline_counting_in_c_equals_bytes_count(tmp_path, monkeypatch):
     monkeypatch.setattr(otlp, "_otlp_c", None)  # the pure-Python fallback, a chunk at a time
     assert [_count_newlines(path, a, b) for a, b in cuts] == expected
     assert otlp.count_newlines(memoryview(data), chunk=4096) == expected[0]
+
+
+def _random_messages(rng: random.Random) -> list:
+    def text() -> str:
+        return "".join(rng.choice(["a", "b", " ", "é", "日", "🙂", "\n", '"', "\\", "\t", "x" * 20]) for _ in range(rng.randrange(0, 8)))
+
+    def args():
+        return rng.choice([{"topic": text()}, [1, 2.5, None], "s", 3, None, {"n": {"m": [True, False]}}, 1e-7, -0.0])
+
+    messages = []
+    for _ in range(rng.randrange(0, 4)):
+        parts = []
+        for _ in range(rng.randrange(0, 4)):
+            if rng.random() < 0.7:
+                parts.append({"type": "text", "content": text()})
+            else:
+                part = {"type": "tool_call"}
+                for key, value in (("id", f"c{rng.randrange(9)}"), ("name", "lookup"), ("arguments", args())):
+                    if rng.random() < 0.8:
+                        part[key] = value if rng.random() < 0.9 else None
+                parts.append(part)
+        message = {"role": rng.choice(["user", "assistant", "system", "tool"]), "parts": parts}
+        if rng.random() < 0.15:
+            del message["role"]
+        messages.append(dict(reversed(message.items())) if rng.random() < 0.2 else message)
+    return messages
+
+
+def _mangle(rng: random.Random, raw: str) -> str:
+    edits = [
+        lambda s: s.replace('"type": "text"', '"type": "image"', 1),
+        lambda s: s.replace('"content": ', '"content": 5, "x": ', 1),
+        lambda s: s.replace('"role": ', '"role": null, "r": ', 1),
+        lambda s: s.replace('"parts": [', '"parts": [{}, ', 1),
+        lambda s: s.replace('"parts": ', '"parts": null, "p": ', 1),
+        lambda s: s.replace('{"type": "tool_call"', '{"type": "tool_call", "content": "c"', 1),
+        lambda s: s.replace('{"type": "text"', '{"type": "text", "id": "i"', 1),
+        lambda s: s.replace('"role"', '"role", "role": "user"', 1).replace('"role", ', '"role": "x", ', 1),
+        lambda s: s.replace('"type"', '"t\\u0079pe"', 1),
+        lambda s: s.replace('"arguments": ', '"arguments": 123456789012345678901234, "q": ', 1),
+        lambda s: s.replace('"text"', '"te\\u0078t"', 1),
+        lambda s: s.replace('"a', '"\\ud800a', 1),
+        lambda s: s[: rng.randrange(len(s) + 1)],
+        lambda s: s + rng.choice(["", " ", "x", "]", "\n"]),
+        lambda s: s.replace(", ", ",", rng.randrange(3)).replace(": ", ":"),
+        lambda s: s.replace('"content": "', '"content": "\\"\\n\\u00e9\\ud83d\\ude42', 1),
+    ]
+    for _ in range(rng.randrange(1, 3)):
+        raw = rng.choice(edits)(raw)
+    return raw
+
+
+def test_c_genai_messages_decline_or_equal_the_typed_path(monkeypatch):
+    """`_otlp_c.genai_messages` gives exactly what the msgspec pass of `_typed_messages` gives, or declines."""
+    from marft_lg.trajectories.formats import genai
+
+    rng = random.Random(11)
+    texts = []
+    for _ in range(3000):
+        messages = _random_messages(rng)
+        raw = json.dumps(messages, ensure_ascii=rng.random() < 0.3)
+        texts.append(raw if rng.random() < 0.5 else _mangle(rng, raw))
+    c_out = [genai._c_messages(t) for t in texts]
+    monkeypatch.setattr(genai, "_c_messages", None)
+    typed = [genai._typed_messages(t) for t in texts]
+    accepted = 0
+    for t, got, want in zip(texts, c_out, typed, strict=True):
+        if got is not None:
+            accepted += 1
+            assert got == want, t
+            assert [list(m) for m in got] == [list(m) for m in want], t  # key order too
+    assert accepted > 1000 and sum(w is not None for w in typed) > accepted * 1.02
+    usual = json.dumps([{"role": "system", "parts": [{"type": "text", "content": "You plan."}]},
+                        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "f", "arguments": {"a": 1}}]}])
+    assert genai.C_READER.genai_messages(usual) == [{"role": "system", "content": "You plan."},
+                                                    {"role": "assistant", "content": "",
+                                                     "tool_calls": [{"id": "c1", "name": "f", "args": {"a": 1}}]}]
+    assert genai.C_READER.genai_messages("[]") is None and genai.C_READER.genai_messages(b"[]") is None

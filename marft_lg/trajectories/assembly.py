@@ -18,10 +18,14 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
+from marft_lg.trajectories.c_extensions import c_module
 from marft_lg.trajectories.columns import ACTION_COLUMNS
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
 from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
+
+_C = c_module("_assembly_c")
+_c_dependencies = _C.dependencies if _C is not None else None
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
@@ -234,6 +238,11 @@ def _plain(value: Any) -> Any:
 
 
 def _dependencies(tasks: list[str], steps: list[int | None], actions: list[list[Any]]) -> None:
+    """Fill each action's `depends_on` (see the module docstring); in C when built and the inputs are the usual
+    types, else here."""
+    if _c_dependencies is not None and _c_dependencies(tasks, steps, actions, _MESSAGES, _COMPLETION, _DEPENDS_ON,
+                                                       MIN_QUOTED_COMPLETION_CHARS) is True:
+        return
     quoted = [(j, text) for j, a in enumerate(actions)
               if len(text := (a[_COMPLETION] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
     first_quoted = quoted[0][0] if quoted else len(actions)

@@ -15,7 +15,6 @@ Both are built in C (`_columns_c`) when it was compiled at install.
 from __future__ import annotations
 
 import binascii
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -25,19 +24,14 @@ from typing import Any
 import numpy as np
 
 from marft_lg.tracing.attributes import decode_floats, decode_ints
+from marft_lg.trajectories.c_extensions import c_module
 
 INT_CACHE_SIZE = 1 << 18  # covers the vocabularies of current open models (SmolLM2 49k, Llama-3 128k, Gemma 256k)
 _PREFIX = {"int": "i32:", "float": "f32:"}
 _DTYPE = {"int": np.dtype("<i4"), "float": np.dtype("<f4")}
-try:  # built at install when a C compiler is there (setup.py); MARFT_MINING_C_READER=0 switches it off too
-    from marft_lg.trajectories._columns_c import b64_column as _c_b64_column
-    from marft_lg.trajectories._columns_c import number_column as _c_number_column
-    from marft_lg.trajectories._columns_c import split_lists as _c_split_lists
-    from marft_lg.trajectories._columns_c import utf8_column as _c_utf8_column
-except ImportError:
-    _c_b64_column = _c_number_column = _c_split_lists = _c_utf8_column = None
-if os.environ.get("MARFT_MINING_C_READER", "1") == "0":
-    _c_b64_column = _c_number_column = _c_split_lists = _c_utf8_column = None
+_C = c_module("_columns_c")
+_c_b64_column, _c_number_column, _c_split_lists, _c_utf8_column = (
+    (_C.b64_column, _C.number_column, _C.split_lists, _C.utf8_column) if _C is not None else (None,) * 4)
 
 
 @cache

@@ -21,16 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from marft_lg.trajectories.c_extensions import c_module
 from marft_lg.trajectories.otlp_schema import typed_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
 
-try:
-    from marft_lg.trajectories import _otlp_c
-except ImportError:  # pragma: no cover - built without a C compiler
-    _otlp_c = None
-# the C module for reading and interpreting spans, when built and not switched off (the formats use it too)
-C_READER: Any = _otlp_c if os.environ.get("MARFT_MINING_C_READER", "1") != "0" else None
+_otlp_c: Any = c_module("_otlp_c")
+C_READER: Any = _otlp_c  # the C module for reading and interpreting spans, when built (the formats use it too)
 c_spans: Any = None  # the C reader's `spans(line, source)`
 if C_READER is not None:
     C_READER.configure(RawSpan)

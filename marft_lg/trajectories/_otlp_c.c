@@ -1706,6 +1706,146 @@ static PyObject *configure_genai(PyObject *module, PyObject *loads) {
     Py_RETURN_NONE;
 }
 
+/* ---------- OpenInference metadata ---------- */
+
+/* formats/openinference._metadata in C: the `metadata` attribute -> (metadata dict, node, agent, step, triggers,
+ * task, session, scenario), through the same cache. The usual values (str ids, an int step, a list of str
+ * triggers) are handled here; any other value goes to the Python helper that handles it. */
+enum { MK_NODE, MK_CHECKPOINT_NS, MK_NS, MK_STEP, MK_TRIGGERS, MK_THREAD, MK_SESSION, MK_CONVERSATION, MK_SCENARIO,
+       N_META_KEYS };
+enum { MH_JSON_OR, MH_AS_INT, MH_AS_LIST, N_META_HELPERS };
+static PyObject *meta_keys[N_META_KEYS], *meta_helpers[N_META_HELPERS], *meta_cache = NULL, *str_pipe = NULL;
+static Py_ssize_t meta_cache_size = 0;
+
+static PyObject *configure_oi_metadata(PyObject *module, PyObject *args) {
+    PyObject *cache, *keys, *helpers;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "O!nOO", &PyDict_Type, &cache, &size, &keys, &helpers)) return NULL;
+    if (take_items(keys, meta_keys, N_META_KEYS, "keys") < 0 ||
+        take_items(helpers, meta_helpers, N_META_HELPERS, "helpers") < 0)
+        return NULL;
+    Py_XSETREF(meta_cache, Py_NewRef(cache));
+    meta_cache_size = size;
+    if (str_pipe == NULL && (str_pipe = PyUnicode_FromString("|")) == NULL) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* `meta.get(x) or meta.get(y)` (a new reference, None when both are absent). */
+static PyObject *meta_or(PyObject *meta, int x, int y) {
+    PyObject *v = PyDict_GetItemWithError(meta, meta_keys[x]);
+    if (v == NULL && PyErr_Occurred()) return NULL;
+    if (v != NULL) {
+        int t = PyObject_IsTrue(v);
+        if (t < 0) return NULL;
+        if (t) return Py_NewRef(v);
+    }
+    v = PyDict_GetItemWithError(meta, meta_keys[y]);
+    if (v == NULL && PyErr_Occurred()) return NULL;
+    return or_none(v);
+}
+
+/* base.agent_from_checkpoint_ns: 'outer:<id>|inner:<id>' -> 'outer|inner', else the node (`ns`: a str or None). */
+static PyObject *agent_of(PyObject *ns, PyObject *node) {
+    if (ns == Py_None || PyUnicode_GET_LENGTH(ns) == 0) return Py_NewRef(node);
+    Py_ssize_t bar = PyUnicode_FindChar(ns, '|', 0, PyUnicode_GET_LENGTH(ns), 1);
+    if (bar == -2) return NULL;
+    if (bar < 0) return Py_NewRef(node);
+    PyObject *segments = PyUnicode_Split(ns, str_pipe, -1), *heads = PyList_New(0), *out = NULL;
+    if (segments == NULL || heads == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(segments); i++) {
+        PyObject *seg = PyList_GET_ITEM(segments, i);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(seg);
+        if (len == 0) continue;
+        Py_ssize_t colon = PyUnicode_FindChar(seg, ':', 0, len, 1);
+        if (colon == -2) goto done;
+        PyObject *head = PyUnicode_Substring(seg, 0, colon < 0 ? len : colon);
+        if (head == NULL || PyList_Append(heads, head) < 0) {
+            Py_XDECREF(head);
+            goto done;
+        }
+        Py_DECREF(head);
+    }
+    out = PyUnicode_Join(str_pipe, heads);
+done:
+    Py_XDECREF(segments);
+    Py_XDECREF(heads);
+    return out;
+}
+
+/* base.as_list for a list of str (a copy); anything else through the helper. */
+static PyObject *list_of_str(PyObject *v) {
+    if (v == NULL || v == Py_None) return Py_NewRef(Py_None);
+    if (PyList_CheckExact(v)) {
+        Py_ssize_t n = PyList_GET_SIZE(v), i = 0;
+        while (i < n && PyUnicode_CheckExact(PyList_GET_ITEM(v, i))) i++;
+        if (i == n) return PyList_GetSlice(v, 0, n);
+    }
+    return PyObject_CallOneArg(meta_helpers[MH_AS_LIST], v);
+}
+
+static PyObject *oi_metadata(PyObject *module, PyObject *value) {
+    if (meta_cache == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "oi_metadata: call configure_oi_metadata first");
+        return NULL;
+    }
+    const int text = PyUnicode_CheckExact(value);
+    if (text) {
+        PyObject *hit = PyDict_GetItemWithError(meta_cache, value);
+        if (hit != NULL) return Py_NewRef(hit);
+        if (PyErr_Occurred()) return NULL;
+    }
+    PyObject *meta = NULL, *node = NULL, *ns = NULL, *agent = NULL, *step = NULL, *triggers = NULL, *session = NULL;
+    PyObject *scenario = NULL, *out = NULL, *empty = PyDict_New(), *v;
+    if (empty == NULL) return NULL;
+    meta = PyObject_CallFunctionObjArgs(meta_helpers[MH_JSON_OR], value, empty, NULL);
+    if (meta == NULL) goto done;
+    if (!PyDict_Check(meta)) Py_SETREF(meta, PyDict_New());
+    if (meta == NULL) goto done;
+    node = PyDict_GetItemWithError(meta, meta_keys[MK_NODE]);
+    if (node == NULL && PyErr_Occurred()) goto done;
+    if ((node = as_str(node)) == NULL) goto done;
+    if ((ns = meta_or(meta, MK_CHECKPOINT_NS, MK_NS)) == NULL) goto done;
+    Py_SETREF(ns, as_str(ns));
+    if (ns == NULL) goto done;
+    if ((agent = interned(agent_of(ns, node))) == NULL) goto done;
+    v = PyDict_GetItemWithError(meta, meta_keys[MK_STEP]);
+    if (v == NULL && PyErr_Occurred()) goto done;
+    if (v == NULL || v == Py_None || PyLong_CheckExact(v)) step = or_none(v);
+    else if ((step = PyObject_CallOneArg(meta_helpers[MH_AS_INT], v)) == NULL) goto done;
+    v = PyDict_GetItemWithError(meta, meta_keys[MK_TRIGGERS]);
+    if (v == NULL && PyErr_Occurred()) goto done;
+    if ((triggers = list_of_str(v)) == NULL) goto done;
+    ns = interned(ns);
+    if ((session = meta_or(meta, MK_THREAD, MK_SESSION)) == NULL) goto done;
+    int truth = PyObject_IsTrue(session);
+    if (truth < 0) goto done;
+    if (!truth) {
+        v = PyDict_GetItemWithError(meta, meta_keys[MK_CONVERSATION]);
+        if (v == NULL && PyErr_Occurred()) goto done;
+        Py_SETREF(session, or_none(v));
+    }
+    session = interned(session);
+    v = PyDict_GetItemWithError(meta, meta_keys[MK_SCENARIO]);
+    if (v == NULL && PyErr_Occurred()) goto done;
+    scenario = interned(or_none(v));
+    out = PyTuple_Pack(8, meta, node, agent, step, triggers, ns, session, scenario);
+    if (out != NULL && text) {
+        if (PyDict_GET_SIZE(meta_cache) >= meta_cache_size) PyDict_Clear(meta_cache);
+        if (PyDict_SetItem(meta_cache, value, out) < 0) Py_CLEAR(out);
+    }
+done:
+    Py_DECREF(empty);
+    Py_XDECREF(meta);
+    Py_XDECREF(node);
+    Py_XDECREF(ns);
+    Py_XDECREF(agent);
+    Py_XDECREF(step);
+    Py_XDECREF(triggers);
+    Py_XDECREF(session);
+    Py_XDECREF(scenario);
+    return out;
+}
+
 static PyObject *count_newlines(PyObject *module, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1740,6 +1880,9 @@ static PyMethodDef methods[] = {
     {"genai_messages", genai_messages, METH_O,
      "genai_messages(text) -> chat messages of GenAI text/tool-call parts JSON, or None (formats/genai.py)."},
     {"configure_genai", configure_genai, METH_O, "configure_genai(loads): the JSON parser of tool-call arguments."},
+    {"configure_oi_metadata", configure_oi_metadata, METH_VARARGS,
+     "configure_oi_metadata(cache, cache_size, keys, helpers): see formats/openinference.py."},
+    {"oi_metadata", oi_metadata, METH_O, "oi_metadata(value) -> formats/openinference._metadata(value), in C."},
     {"count_newlines", count_newlines, METH_O, "count_newlines(buffer) -> how many newline bytes it holds."},
     {NULL, NULL, 0, NULL},
 };

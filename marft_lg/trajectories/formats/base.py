@@ -139,6 +139,11 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+def as_str(value: Any) -> str | None:
+    """None and str as they are; any other value (an id sent as a number) as its str."""
+    return value if value is None or type(value) is str else str(value)
+
+
 def as_list(value: Any) -> list[str] | None:
     """A list attribute that may arrive as an OTLP array, a JSON list, or a Python tuple repr."""
     if value is None:

@@ -19,6 +19,7 @@ from marft_lg.trajectories.formats.base import (
     agent_from_checkpoint_ns,
     as_int,
     as_list,
+    as_str,
     base_info,
     intern_strings,
     json_or,
@@ -47,7 +48,7 @@ def _parse_usual(raw: RawSpan, a: dict[str, Any]) -> SpanInfo:
     get = a.get
     intern = sys.intern
     kind = str(get(_KIND, "")).upper()
-    meta, node, agent, step, triggers, task, session, scenario = _metadata(get("metadata"))  # strings interned
+    meta, node, agent, step, triggers, task, session, scenario = _meta(get("metadata"))  # strings interned
     session = get(_SESSION) or session
     if type(session) is str:
         session = intern(session)
@@ -99,7 +100,7 @@ def _parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
     info = base_info(raw, NAME)
     kind = str(a.get("openinference.span.kind", "")).upper()
-    meta, node, info.agent, info.step, info.triggers, info.task, session, info.scenario_id = _metadata(a.get("metadata"))
+    meta, node, info.agent, info.step, info.triggers, info.task, session, info.scenario_id = _meta(a.get("metadata"))
     info.session = a.get("session.id") or session
     if kind == "LLM":
         info.kind = LLM
@@ -150,8 +151,8 @@ def _metadata(value: Any) -> _MetaFields:
             return hit
     meta = json_or(value, {})
     meta = meta if isinstance(meta, dict) else {}
-    node = meta.get("langgraph_node")
-    ns = meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns")
+    node = as_str(meta.get("langgraph_node"))
+    ns = as_str(meta.get("langgraph_checkpoint_ns") or meta.get("checkpoint_ns"))  # a task id: str, hashable
     out = (meta, node, _interned(agent_from_checkpoint_ns(ns, node)), as_int(meta.get("langgraph_step")),
            as_list(meta.get("langgraph_triggers")), _interned(ns),
            _interned(meta.get("thread_id") or meta.get("session_id") or meta.get("conversation_id")),
@@ -161,6 +162,20 @@ def _metadata(value: Any) -> _MetaFields:
             _meta_cache.clear()
         _meta_cache[value] = out
     return out
+
+
+def _c_metadata() -> Callable[[Any], _MetaFields]:
+    """`_metadata` in C (`_otlp_c.oi_metadata`, the same cache and helpers) when built, else `_metadata`."""
+    c = otlp.C_READER
+    if c is None:
+        return _metadata
+    keys = ("langgraph_node", "langgraph_checkpoint_ns", "checkpoint_ns", "langgraph_step", "langgraph_triggers",
+            "thread_id", "session_id", "conversation_id", "scenario_id")  # the order of _otlp_c.c's MK_*
+    c.configure_oi_metadata(_meta_cache, _META_CACHE_SIZE, tuple(map(sys.intern, keys)), (json_or, as_int, as_list))
+    return c.oi_metadata
+
+
+_meta = _c_metadata()
 
 
 def _interned(value: Any) -> Any:
@@ -364,7 +379,7 @@ def _use_c() -> Callable[[RawSpan, dict[str, Any]], SpanInfo]:
             _TOOL_PARAMETERS, _INPUT_VALUE, _OUTPUT_VALUE)  # the order of _otlp_c.c's OK_*
     c = otlp.C_READER
     c.configure_oi(tuple(map(sys.intern, keys)),
-                   (_metadata, io_messages, as_int, json_or, tool_result_text, _workflow_metadata),
+                   (_meta, io_messages, as_int, json_or, tool_result_text, _workflow_metadata),
                    (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, "LLM", "TOOL", "AGENT", "CHAIN", "content", "tool_calls", ""))
     return c.oi_usual
 

@@ -13,6 +13,7 @@ from marft_lg.trajectories.formats.base import (
     agent_from_checkpoint_ns,
     as_int,
     as_list,
+    as_str,
     base_info,
     json_or,
     tool_result_text,
@@ -30,8 +31,8 @@ def detect(attrs: dict[str, Any]) -> bool:
 def parse(raw: RawSpan) -> SpanInfo:
     a = raw.attributes
     info = base_info(raw, NAME)
-    node = a.get(PROPS + "langgraph_node")
-    ns = a.get(PROPS + "langgraph_checkpoint_ns") or a.get(PROPS + "checkpoint_ns")
+    node = as_str(a.get(PROPS + "langgraph_node"))
+    ns = as_str(a.get(PROPS + "langgraph_checkpoint_ns") or a.get(PROPS + "checkpoint_ns"))  # a task id: hashable
     info.agent = agent_from_checkpoint_ns(ns, node)
     info.step = as_int(a.get(PROPS + "langgraph_step"))
     info.triggers = as_list(a.get(PROPS + "langgraph_triggers"))

@@ -20,6 +20,7 @@ from marft_lg.trajectories.formats.base import (
     SpanInfo,
     as_int,
     as_list,
+    as_str,
     base_info,
     intern_strings,
     json_or,
@@ -54,7 +55,7 @@ def _parse_usual(raw: RawSpan, a: dict[str, Any], op: str) -> SpanInfo:
     v = get(_SCENARIO_ID)
     scenario_id = None if v is None else intern(v if type(v) is str else str(v))
     agent = get(_ROLE)
-    agent = (agent if type(agent) is str else _str(agent)) or _str(get(_NODE))
+    agent = (agent if type(agent) is str else as_str(agent)) or as_str(get(_NODE))
     step = get(_STEP)
     if type(step) is not int:
         step = as_int(step)
@@ -62,7 +63,7 @@ def _parse_usual(raw: RawSpan, a: dict[str, Any], op: str) -> SpanInfo:
     if triggers is not None:
         triggers = as_list(triggers)
     v = get(_TASK_ID)
-    task = (v if type(v) is str else _str(v)) or _str(get(_CHECKPOINT_NS))
+    task = (v if type(v) is str else as_str(v)) or as_str(get(_CHECKPOINT_NS))
     if type(task) is str:
         task = intern(task)
     session = get(_CONVERSATION)
@@ -121,7 +122,7 @@ def _parse_usual(raw: RawSpan, a: dict[str, Any], op: str) -> SpanInfo:
             info.tool_result = get(_TOOL_RESULT)
     if kind == WORKFLOW or _OUTCOME in a or _EPISODE_METADATA in a:
         if _OUTCOME in a:
-            info.outcome = _str(get(_OUTCOME))
+            info.outcome = as_str(get(_OUTCOME))
         meta = json_or(get(_EPISODE_METADATA))
         if isinstance(meta, dict):
             info.metadata = meta
@@ -140,18 +141,18 @@ def _parse(raw: RawSpan) -> SpanInfo:
     info.scenario_id = v if v is None or type(v) is str else str(v)
     if raw.name == _FEEDBACK_SPAN or _FEEDBACK_NAME in a:
         info.kind = FEEDBACK
-        info.feedback_name = _str(get(_FEEDBACK_NAME))
+        info.feedback_name = as_str(get(_FEEDBACK_NAME))
         info.feedback_value = get(_FEEDBACK_VALUE)
         return info
     agent = get(_ROLE)
-    agent = (agent if type(agent) is str else _str(agent)) or _str(get(_NODE))
+    agent = (agent if type(agent) is str else as_str(agent)) or as_str(get(_NODE))
     info.agent = agent
     step = get(_STEP)
     info.step = step if type(step) is int else as_int(step)
     triggers = get(_TRIGGERS)
     info.triggers = None if triggers is None else as_list(triggers)
     v = get(_TASK_ID)
-    info.task = (v if type(v) is str else _str(v)) or _str(get(_CHECKPOINT_NS))
+    info.task = (v if type(v) is str else as_str(v)) or as_str(get(_CHECKPOINT_NS))
     genai.fill(info, a)
     info.agent = agent or info.agent
     kind = info.kind
@@ -159,7 +160,7 @@ def _parse(raw: RawSpan) -> SpanInfo:
         info.prompt_token_ids = get(_PROMPT_TOKEN_IDS)
         info.completion_token_ids = get(_COMPLETION_TOKEN_IDS)
         info.completion_logprobs = get(_COMPLETION_LOGPROBS)
-        info.adapter_version = _str(get(_ADAPTER_VERSION))
+        info.adapter_version = as_str(get(_ADAPTER_VERSION))
         latency = get(_LATENCY_S)
         info.latency_s = float(latency) if isinstance(latency, int | float) else None
         calls = get(_TOOL_CALLS)
@@ -168,9 +169,9 @@ def _parse(raw: RawSpan) -> SpanInfo:
             if isinstance(calls, list) and calls:
                 info.tool_calls = calls
     elif kind == TOOL and info.error and not info.error_message:
-        info.error_message = _str(get(A.ERROR_TYPE))
+        info.error_message = as_str(get(A.ERROR_TYPE))
     if kind == WORKFLOW or _OUTCOME in a or _EPISODE_METADATA in a:
-        info.outcome = _str(get(_OUTCOME)) if _OUTCOME in a else info.outcome
+        info.outcome = as_str(get(_OUTCOME)) if _OUTCOME in a else info.outcome
         meta = json_or(get(_EPISODE_METADATA))
         info.metadata = meta if isinstance(meta, dict) else info.metadata
         if kind != LLM and kind != TOOL and raw.parent_id is None:
@@ -195,10 +196,6 @@ _RESPONSE_MODEL, _REQUEST_MODEL = "gen_ai.response.model", "gen_ai.request.model
 _TOOL_NAME, _TOOL_CALL_ID = "gen_ai.tool.name", "gen_ai.tool.call.id"
 _TOOL_ARGS, _TOOL_RESULT = "gen_ai.tool.call.arguments", "gen_ai.tool.call.result"
 _MISSING = object()
-
-
-def _str(value: Any) -> str | None:
-    return value if value is None or type(value) is str else str(value)
 
 
 def _use_c() -> Callable[[RawSpan, dict[str, Any], str], SpanInfo]:

@@ -136,3 +136,33 @@ def test_gzip_truncated_stream(tmp_path):
     reasons = [r["reason"] for r in _quarantined(q)]
     assert reasons and set(reasons) == {"invalid_json"}
     assert "e1" in dataset.episode_ids
+
+
+def test_langgraph_context_of_the_wrong_type_is_read_as_text(tmp_path):
+    """A checkpoint namespace or node sent as a number or a list (OpenInference `metadata` JSON, OpenLLMetry
+    association properties) is read as its text, not a crash: it names the node run."""
+    props = "traceloop.association.properties."
+
+    def oi_call(trace, ns, node):
+        meta = json.dumps({"langgraph_node": node, "langgraph_checkpoint_ns": ns, "langgraph_step": 1})
+        return span(trace, 2, 1, "ChatModel", 1, 5, {
+            "openinference.span.kind": "LLM", "metadata": meta, "llm.input_messages.0.message.role": "user",
+            "llm.input_messages.0.message.content": "hi", "llm.output_messages.0.message.role": "assistant",
+            "llm.output_messages.0.message.content": "hello there"})
+
+    def traceloop_call(trace, ns, node):
+        return span(trace, 2, 1, "ChatOpenAI.chat", 1, 5, {
+            "traceloop.span.kind": "llm", props + "langgraph_node": node, props + "langgraph_checkpoint_ns": ns,
+            "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "hi",
+            "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "hello there"})
+
+    lines = [line([span(1, 1, None, "LangGraph", 0, 10, {"openinference.span.kind": "CHAIN"}), oi_call(1, 5, 7)]),
+             line([span(2, 1, None, "LangGraph", 0, 10, {"openinference.span.kind": "CHAIN"}),
+                   oi_call(2, ["a|b"], "writer")]),
+             line([span(3, 1, None, "LangGraph.workflow", 0, 10, {"traceloop.span.kind": "workflow"}),
+                   traceloop_call(3, 9, 4)]),
+             line([span(4, 1, None, "LangGraph.workflow", 0, 10, {"traceloop.span.kind": "workflow"}),
+                   traceloop_call(4, ["x|y"], "critic")])]
+    dataset, report, quarantined, _ = _mine(tmp_path, lines)
+    assert report.episodes == 4 and quarantined == []
+    assert dataset.actions["agent"].tolist() == ["7", "['a|b']", "4", "['x|y']"]  # the namespaces' text

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import string
+import sys
 
 import pytest
 from trajectory_spans import line, own_episode, write
@@ -341,3 +342,47 @@ def test_c_genai_messages_decline_or_equal_the_typed_path(monkeypatch):
                                                     {"role": "assistant", "content": "",
                                                      "tool_calls": [{"id": "c1", "name": "f", "args": {"a": 1}}]}]
     assert genai.C_READER.genai_messages("[]") is None and genai.C_READER.genai_messages(b"[]") is None
+
+
+def _random_metadata(rng: random.Random):
+    meta = {}
+    choices = {
+        "langgraph_node": ["researcher", "writer", None, 3, ""],
+        "langgraph_checkpoint_ns": ["researcher:r1", "team:t1|researcher:r1", "a||b:c", "|x:1", "plain", "", None,
+                                    ["a|b"], 5, "é:1|日:2"],
+        "checkpoint_ns": ["writer:w1", "outer:o|inner:i", None, ""],
+        "langgraph_step": [2, 0, -1, "3", 2.7, True, None, "x", [1], 2**70],
+        "langgraph_triggers": [["branch:to:researcher"], [], ["a", 1], '["a", "b"]', "('a', 'b')", None, 5, ("t",)],
+        "thread_id": ["session-1", "", None, 0, 7],
+        "session_id": ["s2", "", None],
+        "conversation_id": ["c3", "", None, 0],
+        "scenario_id": ["s-1", 4, None, ""],
+        "user": ["u1"],
+    }
+    for key, values in choices.items():
+        if rng.random() < 0.6:
+            meta[key] = rng.choice(values)
+    shape = rng.random()
+    if shape < 0.8:
+        return json.dumps(meta, default=list)
+    return rng.choice([None, meta, "plain text", "[1, 2]", "{bad json", "", 42])
+
+
+def test_c_openinference_metadata_equals_python():
+    from marft_lg.trajectories.formats import openinference as oi
+
+    assert oi._meta is not oi._metadata, "the C version is not in use"
+    rng = random.Random(17)
+    values = [_random_metadata(rng) for _ in range(3000)]
+    oi._meta_cache.clear()
+    c_out = [oi._meta(v) for v in values]
+    oi._meta_cache.clear()
+    py_out = [oi._metadata(v) for v in values]
+    oi._meta_cache.clear()
+    for v, got, want in zip(values, c_out, py_out, strict=True):
+        assert got == want and [type(x) for x in got] == [type(x) for x in want], v
+        for x in got[2], got[5], got[6], got[7]:  # agent, task, session, scenario: interned
+            assert type(x) is not str or x is sys.intern(x), (v, x)
+    text = json.dumps({"langgraph_node": "n", "langgraph_checkpoint_ns": "a:1|b:2"})
+    assert oi._meta(text) is oi._meta(text) and oi._meta(text)[2] == "a|b"  # cached
+    oi._meta_cache.clear()

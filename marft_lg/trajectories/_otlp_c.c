@@ -1846,6 +1846,134 @@ done:
     return out;
 }
 
+/* ---------- OpenInference messages ---------- */
+
+/* formats/openinference.io_messages in C for a key set whose layout is known (`_layouts`): the input and output
+ * messages built from the layout's specs, as `_build` does; a key set not seen yet, or without a layout, goes to
+ * the Python function. */
+static PyObject *io_layouts = NULL, *io_fallback = NULL, *io_json_or = NULL, *s_role, *s_tool_call_id, *s_tool_calls;
+static PyObject *s_args;
+
+static PyObject *configure_oi_messages(PyObject *module, PyObject *args) {
+    PyObject *layouts, *fallback, *json_or;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &layouts, &fallback, &json_or)) return NULL;
+    Py_XSETREF(io_layouts, Py_NewRef(layouts));
+    Py_XSETREF(io_fallback, Py_NewRef(fallback));
+    Py_XSETREF(io_json_or, Py_NewRef(json_or));
+    if (s_role == NULL) {
+        s_role = PyUnicode_InternFromString("role");
+        s_tool_call_id = PyUnicode_InternFromString("tool_call_id");
+        s_tool_calls = PyUnicode_InternFromString("tool_calls");
+        s_args = PyUnicode_InternFromString("args");
+        if (!s_role || !s_tool_call_id || !s_tool_calls || !s_args) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* One field of a message (`plan`, the attribute's value): tool_call_id, or an attribute of tool call N. */
+static int set_field(PyObject *msg, PyObject *plan, PyObject *value) {
+    if (plan == Py_None) return 0;
+    Py_ssize_t t_idx = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 0));
+    PyObject *t_attr = PyTuple_GET_ITEM(plan, 1);
+    if (t_idx == -1 && PyErr_Occurred()) return -1;
+    if (t_idx < 0) return PyDict_SetItem(msg, s_tool_call_id, value);
+    PyObject *calls = PyDict_GetItemWithError(msg, s_tool_calls);
+    if (calls == NULL) {
+        if (PyErr_Occurred() || (calls = PyList_New(0)) == NULL) return -1;
+        int r = PyDict_SetItem(msg, s_tool_calls, calls);
+        Py_DECREF(calls);
+        if (r < 0) return -1;
+    }
+    while (PyList_GET_SIZE(calls) <= t_idx) {
+        PyObject *call = Py_BuildValue("{sOsOsO}", "id", Py_None, "name", Py_None, "args", Py_None);
+        if (call == NULL || PyList_Append(calls, call) < 0) {
+            Py_XDECREF(call);
+            return -1;
+        }
+        Py_DECREF(call);
+    }
+    if (t_attr == Py_None) return 0;
+    int is_args = PyUnicode_Compare(t_attr, s_args) == 0;
+    PyObject *v = is_args ? PyObject_CallOneArg(io_json_or, value) : Py_NewRef(value);
+    if (v == NULL) return -1;
+    int r = PyDict_SetItem(PyList_GET_ITEM(calls, t_idx), t_attr, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *build_messages(PyObject *a, PyObject *specs) {
+    if (!PyList_CheckExact(specs)) {
+        PyErr_SetString(PyExc_TypeError, "oi_io_messages: a layout's specs must be a list");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(specs); i++) {
+        PyObject *spec = PyList_GET_ITEM(specs, i), *role, *content, *others, *msg = NULL;
+        if (!PyArg_ParseTuple(spec, "OOO!", &role, &content, &PyTuple_Type, &others)) goto fail;
+        PyObject *role_v = role == Py_None ? g_user : PyObject_GetItem(a, role);
+        PyObject *content_v = content == Py_None ? PyUnicode_FromStringAndSize(NULL, 0) : NULL;
+        if (content != Py_None) {
+            PyObject *c = PyObject_GetItem(a, content);
+            content_v = c == NULL ? NULL : PyObject_Str(c);
+            Py_XDECREF(c);
+        }
+        if (role_v == NULL || content_v == NULL || (msg = PyDict_New()) == NULL ||
+            PyDict_SetItem(msg, s_role, role_v) < 0 || PyDict_SetItem(msg, g_content, content_v) < 0) {
+            if (role != Py_None) Py_XDECREF(role_v);
+            Py_XDECREF(content_v);
+            Py_XDECREF(msg);
+            goto fail;
+        }
+        if (role != Py_None) Py_DECREF(role_v);
+        Py_DECREF(content_v);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(others); k++) {
+            PyObject *pair = PyTuple_GET_ITEM(others, k), *value;
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                (value = PyObject_GetItem(a, PyTuple_GET_ITEM(pair, 1))) == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "oi_io_messages: bad layout field");
+                Py_DECREF(msg);
+                goto fail;
+            }
+            int r = set_field(msg, PyTuple_GET_ITEM(pair, 0), value);
+            Py_DECREF(value);
+            if (r < 0) {
+                Py_DECREF(msg);
+                goto fail;
+            }
+        }
+        int r = PyList_Append(out, msg);
+        Py_DECREF(msg);
+        if (r < 0) goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *oi_io_messages(PyObject *module, PyObject *a) {
+    if (io_layouts == NULL || !PyDict_CheckExact(a)) {
+        PyErr_SetString(PyExc_TypeError, "oi_io_messages(attrs: dict): call configure_oi_messages first");
+        return NULL;
+    }
+    PyObject *keys = PySequence_Tuple(a);
+    if (keys == NULL) return NULL;
+    PyObject *layout = PyDict_GetItemWithError(io_layouts, keys);
+    Py_DECREF(keys);
+    if (layout == NULL && PyErr_Occurred()) return NULL;
+    if (layout == NULL || layout == Py_None || !PyTuple_CheckExact(layout) || PyTuple_GET_SIZE(layout) != 2)
+        return PyObject_CallOneArg(io_fallback, a);
+    PyObject *in = build_messages(a, PyTuple_GET_ITEM(layout, 0));
+    if (in == NULL) return NULL;
+    PyObject *out = build_messages(a, PyTuple_GET_ITEM(layout, 1));
+    if (out == NULL) {
+        Py_DECREF(in);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", in, out);
+}
+
 static PyObject *count_newlines(PyObject *module, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -1883,6 +2011,9 @@ static PyMethodDef methods[] = {
     {"configure_oi_metadata", configure_oi_metadata, METH_VARARGS,
      "configure_oi_metadata(cache, cache_size, keys, helpers): see formats/openinference.py."},
     {"oi_metadata", oi_metadata, METH_O, "oi_metadata(value) -> formats/openinference._metadata(value), in C."},
+    {"configure_oi_messages", configure_oi_messages, METH_VARARGS,
+     "configure_oi_messages(layouts, io_messages, json_or): see formats/openinference.py."},
+    {"oi_io_messages", oi_io_messages, METH_O, "oi_io_messages(attrs) -> formats/openinference.io_messages(attrs)."},
     {"count_newlines", count_newlines, METH_O, "count_newlines(buffer) -> how many newline bytes it holds."},
     {NULL, NULL, 0, NULL},
 };

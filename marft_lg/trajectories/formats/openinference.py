@@ -54,7 +54,7 @@ def _parse_usual(raw: RawSpan, a: dict[str, Any]) -> SpanInfo:
         session = intern(session)
     name = intern(raw.name)
     if kind == "LLM":
-        messages, out = io_messages(a)
+        messages, out = _io(a)
         if out:
             completion = str(out[-1].get("content") or "")
             tool_calls = out[-1].get("tool_calls") or None
@@ -104,7 +104,7 @@ def _parse(raw: RawSpan) -> SpanInfo:
     info.session = a.get("session.id") or session
     if kind == "LLM":
         info.kind = LLM
-        info.messages, out = io_messages(a)
+        info.messages, out = _io(a)
         if out:
             info.completion = str(out[-1].get("content") or "")
             info.tool_calls = out[-1].get("tool_calls") or None
@@ -371,6 +371,19 @@ def _set_field(msg: dict[str, Any], field: str, value: Any) -> None:
             calls[int(t_idx)]["args"] = json_or(value)
 
 
+def _c_io_messages() -> Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """`io_messages` in C (`_otlp_c.oi_io_messages`: `_build` for a key set whose layout is known, this module's
+    `io_messages` for the others) when built, else `io_messages`."""
+    c = otlp.C_READER
+    if c is None:
+        return io_messages
+    c.configure_oi_messages(_layouts, io_messages, json_or)
+    return c.oi_io_messages
+
+
+_io = _c_io_messages()
+
+
 def _use_c() -> Callable[[RawSpan, dict[str, Any]], SpanInfo]:
     """The C version of `_parse_usual` (configured with this module's keys, helpers and constants), else this one."""
     if not C_SPAN_INFO:
@@ -379,7 +392,7 @@ def _use_c() -> Callable[[RawSpan, dict[str, Any]], SpanInfo]:
             _TOOL_PARAMETERS, _INPUT_VALUE, _OUTPUT_VALUE)  # the order of _otlp_c.c's OK_*
     c = otlp.C_READER
     c.configure_oi(tuple(map(sys.intern, keys)),
-                   (_meta, io_messages, as_int, json_or, tool_result_text, _workflow_metadata),
+                   (_meta, _io, as_int, json_or, tool_result_text, _workflow_metadata),
                    (NAME, LLM, TOOL, AGENT, WORKFLOW, OTHER, "LLM", "TOOL", "AGENT", "CHAIN", "content", "tool_calls", ""))
     return c.oi_usual
 

@@ -386,3 +386,42 @@ def test_c_openinference_metadata_equals_python():
     text = json.dumps({"langgraph_node": "n", "langgraph_checkpoint_ns": "a:1|b:2"})
     assert oi._meta(text) is oi._meta(text) and oi._meta(text)[2] == "a|b"  # cached
     oi._meta_cache.clear()
+
+
+def _random_openinference_attributes(rng: random.Random) -> dict:
+    fields = ["message.role", "message.content", "message.tool_call_id", "message.name",
+              "message.tool_calls.0.tool_call.id", "message.tool_calls.0.tool_call.function.name",
+              "message.tool_calls.0.tool_call.function.arguments", "message.tool_calls.1.tool_call.function.name",
+              "message.tool_calls.2.tool_call.other", "message.contents.0.message_content.text"]
+    values = ["user", "assistant", "hi é", 7, None, '{"t": 1}', "not json", "", ["a"], 2.5]
+    attrs = {}
+    for side in ("llm.input_messages.", "llm.output_messages."):
+        for idx in rng.sample(["0", "1", "2", "00"], rng.randrange(0, 3)):
+            for field in rng.sample(fields, rng.randrange(1, 4)):
+                if field.startswith("message.contents") and rng.random() < 0.8:
+                    continue
+                attrs[f"{side}{idx}.{field}"] = rng.choice(values)
+    for key in rng.sample(["session.id", "llm.model_name", "metadata", "input.value"], 2):
+        attrs[key] = "x"
+    items = list(attrs.items())
+    rng.shuffle(items)
+    return dict(items)
+
+
+def test_c_openinference_messages_equal_the_reference():
+    """`_otlp_c.oi_io_messages` (the layout of a key set remembered, then the messages built in C) gives what
+    `flat_messages` gives, key order of each message included, the first time and from the remembered layout."""
+    from marft_lg.trajectories.formats import openinference as oi
+
+    assert oi._io is not oi.io_messages, "the C version is not in use"
+    rng = random.Random(19)
+    built = 0
+    for _ in range(2000):
+        a = _random_openinference_attributes(rng)
+        expected = (oi.flat_messages(a, "llm.input_messages."), oi.flat_messages(a, "llm.output_messages."))
+        for _ in range(2):
+            got = oi._io(a)
+            assert got == expected, a
+            assert [[list(m) for m in side] for side in got] == [[list(m) for m in side] for side in expected], a
+        built += oi._layouts.get(tuple(a)) is not None
+    assert built > 500

@@ -31,6 +31,8 @@ ACTION_SCHEMA = pa.schema([
     ("output_tokens", pa.int64()), ("latency_s", pa.float64()), ("model", pa.string()),
     ("adapter_version", pa.string()), ("trace_id", pa.string()),
 ])
+# token ids from a large vocabulary: a dictionary saves ~8% of their size and doubles the time to encode them
+_NO_DICTIONARY = frozenset({"prompt_token_ids", "completion_token_ids"})
 assert EPISODE_SCHEMA.names == list(EPISODE_FIELDS) and ACTION_SCHEMA.names == list(ACTION_FIELDS)
 
 
@@ -51,7 +53,8 @@ class DatasetParquetWriter:
     def _writer(self, name: str, schema: pa.Schema) -> pq.ParquetWriter:
         if name not in self._writers:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._writers[name] = pq.ParquetWriter(self.directory / f".{name}.parquet.tmp", schema)
+            self._writers[name] = pq.ParquetWriter(self.directory / f".{name}.parquet.tmp", schema,
+                                                   use_dictionary=[n for n in schema.names if n not in _NO_DICTIONARY])
         return self._writers[name]
 
     def write(self, episode_rows: list[dict[str, Any]], action_columns: dict[str, list[Any]]) -> None:

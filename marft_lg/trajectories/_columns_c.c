@@ -120,50 +120,74 @@ done:
     return out;
 }
 
-static PyObject *utf8_column(PyObject *module, PyObject *values) {
-    if (!PyList_CheckExact(values)) {
-        PyErr_SetString(PyExc_TypeError, "utf8_column: values must be a list");
-        return NULL;
-    }
+enum { OK = 0, DECLINE = 1, FAIL = -1 };
+
+/* Measures a value of a byte column: OK with its size in *n, DECLINE, or FAIL (an exception is set). */
+typedef int (*measure_fn)(PyObject *v, const void *ctx, Py_ssize_t *n);
+/* Writes a measured value's bytes to `dest`: OK, DECLINE, or FAIL. */
+typedef int (*write_fn)(PyObject *v, const void *ctx, char *dest);
+
+/* A list of values (None: a row without one) laid out as (bytes, int64 byte offsets, validity bytes); None when
+ * `measure` or `write` declines a value. */
+static PyObject *byte_column(PyObject *values, measure_fn measure, write_fn write, const void *ctx) {
     const Py_ssize_t rows = PyList_GET_SIZE(values);
-    Py_ssize_t total = 0;
+    Py_ssize_t total = 0, n;
     for (Py_ssize_t r = 0; r < rows; r++) {
         PyObject *v = PyList_GET_ITEM(values, r);
         if (v == Py_None) continue;
-        if (!PyUnicode_CheckExact(v)) Py_RETURN_NONE;
-        Py_ssize_t n;
-        if (PyUnicode_AsUTF8AndSize(v, &n) == NULL) {  /* a lone surrogate: the caller's general path decides */
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
+        int m = measure(v, ctx, &n);
+        if (m == FAIL) return NULL;
+        if (m == DECLINE) Py_RETURN_NONE;
         total += n;
     }
     PyObject *data = PyBytes_FromStringAndSize(NULL, total);
     PyObject *offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * (Py_ssize_t)sizeof(int64_t));
     PyObject *valid = PyBytes_FromStringAndSize(NULL, rows);
+    int r = FAIL;
     if (data == NULL || offsets == NULL || valid == NULL) goto fail;
     char *d = PyBytes_AS_STRING(data), *ok = PyBytes_AS_STRING(valid);
     int64_t *off = (int64_t *)PyBytes_AS_STRING(offsets);
     int64_t at = 0;
     off[0] = 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        PyObject *v = PyList_GET_ITEM(values, r);
-        ok[r] = v != Py_None;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        ok[i] = v != Py_None;
         if (v != Py_None) {
-            Py_ssize_t n;
-            const char *u = PyUnicode_AsUTF8AndSize(v, &n); /* cached by the first pass */
-            memcpy(d + at, u, (size_t)n);
+            if ((r = measure(v, ctx, &n)) != OK || (r = write(v, ctx, d + at)) != OK) goto fail;
             at += n;
         }
-        off[r + 1] = at;
+        off[i + 1] = at;
     }
     return Py_BuildValue("(NNN)", data, offsets, valid);
 fail:
     Py_XDECREF(data);
     Py_XDECREF(offsets);
     Py_XDECREF(valid);
+    if (r == DECLINE) Py_RETURN_NONE;
     return NULL;
+}
+
+static int utf8_measure(PyObject *v, const void *ctx, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(v)) return DECLINE;
+    if (PyUnicode_AsUTF8AndSize(v, n) != NULL) return OK;
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return FAIL;
+    PyErr_Clear();  /* a lone surrogate: the caller's general path decides */
+    return DECLINE;
+}
+
+static int utf8_write(PyObject *v, const void *ctx, char *dest) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(v, &n);  /* cached by utf8_measure */
+    memcpy(dest, u, (size_t)n);
+    return OK;
+}
+
+static PyObject *utf8_column(PyObject *module, PyObject *values) {
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "utf8_column: values must be a list");
+        return NULL;
+    }
+    return byte_column(values, utf8_measure, utf8_write, NULL);
 }
 
 static signed char B64[256];
@@ -174,12 +198,17 @@ static void init_b64(void) {
     for (int i = 0; i < 64; i++) B64[(unsigned char)alphabet[i]] = (signed char)i;
 }
 
-/* The base64 text of `v` after `prefix` (an ASCII str that starts with it), or NULL. */
-static const unsigned char *b64_text(PyObject *v, const char *prefix, Py_ssize_t np, Py_ssize_t *n) {
+typedef struct {
+    const char *prefix;
+    Py_ssize_t n;
+} Prefix;
+
+/* The base64 text of `v` after the prefix (an ASCII str that starts with it), or NULL. */
+static const unsigned char *b64_text(PyObject *v, const Prefix *prefix, Py_ssize_t *n) {
     if (!PyUnicode_CheckExact(v) || !PyUnicode_IS_ASCII(v)) return NULL;
-    const Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+    const Py_ssize_t len = PyUnicode_GET_LENGTH(v), np = prefix->n;
     const unsigned char *p = PyUnicode_1BYTE_DATA(v);
-    if (len < np || memcmp(p, prefix, (size_t)np) != 0 || (len - np) % 4 != 0) return NULL;
+    if (len < np || memcmp(p, prefix->prefix, (size_t)np) != 0 || (len - np) % 4 != 0) return NULL;
     *n = len - np;
     return p + np;
 }
@@ -210,54 +239,28 @@ static int b64_decode(const unsigned char *t, Py_ssize_t n, unsigned char *out) 
     return 0;
 }
 
+static int b64_measure(PyObject *v, const void *ctx, Py_ssize_t *n) {
+    Py_ssize_t tn;
+    const unsigned char *t = b64_text(v, ctx, &tn);
+    if (t == NULL) return DECLINE;
+    *n = b64_size(t, tn);
+    return OK;
+}
+
+static int b64_write(PyObject *v, const void *ctx, char *dest) {
+    Py_ssize_t tn;
+    const unsigned char *t = b64_text(v, ctx, &tn);
+    return b64_decode(t, tn, (unsigned char *)dest) < 0 ? DECLINE : OK;  /* not canonical: the general path decides */
+}
+
 static PyObject *b64_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyUnicode_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "b64_column(values: list, prefix: str)");
         return NULL;
     }
-    PyObject *values = args[0];
-    Py_ssize_t np;
-    const char *prefix = PyUnicode_AsUTF8AndSize(args[1], &np);
-    if (prefix == NULL) return NULL;
-    const Py_ssize_t rows = PyList_GET_SIZE(values);
-    Py_ssize_t total = 0, n;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        PyObject *v = PyList_GET_ITEM(values, r);
-        if (v == Py_None) continue;
-        const unsigned char *t = b64_text(v, prefix, np, &n);
-        if (t == NULL) Py_RETURN_NONE;
-        total += b64_size(t, n);
-    }
-    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
-    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * (Py_ssize_t)sizeof(int64_t));
-    PyObject *valid = PyBytes_FromStringAndSize(NULL, rows);
-    if (data == NULL || offsets == NULL || valid == NULL) goto fail;
-    unsigned char *d = (unsigned char *)PyBytes_AS_STRING(data);
-    char *ok = PyBytes_AS_STRING(valid);
-    int64_t *off = (int64_t *)PyBytes_AS_STRING(offsets);
-    int64_t at = 0;
-    off[0] = 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        PyObject *v = PyList_GET_ITEM(values, r);
-        ok[r] = v != Py_None;
-        if (v != Py_None) {
-            const unsigned char *t = b64_text(v, prefix, np, &n);
-            if (b64_decode(t, n, d + at) < 0) {  /* not canonical: the caller's general path decides */
-                Py_DECREF(data);
-                Py_DECREF(offsets);
-                Py_DECREF(valid);
-                Py_RETURN_NONE;
-            }
-            at += b64_size(t, n);
-        }
-        off[r + 1] = at;
-    }
-    return Py_BuildValue("(NNN)", data, offsets, valid);
-fail:
-    Py_XDECREF(data);
-    Py_XDECREF(offsets);
-    Py_XDECREF(valid);
-    return NULL;
+    Prefix prefix;
+    if ((prefix.prefix = PyUnicode_AsUTF8AndSize(args[1], &prefix.n)) == NULL) return NULL;
+    return byte_column(args[0], b64_measure, b64_write, &prefix);
 }
 
 static PyObject *number_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

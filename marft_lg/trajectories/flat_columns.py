@@ -1,8 +1,8 @@
 """Columns as flat buffers plus row offsets (Arrow's layout), built a batch at a time.
 
-`TokenColumn` (token ids, log-probs): assembly keeps the attribute values as the span carried them (``"i32:<base64>"`` text, or a list from
-another emitter); `TokenColumn.decode` turns a whole column into one flat numpy array plus offsets,
-which becomes an Arrow list column (parquet) or Python lists (`TrajectoryDataset`). In the lists,
+`TokenColumn` (token ids, log-probs): assembly keeps the attribute values as the span carried them
+(``"i32:<base64>"`` text, or a list from another emitter); `TokenColumn.decode` turns a whole column into one
+flat numpy array plus offsets, which becomes an Arrow list column (parquet) or Python lists (`TrajectoryDataset`). In the lists,
 token ids below `INT_CACHE_SIZE` are shared `int` objects, one per vocabulary entry, instead of a
 new 28-byte object per token: the difference between ~1.5 kB and ~0.4 kB per 40-token prompt.
 
@@ -46,9 +46,9 @@ def _shared_int_array() -> np.ndarray:
 
 def _decode_uniform(raw: Sequence[Any], prefix: str, dtype: np.dtype,
                     out_dtype: type) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes), in C (None
-    values too) or a step per value in C; None for anything else (a list, other base64), which the general loop
-    then decodes."""
+    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes): one C call
+    (`b64_column`, None values allowed) when built, else one `binascii` step per value; None for anything else (a
+    list, other base64), which the general loop then decodes."""
     if _c_b64_column is not None:
         built = _c_b64_column(raw, prefix) if type(raw) is list else None
         if built is None:

@@ -198,8 +198,8 @@ def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, q
                 seen: set[str] = set()
                 agents: Counter[str] = Counter()
                 batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents,
-                                           share_strings=part_dir.endswith(".pickle"))
-                if part_dir.endswith(".pickle"):  # mine(): rows wait on disk until every worker has exited
+                                           share_strings=part_dir.endswith(".rows"))
+                if part_dir.endswith(".rows"):  # mine(): rows wait on disk until every worker has exited
                     with open(part_dir, "wb") as fh:
                         for rows, cols in batches:
                             _dump_batch(fh, rows, flatten(cols))
@@ -402,7 +402,7 @@ class ParallelRun:
         for i, conn in enumerate(self._conns):
             local = self._local[i]
             fb = {k: fb_index[k] for k in local if k in fb_index}
-            part = str(self._tmp / (f"part-{i}" if self.parquet else f"rows-{i}.pickle"))
+            part = str(self._tmp / (f"part-{i}" if self.parquet else f"worker-{i}.rows"))
             conn.send(("assemble", (local, fb, self.watermark, self.chunk_actions, part)))
         episodes = {key: [s for t in tids for s in self._parent_traces.pop(t, ())] for key, tids in self._global.items()}
         self._parent_traces = {}
@@ -421,7 +421,7 @@ class ParallelRun:
             p.join()
         if not self.parquet:
             for i in range(len(self._conns)):
-                path = self._tmp / f"rows-{i}.pickle"
+                path = self._tmp / f"worker-{i}.rows"
                 with path.open("rb") as fh:
                     while True:
                         try:

@@ -10,6 +10,7 @@ returned ride along in ``AIMessage.response_metadata["marft"]`` so the tracer re
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -27,11 +28,21 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from marft_lg.graph import routing
-from marft_lg.graph.tool_calls import OPEN, parse_tool_calls, render_tool_call, tools_instruction
+from marft_lg.graph.scope import route_of
+from marft_lg.serving.tool_calls import (
+    add_system_text,
+    choice_name,
+    parse_completion,
+    render_messages,
+    tool_names,
+    tools_active,
+)
 from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY
 from marft_lg.tracing.messages import content_text, message_to_dict
 from marft_lg.tracing.recorder import UNRESOLVED_MODEL, agent_path
+
+logger = logging.getLogger("marft_lg.graph")
 
 
 def _may_stream(handler: Any) -> bool:
@@ -88,6 +99,7 @@ class TeamChatModel(BaseChatModel):
 
     _client: Any = PrivateAttr(default=None)
     _calls: _CallCounter = PrivateAttr(default_factory=lambda: _CallCounter())
+    _warned: set = PrivateAttr(default_factory=set)
 
     def _next_call_index(self, task_ns: str) -> int:
         """Call index within one LangGraph task when no wrapped episode tracks it."""
@@ -173,8 +185,8 @@ class TeamChatModel(BaseChatModel):
                         "fix node_roles or add the role to the Team"
                     )
                 return role, role
-            for candidate in (path, bare):
-                if known is None or candidate in known:
+            for candidate in (md.get("lc_agent_name"), path, bare):
+                if candidate and (known is None or candidate in known):
                     return candidate, candidate
         if self.unmapped == "error":
             where = f"node {path!r}" if path else "a call made outside any LangGraph node"
@@ -182,7 +194,20 @@ class TeamChatModel(BaseChatModel):
                 f"{where} has no agent role (node_roles={table or {}}, engine agents={known}); map it with "
                 "node_roles={node: role} or use unmapped='base' to answer with the base model"
             )
+        self._warn_base_fallback(path, known)
         return path, None
+
+    def _warn_base_fallback(self, path: str | None, known: list[str] | None) -> None:
+        """One warning per node whose calls fall back to the base model, naming the fix."""
+        warned = self.__pydantic_private__["_warned"]
+        if path in warned:
+            return
+        warned.add(path)
+        where = f"node {path!r}" if path else "calls made outside any LangGraph node"
+        logger.warning(
+            "marft_lg: %s has no agent role, so its calls are answered by the base model with no adapter "
+            "(engine agents: %s). Map it with node_roles={%r: '<role>'} in wrap(...) or TeamChatModel(...), "
+            "or the `node_roles` key of the config that builds the app.", where, known, path or "<node>")
 
     def _request(
         self,
@@ -195,7 +220,7 @@ class TeamChatModel(BaseChatModel):
             md = dict(run_manager.metadata or {})
         else:  # LangChain's implicit streaming path calls _stream without a run manager
             md = dict((var_child_runnable_config.get() or {}).get("metadata") or {})
-        route = routing.lookup(md)
+        route = route_of(run_manager)
         engine = self._engine(route)
         role, agent = self._resolve_agent(engine, route, md)
         version = None
@@ -231,37 +256,25 @@ class TeamChatModel(BaseChatModel):
 
     @staticmethod
     def _chat_messages(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-        chat = []
-        for m in messages:
-            d = message_to_dict(m)
-            if d.get("tool_calls") and OPEN not in (d.get("content") or ""):
-                rendered = "\n".join(render_tool_call(tc["name"], tc.get("args")) for tc in d["tool_calls"])
-                d["content"] = f"{d['content']}\n{rendered}".strip()
-            d.pop("tool_calls", None)
-            d.pop("name", None)
-            chat.append(d)
-        extra = []
-        if kwargs.get("tools"):
-            extra.append(tools_instruction(kwargs["tools"], kwargs.get("tool_choice")))
+        """LangChain messages -> the engine's chat messages, in the prompt format `marft-lg serve` uses too.
+
+        Tool calls and tool results are rendered by `marft_lg.serving.tool_calls.render_messages`
+        (the bound tools' instruction included), so the same conversation gives the same prompt
+        in-process and through the server's OpenAI ``tools`` field.
+        """
+        chat = render_messages([message_to_dict(m) for m in messages], kwargs.get("tools"),
+                               kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls"))
         fmt = kwargs.get("response_format")
         if fmt:
             schema = fmt.get("schema") if isinstance(fmt, dict) else None
-            extra.append(
-                "Answer with one JSON object only, no other text"
-                + (f", matching this JSON schema: {json.dumps(schema, ensure_ascii=False)}" if schema else ".")
-            )
-        if extra:
-            text = "\n\n".join(extra)
-            if chat and chat[0]["role"] == "system":
-                chat[0] = {**chat[0], "content": f"{chat[0]['content']}\n\n{text}".strip()}
-            else:
-                chat.insert(0, {"role": "system", "content": text})
+            add_system_text(chat, "Answer with one JSON object only, no other text"
+                            + (f", matching this JSON schema: {json.dumps(schema, ensure_ascii=False)}" if schema else "."))
         return chat
 
     def _message(self, completion: Completion, info: dict[str, Any], chunk: bool = False) -> AIMessage:
         tools = info.get("tools") or []
-        names = [t.get("function", t).get("name") for t in tools]
-        valid, invalid = parse_tool_calls(completion.text, names) if tools else ([], [])
+        parsed = parse_completion(completion.text, tool_names(tools)) if tools_active(tools) else None
+        valid, invalid = (parsed.tool_calls, parsed.invalid_tool_calls) if parsed else ([], [])
         meta = {
             "prompt_token_ids": list(completion.prompt_token_ids),
             "completion_token_ids": list(completion.completion_token_ids),
@@ -333,12 +346,20 @@ class TeamChatModel(BaseChatModel):
     # -- tools and structured output --------------------------------------------------------
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
                    tool_choice: str | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools; the model is shown their schemas and the ``<tool_call>`` format (see `tool_calls`)."""
+        """Bind tools; the model is shown their schemas, an example call each and the ``<tool_call>``
+        format (`marft_lg.serving.tool_calls`, the format `marft-lg serve` uses for OpenAI ``tools``).
+
+        `tool_choice`: None/"auto", "any"/"required", a tool name (or OpenAI's ``{"type": "function",
+        "function": {"name": ...}}``), or "none" (the tools are not shown and answers are not parsed);
+        ``parallel_tool_calls=False`` asks for at most one call per answer.
+        """
         formatted = [convert_to_openai_tool(t) for t in tools]
         if isinstance(tool_choice, dict):
-            tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("name")
+            tool_choice = choice_name(tool_choice)
         if tool_choice is True:
             tool_choice = "any"
+        if tool_choice == "none":  # no instruction and no parsing: as if no tools were bound
+            return super().bind(tool_choice="none", **kwargs)
         return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
 
     def with_structured_output(self, schema: dict[str, Any] | type, *, include_raw: bool = False,

@@ -1,8 +1,8 @@
 """Per-episode routing state shared by `wrap` and `TeamChatModel`, and the per-call seed derivation.
 
-`wrap` registers an `EpisodeRoute` under the episode id and puts the id into the run metadata
-(``marft_episode_id``); `TeamChatModel` finds it from its run manager's metadata. Keeping the
-object out of the metadata keeps third-party tracers (which serialise metadata) unaffected.
+The wrapper's `EpisodeTracer` (graph/scope.py) makes one `EpisodeRoute` per graph run from the
+run's config; `TeamChatModel` reaches it through its own run manager's handlers
+(`scope.route_of`), so no route is ever looked up in process-global state.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-METADATA_KEY = "marft_episode_id"
 
 
 @dataclass
@@ -53,25 +51,3 @@ def derive_seed(episode_seed: int, key: str, call_index: int) -> int:
     """A stable 31-bit seed for one call from the episode seed, the call's place and its index."""
     digest = hashlib.blake2b(f"{episode_seed}|{key}|{call_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)
-
-
-_routes: dict[str, EpisodeRoute] = {}
-_routes_lock = threading.Lock()
-
-
-def register(route: EpisodeRoute) -> None:
-    with _routes_lock:
-        _routes[route.episode_id] = route
-
-
-def unregister(episode_id: str) -> None:
-    with _routes_lock:
-        _routes.pop(episode_id, None)
-
-
-def lookup(metadata: Mapping[str, Any] | None) -> EpisodeRoute | None:
-    """The route of the episode a run belongs to, from its callback metadata."""
-    if not metadata:
-        return None
-    episode_id = metadata.get(METADATA_KEY)
-    return _routes.get(episode_id) if episode_id is not None else None

@@ -1,51 +1,36 @@
 """`wrap(graph, team=...)`: the user's compiled LangGraph app, routed to a Team and traced per episode.
 
-The wrapped graph has the same interface (`invoke`, `ainvoke`, `stream`, `astream`, `batch`,
-`abatch`, other attributes passed through) plus per-invocation keywords: `episode_id`,
-`scenario_id`, `seed`, `versions`, `metadata`. Each invocation is one episode: a root
-``invoke_workflow`` span and a callback recorder that sees every chat model, tool and node.
-Nothing about the run itself changes: the recorder only observes, routing only applies to
-`TeamChatModel` calls.
+The wrapped app is a LangChain `Runnable`, as the compiled graph is: every entry point (``invoke``,
+``ainvoke``, ``stream`` / ``astream`` in any stream mode, ``batch`` / ``abatch``,
+``astream_events``, ``astream_log``) and everything derived from it (``with_config``,
+``with_retry``, ``with_listeners``, ``|``) runs the graph with the wrapper's `EpisodeTracer` in the
+run's callbacks, and each graph run is one episode. Entry points take per-run keywords
+(`episode_id`, `scenario_id`, `seed`, `versions`, `metadata`), which travel in the run's config
+metadata. Nothing about the run itself changes: the tracer only observes, routing only applies to
+`TeamChatModel` calls. State, history and drawing (``get_state``, ``update_state``, ``get_graph``...)
+are the graph's own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from langchain_core.callbacks import BaseCallbackManager
+from langchain_core.runnables import Runnable, RunnableConfig
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from marft_lg.graph import routing
-from marft_lg.graph.shadow import ShadowJob, ShadowMirror
-from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
+from marft_lg.graph.agents import prebuilt_agent_roles
+from marft_lg.graph.scope import RUN_KEY, EpisodeTracer, run_options, with_handler
+from marft_lg.graph.shadow import ShadowMirror
 from marft_lg.tracing.sink import RecordSink, make_record_sink
 
-_SENTINEL = object()
-logger = logging.getLogger("marft_lg.graph")
+Versions = Mapping[str, str] | str | None
 
 
-def _with_callback(config: dict[str, Any], handler: EpisodeRecorder) -> dict[str, Any]:
-    callbacks = config.get("callbacks")
-    if callbacks is None:
-        config["callbacks"] = [handler]
-    elif isinstance(callbacks, BaseCallbackManager):
-        manager = callbacks.copy()
-        manager.add_handler(handler, inherit=True)
-        config["callbacks"] = manager
-    else:
-        config["callbacks"] = [*callbacks, handler]
-    return config
-
-
-class WrappedGraph:
+class WrappedGraph(Runnable):
     """A compiled graph plus routing and tracing; see `wrap`."""
 
     def __init__(self, graph: Any, *, team: Any = None, sink: RecordSink, trace_dir: str | os.PathLike | None = None,
@@ -56,23 +41,88 @@ class WrappedGraph:
         self.team = team
         self.sink = sink
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
-        self.node_roles = dict(node_roles) if node_roles else None
-        self.capture_messages = capture_messages
-        self.redact = redact
+        self._node_roles = {**prebuilt_agent_roles(graph), **dict(node_roles or {})} or None
         self.shadow = shadow
         self.mirror = mirror
         self.workflow_name = workflow_name or getattr(graph, "name", None) or "LangGraph"
+        self.tracer = EpisodeTracer(sink=sink, graph=graph, team=team, node_roles=self._node_roles,
+                                    capture_messages=capture_messages, redact=redact,
+                                    workflow_name=self.workflow_name, shadow=shadow, mirror=mirror)
         self.last_episode_id: str | None = None
 
-    # -- passthrough -------------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        if name == "graph":
-            raise AttributeError(name)
-        return getattr(self.graph, name)
+    @property
+    def node_roles(self) -> dict[str, str] | None:
+        """``{node path: role}``: the prebuilt agents' nodes, then the caller's mapping."""
+        return self._node_roles
+
+    @node_roles.setter
+    def node_roles(self, value: Mapping[str, str] | None) -> None:
+        self._node_roles = self.tracer.node_roles = dict(value) if value else None
 
     def __repr__(self) -> str:
         return f"WrappedGraph({self.workflow_name!r}, trace_dir={str(self.trace_dir)!r})"
 
+    def __call__(self) -> Any:
+        """The traced compiled graph (a LangGraph ``Pregel``), as a zero-argument graph factory.
+
+        This is what lets a ``langgraph.json`` name the wrapped app: the LangGraph API server calls
+        it and runs the graph it returns, whose own config carries the tracer.
+        """
+        return self.graph.with_config({"callbacks": [self.tracer]})
+
+    # -- the graph's own surface ---------------------------------------------------------------
+    @property
+    def name(self) -> str | None:  # type: ignore[override]
+        return getattr(self.graph, "name", None)
+
+    @property
+    def InputType(self) -> Any:  # noqa: N802 - Runnable's name
+        return self.graph.InputType
+
+    @property
+    def OutputType(self) -> Any:  # noqa: N802 - Runnable's name
+        return self.graph.OutputType
+
+    def get_input_schema(self, config: RunnableConfig | None = None) -> Any:
+        return self.graph.get_input_schema(config)
+
+    def get_output_schema(self, config: RunnableConfig | None = None) -> Any:
+        return self.graph.get_output_schema(config)
+
+    @property
+    def config_specs(self) -> Any:
+        return self.graph.config_specs
+
+    def get_graph(self, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return self.graph.get_graph(config, **kwargs)
+
+    @property
+    def checkpointer(self) -> Any:
+        return getattr(self.graph, "checkpointer", None)
+
+    def get_state(self, config: RunnableConfig, **kwargs: Any) -> Any:
+        return self.graph.get_state(config, **kwargs)
+
+    async def aget_state(self, config: RunnableConfig, **kwargs: Any) -> Any:
+        return await self.graph.aget_state(config, **kwargs)
+
+    def get_state_history(self, config: RunnableConfig, **kwargs: Any) -> Iterator[Any]:
+        return self.graph.get_state_history(config, **kwargs)
+
+    def aget_state_history(self, config: RunnableConfig, **kwargs: Any) -> AsyncIterator[Any]:
+        return self.graph.aget_state_history(config, **kwargs)
+
+    def update_state(self, config: RunnableConfig, values: Any, as_node: str | None = None, **kwargs: Any) -> Any:
+        return self.graph.update_state(config, values, as_node, **kwargs)
+
+    async def aupdate_state(self, config: RunnableConfig, values: Any, as_node: str | None = None,
+                            **kwargs: Any) -> Any:
+        return await self.graph.aupdate_state(config, values, as_node, **kwargs)
+
+    def get_subgraphs(self, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self.graph.get_subgraphs(**kwargs)
+
+    # -- tracing ---------------------------------------------------------------------------------
     @property
     def trace_files(self) -> list:
         """Files the JSONL exporter has written so far."""
@@ -102,242 +152,124 @@ class WrappedGraph:
             self.mirror.close()
         self.sink.shutdown()
 
-    # -- episodes -------------------------------------------------------------------------------
-    def _begin(self, config: Mapping[str, Any] | None, *, episode_id: str | None, scenario_id: str | None,
-               seed: int | None, versions: Mapping[str, str] | str | None, metadata: Mapping[str, Any] | None,
-               pair: tuple[str, str] | None = None, engine_override: Any = None):
-        episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
-        config = dict(config or {})
-        meta = dict(metadata or {})
-        if seed is not None:
-            meta.setdefault("seed", seed)
-        if pair is not None:
-            meta["mirror_pair_id"], meta["mirror_side"] = pair
-        thread_id = (config.get("configurable") or {}).get("thread_id")
-        info = EpisodeInfo(
-            episode_id=episode_id,
-            scenario_id=scenario_id,
-            metadata=meta,
-            conversation_id=str(thread_id) if thread_id is not None else None,
-            node_roles=self.node_roles,
-            capture_messages=self.capture_messages,
-            redact=self.redact,
-            mirror_pair_id=pair[0] if pair else None,
-            mirror_side=pair[1] if pair else None,
-            workflow_name=self.workflow_name,
-        )
-        recorder = EpisodeRecorder.start(self.sink, info)
-        route = routing.EpisodeRoute(episode_id=episode_id, team=self.team, node_roles=self.node_roles,
-                                     versions=dict(versions) if isinstance(versions, Mapping) else versions,
-                                     seed=seed, engine_override=engine_override)
-        routing.register(route)
-        config["metadata"] = {**(config.get("metadata") or {}), routing.METADATA_KEY: episode_id}
-        _with_callback(config, recorder)
-        self.last_episode_id = episode_id
-        return config, recorder
+    # -- the per-run config: the one place a run gets its episode options and the tracer --------------
+    def _config(self, config: RunnableConfig | None, episode_id: str | None = None, scenario_id: str | None = None,
+                seed: int | None = None, versions: Versions = None,
+                metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        cfg: dict[str, Any] = dict(config or {})
+        md = dict(cfg.get("metadata") or {})
+        opts = {**dict(md.get(RUN_KEY) or {}), **run_options(episode_id, scenario_id, seed, versions, metadata)}
+        opts.setdefault("episode_id", str(md.get("episode_id") or uuid.uuid4().hex))
+        md[RUN_KEY] = opts
+        cfg["metadata"] = md
+        if self.mirror is not None:
+            self.tracer.remember_config(opts["episode_id"], config or {})
+        self.last_episode_id = opts["episode_id"]
+        return with_handler(cfg, self.tracer)
 
-    @staticmethod
-    def _end(recorder: EpisodeRecorder, error: BaseException | None = None, outcome: Any = _SENTINEL) -> None:
-        """Close the episode; a failure here (e.g. a raising redaction hook) is logged, never raised."""
-        routing.unregister(recorder.info.episode_id)
-        try:
-            recorder.finish(error=error, outcome=None if outcome is _SENTINEL else outcome,
-                            has_outcome=outcome is not _SENTINEL)
-        except Exception:  # noqa: BLE001
-            logger.exception("marft_lg: closing the trace of episode %s failed; the app's result is unaffected",
-                             recorder.info.episode_id)
-            recorder.end_root()
-
-    def _mirror_pair(self, episode_id: str | None) -> tuple[str, str] | None:
-        if self.mirror is None or not self.mirror.sample():
-            return None
-        return uuid.uuid4().hex, str(episode_id) if episode_id is not None else uuid.uuid4().hex
-
-    def _submit_shadow(self, pair: tuple[str, str], live_episode: str, input: Any, config: Mapping[str, Any] | None,
-                       kw: dict[str, Any], is_async: bool) -> None:
-        """Queue the same input on the candidate; never raises into the live path."""
-        try:
-            shadow_input = copy.deepcopy(input)
-        except Exception:  # noqa: BLE001 - uncopyable input: share it (graphs do not mutate their input)
-            shadow_input = input
-        cfg = {k: v for k, v in dict(config or {}).items() if k not in ("callbacks", "run_id")}
-        configurable = dict(cfg.get("configurable") or {})
-        if "thread_id" in configurable:
-            configurable["thread_id"] = f"{configurable['thread_id']}:shadow:{pair[0]}"
-            configurable.pop("checkpoint_id", None)
-        if configurable:
-            cfg["configurable"] = configurable
-        versions = kw.get("versions")
-        engine_override = None
-        if isinstance(self.shadow, Mapping):
-            versions = {**(versions if isinstance(versions, Mapping) else {}), **self.shadow}
-        elif isinstance(self.shadow, str):
-            versions = self.shadow
-        else:
-            engine_override = self.shadow
-        state: dict[str, Any] = {}
-
-        def run() -> None:
-            config2, recorder = self._begin(
-                cfg, episode_id=f"{live_episode}-shadow", scenario_id=kw.get("scenario_id"), seed=kw.get("seed"),
-                versions=versions, metadata={**(kw.get("metadata") or {}), "mirror_of": live_episode},
-                pair=(pair[0], "shadow"), engine_override=engine_override,
-            )
-            state["recorder"] = recorder
-            try:
-                if is_async:
-                    out = asyncio.run(self.graph.ainvoke(shadow_input, config2))
-                else:
-                    out = self.graph.invoke(shadow_input, config2)
-            except BaseException as exc:
-                self._end(recorder, exc)
-                raise
-            self._end(recorder, outcome=out)
-
-        def on_timeout() -> None:
-            recorder = state.get("recorder")
-            if recorder is not None:
-                self._end(recorder, TimeoutError(f"shadow run exceeded {self.mirror.timeout_s}s"))
-
-        try:
-            self.mirror.submit(ShadowJob(pair_id=pair[0], run=run, on_timeout=on_timeout))
-        except Exception:  # noqa: BLE001
-            self.mirror._count("dropped")
-
-    # -- the graph interface ---------------------------------------------------------------------
-    def invoke(self, input: Any, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None,
-               scenario_id: str | None = None, seed: int | None = None, versions: Mapping[str, str] | str | None = None,
+    # -- entry points -------------------------------------------------------------------------------
+    def invoke(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+               scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
         """Run one episode (same result as ``graph.invoke``)."""
-        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
-        pair = self._mirror_pair(episode_id)
-        if pair is not None:
-            episode_id = pair[1]
-        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
-        try:
-            out = self.graph.invoke(input, cfg, **kwargs)
-        except BaseException as exc:
-            self._end(recorder, exc)
-            raise
-        finally:
-            if pair is not None:
-                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=False)
-        self._end(recorder, outcome=out)
-        return out
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        return self.graph.invoke(input, cfg, **kwargs)
 
-    async def ainvoke(self, input: Any, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None,
-                      scenario_id: str | None = None, seed: int | None = None,
-                      versions: Mapping[str, str] | str | None = None, metadata: Mapping[str, Any] | None = None,
-                      **kwargs: Any) -> Any:
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+                      scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
+                      metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
         """Async twin of `invoke`."""
-        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
-        pair = self._mirror_pair(episode_id)
-        if pair is not None:
-            episode_id = pair[1]
-        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
-        try:
-            out = await self.graph.ainvoke(input, cfg, **kwargs)
-        except BaseException as exc:
-            self._end(recorder, exc)
-            raise
-        finally:
-            if pair is not None:
-                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=True)
-        self._end(recorder, outcome=out)
-        return out
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        return await self.graph.ainvoke(input, cfg, **kwargs)
 
-    def _values_mode(self, kwargs: dict[str, Any]) -> bool:
-        mode = kwargs.get("stream_mode", getattr(self.graph, "stream_mode", "values"))
-        return mode == "values" and not kwargs.get("subgraphs")
-
-    def stream(self, input: Any, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None,
-               scenario_id: str | None = None, seed: int | None = None, versions: Mapping[str, str] | str | None = None,
+    def stream(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+               scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Any]:
-        """Stream one episode (same chunks as ``graph.stream``); the episode ends with the stream."""
-        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
-        pair = self._mirror_pair(episode_id)
-        if pair is not None:
-            episode_id = pair[1]
-        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
-        last = _SENTINEL
-        try:
-            for chunk in self.graph.stream(input, cfg, **kwargs):
-                last = chunk
-                yield chunk
-        except BaseException as exc:
-            self._end(recorder, None if isinstance(exc, GeneratorExit) else exc)
-            raise
-        finally:
-            if pair is not None:
-                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=False)
-        self._end(recorder, outcome=last if self._values_mode(kwargs) else _SENTINEL)
+        """Stream one episode (same chunks as ``graph.stream``, any `stream_mode`); it ends with the stream."""
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        yield from self.graph.stream(input, cfg, **kwargs)
 
-    async def astream(self, input: Any, config: Mapping[str, Any] | None = None, *, episode_id: str | None = None,
-                      scenario_id: str | None = None, seed: int | None = None,
-                      versions: Mapping[str, str] | str | None = None, metadata: Mapping[str, Any] | None = None,
-                      **kwargs: Any) -> AsyncIterator[Any]:
+    async def astream(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+                      scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
+                      metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
-        kw = {"scenario_id": scenario_id, "seed": seed, "versions": versions, "metadata": metadata}
-        pair = self._mirror_pair(episode_id)
-        if pair is not None:
-            episode_id = pair[1]
-        cfg, recorder = self._begin(config, episode_id=episode_id, pair=(pair[0], "live") if pair else None, **kw)
-        last = _SENTINEL
-        try:
-            async for chunk in self.graph.astream(input, cfg, **kwargs):
-                last = chunk
-                yield chunk
-        except BaseException as exc:
-            self._end(recorder, None if isinstance(exc, GeneratorExit) else exc)
-            raise
-        finally:
-            if pair is not None:
-                self._submit_shadow(pair, recorder.info.episode_id, input, config, kw, is_async=True)
-        self._end(recorder, outcome=last if self._values_mode(kwargs) else _SENTINEL)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        async for chunk in self.graph.astream(input, cfg, **kwargs):
+            yield chunk
 
-    def batch(self, inputs: Sequence[Any], config: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None, *,
-              episode_ids: Sequence[str] | None = None, scenario_ids: Sequence[str | None] | None = None,
-              seeds: Sequence[int | None] | None = None, versions: Mapping[str, str] | str | None = None,
-              metadata: Mapping[str, Any] | None = None, return_exceptions: bool = False,
-              max_concurrency: int | None = None) -> list[Any]:
+    def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
+        """A ``|`` sequence streams through here: the collected input is one episode."""
+        final = _collect(input)
+        yield from self.stream(final, config, **kwargs)
+
+    async def atransform(self, input: AsyncIterator[Any], config: RunnableConfig | None = None,
+                         **kwargs: Any) -> AsyncIterator[Any]:
+        final = await _acollect(input)
+        async for chunk in self.astream(final, config, **kwargs):
+            yield chunk
+
+    async def astream_events(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+                             scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
+                             metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        """The graph's own event stream (``version="v2"``) for one episode."""
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        async for event in self.graph.astream_events(input, cfg, **kwargs):
+            yield event
+
+    async def astream_log(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
+                          scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
+                          metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
+        """The graph's run log patches for one episode."""
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        async for patch in self.graph.astream_log(input, cfg, **kwargs):
+            yield patch
+
+    def _batch_configs(self, n: int, config: RunnableConfig | Sequence[RunnableConfig] | None,
+                       episode_ids: Sequence[str] | None, scenario_ids: Sequence[str | None] | None,
+                       seeds: Sequence[int | None] | None, versions: Versions,
+                       metadata: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        configs = list(config) if isinstance(config, Sequence) else [config] * n
+        if len(configs) != n:
+            raise ValueError(f"batch: {len(configs)} configs for {n} inputs")
+        return [self._config(configs[i], episode_ids[i] if episode_ids else None,
+                             scenario_ids[i] if scenario_ids else None, seeds[i] if seeds else None, versions, metadata)
+                for i in range(n)]
+
+    def batch(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None, *,
+              return_exceptions: bool = False, episode_ids: Sequence[str] | None = None,
+              scenario_ids: Sequence[str | None] | None = None, seeds: Sequence[int | None] | None = None,
+              versions: Versions = None, metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> list[Any]:
         """One episode per input, run concurrently; per-input ids/scenarios/seeds as parallel lists."""
-        n = len(inputs)
-        configs = list(config) if isinstance(config, Sequence) else [config] * n
-        if max_concurrency is None and configs and configs[0]:
-            max_concurrency = configs[0].get("max_concurrency")
-
-        def one(i: int) -> Any:
-            try:
-                return self.invoke(inputs[i], configs[i], episode_id=episode_ids[i] if episode_ids else None,
-                                   scenario_id=scenario_ids[i] if scenario_ids else None,
-                                   seed=seeds[i] if seeds else None, versions=versions, metadata=metadata)
-            except Exception as exc:
-                if return_exceptions:
-                    return exc
-                raise
-
-        if n == 0:
+        if not inputs:
             return []
-        with ThreadPoolExecutor(max_workers=max_concurrency or min(n, 8)) as pool:
-            return list(pool.map(one, range(n)))
+        configs = self._batch_configs(len(inputs), config, episode_ids, scenario_ids, seeds, versions, metadata)
+        return self.graph.batch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
-    async def abatch(self, inputs: Sequence[Any], config: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                     *, episode_ids: Sequence[str] | None = None, scenario_ids: Sequence[str | None] | None = None,
-                     seeds: Sequence[int | None] | None = None, versions: Mapping[str, str] | str | None = None,
-                     metadata: Mapping[str, Any] | None = None, return_exceptions: bool = False,
-                     max_concurrency: int | None = None) -> list[Any]:
+    async def abatch(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None, *,
+                     return_exceptions: bool = False, episode_ids: Sequence[str] | None = None,
+                     scenario_ids: Sequence[str | None] | None = None, seeds: Sequence[int | None] | None = None,
+                     versions: Versions = None, metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> list[Any]:
         """Async twin of `batch`."""
-        n = len(inputs)
-        configs = list(config) if isinstance(config, Sequence) else [config] * n
-        gate = asyncio.Semaphore(max_concurrency or max(n, 1))
+        if not inputs:
+            return []
+        configs = self._batch_configs(len(inputs), config, episode_ids, scenario_ids, seeds, versions, metadata)
+        return await self.graph.abatch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
-        async def one(i: int) -> Any:
-            async with gate:
-                return await self.ainvoke(inputs[i], configs[i], episode_id=episode_ids[i] if episode_ids else None,
-                                          scenario_id=scenario_ids[i] if scenario_ids else None,
-                                          seed=seeds[i] if seeds else None, versions=versions, metadata=metadata)
 
-        return list(await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=return_exceptions))
+def _collect(chunks: Iterator[Any]) -> Any:
+    final: Any = None
+    for i, chunk in enumerate(chunks):
+        final = chunk if i == 0 else final + chunk
+    return final
+
+
+async def _acollect(chunks: AsyncIterator[Any]) -> Any:
+    final: Any = None
+    i = 0
+    async for chunk in chunks:
+        final = chunk if i == 0 else final + chunk
+        i += 1
+    return final
 
 
 def wrap(
@@ -379,5 +311,5 @@ def wrap(
                             max_file_bytes=max_file_bytes)
     mirror = (ShadowMirror(sample_rate, queue_size=shadow_queue_size, timeout_s=shadow_timeout_s, seed=shadow_seed)
               if shadow is not None and sample_rate > 0 else None)
-    return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles, capture_messages=capture_messages,
-                        redact=redact, shadow=shadow, mirror=mirror)
+    return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles,
+                        capture_messages=capture_messages, redact=redact, shadow=shadow, mirror=mirror)

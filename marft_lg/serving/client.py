@@ -135,6 +135,9 @@ class OpenAIEngineClient:
             body["stop"] = list(request.stop)
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.tools:  # rendered by the server's chat template; the completion is parsed by the caller
+            body["tools"] = request.tools
+            body["tool_choice"] = "none"
         if extra_body:
             body.update(extra_body)
         return body
@@ -171,6 +174,10 @@ class OpenAIEngineClient:
             extra["stop_reason"] = choice["stop_reason"]
         if data.get("usage"):
             extra["usage"] = data["usage"]
+        if message.get("tool_calls"):  # a server that parsed tool calls itself (its `content` lacks them)
+            extra["tool_calls"] = message["tool_calls"]
+        if message.get("invalid_tool_calls"):
+            extra["invalid_tool_calls"] = message["invalid_tool_calls"]
         return Completion(
             text=message.get("content") or "",
             prompt_token_ids=[int(t) for t in prompt_ids],

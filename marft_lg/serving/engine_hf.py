@@ -215,9 +215,10 @@ class HFEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, req: ChatRequest) -> list[int]:
-        """The prompt token ids of a request (chat template with the generation prompt)."""
+        """The prompt token ids of a request (chat template with the generation prompt, and its tools)."""
         ids = self.tokenizer.apply_chat_template(
-            normalise_messages(req.messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            normalise_messages(req.messages), add_generation_prompt=True, tokenize=True, return_dict=False,
+            **({"tools": req.tools} if req.tools else {}),
         )
         return [int(t) for t in ids]
 

@@ -278,7 +278,8 @@ class VLLMEngine:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        ids = self._tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
+        ids = self._tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True,
+                                                  **({"tools": request.tools} if request.tools else {}))
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return len(ids)

@@ -16,7 +16,10 @@ class ChatRequest:
 
     `agent` is the role whose adapter answers (None: the base model with adapters disabled).
     `version` pins an adapter version or alias (``"v3"``, ``"live"``); None uses the version the
-    engine currently serves for that role.
+    engine currently serves for that role. `tools` (OpenAI function tools) are handed to the chat
+    template (``apply_chat_template(tools=...)``); only `marft-lg serve` sets them, for a model whose
+    template renders tools. Everywhere else tools are already rendered into `messages` in the text
+    format of `marft_lg.serving.tool_calls`.
     """
 
     messages: list[dict[str, Any]]
@@ -29,6 +32,7 @@ class ChatRequest:
     seed: int | None = None
     top_logprobs: int = 0
     ignore_eos: bool = False
+    tools: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -50,17 +50,18 @@ def agent_path(checkpoint_ns: str | None, node: str | None) -> str | None:
     return node
 
 
-def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None) -> str | None:
-    """Look up a namespaced node, then its bare name, in ``{node: role}``; default: the node path."""
+def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None, agent_name: str | None = None) -> str | None:
+    """Look up a namespaced node, then its bare name, in ``{node: role}``; else the agent the call runs in
+    (LangChain's ``lc_agent_name``); else the node path."""
     if node_path is None:
-        return None
+        return agent_name
     if node_roles:
         if node_path in node_roles:
             return node_roles[node_path]
         bare = node_path.rsplit("|", 1)[-1]
         if bare in node_roles:
             return node_roles[bare]
-    return node_path
+    return agent_name or node_path
 
 
 @dataclass
@@ -211,7 +212,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         path = agent_path(ns, node)
         attrs[A.GEN_AI_AGENT_NAME] = path
         attrs[A.MARFT_AGENT_NODE] = path
-        attrs[A.MARFT_AGENT_ROLE] = resolve_role(path, self.info.node_roles)
+        attrs[A.MARFT_AGENT_ROLE] = resolve_role(path, self.info.node_roles, md.get("lc_agent_name"))
         if md.get("langgraph_step") is not None:
             attrs[A.MARFT_LANGGRAPH_STEP] = int(md["langgraph_step"])
         if md.get("langgraph_triggers") is not None:

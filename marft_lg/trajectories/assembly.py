@@ -2,12 +2,18 @@
 
 - episode: all traces sharing marft_lg's episode id, else a conversation/thread/session id, else one trace;
 - action: one LLM call; its agent is the LangGraph node / `gen_ai.agent.name` on the call or on the
-  nearest enclosing span that names one; actions are ordered by start time;
+  nearest enclosing span that names one;
+- steps: an action's *step chain* is the super-step of each graph level it runs in, outermost first
+  (a worker subgraph's step 3 inside the outer graph's step 2 is ``(2, 3)``), read from the task
+  spans around the call. `step` is the outermost super-step, so it grows along the run; actions are
+  ordered by their step chains (then start time) when every action has one, else by start time;
 - tools: a tool span is attached to the latest earlier action of the same node run (task) that
-  requested it (matched by call id, then by name);
-- `depends_on` (the paper's dependency function D): earlier actions of the same node run, the
-  final action of each node run in the previous LangGraph super-step (what triggered this node),
-  and every earlier action whose completion text appears in this action's prompt.
+  requested it (matched by call id, then by name); a tool call the model wrote malformed keeps its
+  error and counts in `tool_errors`;
+- `depends_on` (the paper's dependency function D): earlier actions of the same node run; the final
+  action of each node run in the previous super-step of the action's own graph level (a subgraph's
+  first action: of the enclosing level, i.e. the action that routed to it); and every earlier
+  action whose completion text appears in this action's prompt.
 """
 
 from __future__ import annotations
@@ -18,14 +24,10 @@ from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
 
-from marft_lg.trajectories.c_extensions import c_module
 from marft_lg.trajectories.columns import ACTION_COLUMNS
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
 from marft_lg.trajectories.formats.genai import materialise
 from marft_lg.trajectories.quarantine import Quarantine
-
-_C = c_module("_assembly_c")
-_c_dependencies = _C.dependencies if _C is not None else None
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
@@ -131,6 +133,18 @@ class _Tree:
                 return a.step
         return None
 
+    def step_chain(self, s: SpanInfo, task: str) -> tuple[tuple[str, int], ...]:
+        """((task, super-step), ...) of each graph level the call runs in, outermost first; () without steps."""
+        step = s.step if s.step is not None else self.step_of(s)
+        if step is None:
+            return ()
+        chain = [(task, step)]
+        for a in self.ancestors(s):
+            if a.step is not None and a.task and a.task != chain[-1][0]:
+                chain.append((a.task, a.step))
+        chain.reverse()
+        return tuple(chain)
+
 
 def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
                      stats: dict[str, int]) -> tuple[dict[str, Any], list[list[Any]]] | None:
@@ -146,8 +160,12 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     if not calls:
         stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
         return None
-    tasks = [c.task or tree.task_of(c) for c in calls]
-    steps = [c.step if c.step is not None else tree.step_of(c) for c in calls]
+    chains = [tree.step_chain(c, c.task or tree.task_of(c)) for c in calls]
+    if all(chains):  # order by the step chains (outer super-step first), then start time
+        by_chain = sorted(range(len(calls)), key=lambda i: tuple(step for _, step in chains[i]))
+        calls, chains = [calls[i] for i in by_chain], [chains[i] for i in by_chain]
+    tasks = [chain[-1][0] if chain else (c.task or tree.task_of(c)) for c, chain in zip(calls, chains, strict=True)]
+    steps = [chain[0][1] if chain else None for chain in chains]
     actions: list[list[Any]] = []
     for order, c in enumerate(calls):  # a row in `ACTION_FIELDS` order (transposed into columns per batch)
         latency = c.latency_s
@@ -157,15 +175,15 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             # as the span carried them ("i32:<base64>", a list, ...): decoded a column at a time (TokenColumn)
             c.prompt_token_ids, c.completion_token_ids, c.completion_logprobs,
             [],  # depends_on
-            [dict(tc, result=None, error=None) for tc in c.tool_calls] if c.tool_calls else [],
-            0,  # tool_errors
+            [dict(tc, result=None, error=tc.get("error") or None) for tc in c.tool_calls] if c.tool_calls else [],
+            sum(1 for tc in c.tool_calls if tc.get("error")) if c.tool_calls else 0,  # tool_errors: malformed calls
             c.input_tokens, c.output_tokens, latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
             c.model, c.adapter_version, c.trace_id,
         ])
     tools = [s for s in spans if s.kind == TOOL]
     if tools:
         _attach_tools(tools, calls, tasks, actions, tree, quarantine)
-    _dependencies(tasks, steps, actions)
+    _dependencies(chains, tasks, actions)
 
     workflows = sorted([s for s in spans if s.kind == WORKFLOW], key=_BY_END)
     metadata: dict[str, Any] = {}
@@ -215,7 +233,8 @@ def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
         entries = actions[idx][_TOOL_CALLS]
         entry = next((e for e in entries if t.tool_call_id and e.get("id") == t.tool_call_id), None)
         if entry is None:
-            entry = next((e for e in entries if e.get("name") == t.tool_name and id(e) not in done), None)
+            entry = next((e for e in entries if e.get("name") == t.tool_name and id(e) not in done
+                          and e.get("error") is None), None)
         if entry is None:
             entry = {"name": t.tool_name, "args": t.tool_args, "id": t.tool_call_id, "result": None, "error": None}
             entries.append(entry)
@@ -225,7 +244,7 @@ def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str]
             entry["args"] = t.tool_args
         entry["result"] = None if t.error else _plain(t.tool_result)
         entry["error"] = (t.error_message or "error") if t.error else None
-    for idx in touched:  # the other actions' entries all have error None: tool_errors stays 0
+    for idx in touched:  # the other actions keep the count of their malformed calls
         actions[idx][_TOOL_ERRORS] = sum(1 for e in actions[idx][_TOOL_CALLS] if e.get("error"))
 
 
@@ -237,26 +256,33 @@ def _plain(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _dependencies(tasks: list[str], steps: list[int | None], actions: list[list[Any]]) -> None:
-    """Fill each action's `depends_on` (see the module docstring); in C when built and the inputs are the usual
-    types, else here."""
-    if _c_dependencies is not None and _c_dependencies(tasks, steps, actions, _MESSAGES, _COMPLETION, _DEPENDS_ON,
-                                                       MIN_QUOTED_COMPLETION_CHARS) is True:
-        return
+def _dependencies(chains: list[tuple[tuple[str, int], ...]], tasks: list[str], actions: list[list[Any]]) -> None:
+    """Fill each action's `depends_on` (see the module docstring).
+
+    For an action whose step chain is ``((t1, s1), ..., (tk, sk))`` the "previous step" is looked up
+    innermost level first: among earlier actions inside the same enclosing node runs ``t1..t(L-1)``,
+    the latest level-L super-step below ``sL``; the final action of each level-L node run in it is a
+    dependency. A subgraph's first action finds nothing at its own level and takes the enclosing
+    level's previous step: the action that routed to it.
+    """
     quoted = [(j, text) for j, a in enumerate(actions)
               if len(text := (a[_COMPLETION] or "").strip()) >= MIN_QUOTED_COMPLETION_CHARS]
     first_quoted = quoted[0][0] if quoted else len(actions)
     of_task: dict[str, list[int]] = {}  # earlier actions per node run
-    last_of_step: dict[int, dict[str, int]] = {}  # step -> node run -> its latest earlier action in that step
-    step_keys: list[int] = []  # the keys of `last_of_step`, sorted
+    # enclosing node runs -> step at that level -> node run at that level -> its latest earlier action
+    levels: dict[tuple[str, ...], dict[int, dict[str, int]]] = {}
+    level_steps: dict[tuple[str, ...], list[int]] = {}  # the keys of each `levels` entry, sorted
     for i, action in enumerate(actions):
-        task, step = tasks[i], steps[i]
+        task, chain = tasks[i], chains[i]
         same = of_task.get(task)
         deps: set[int] = set(same) if same else set()
-        if step is not None and step_keys:
-            below = bisect_left(step_keys, step)  # the latest earlier step: the largest key < step
+        scopes = [tuple(t for t, _ in chain[:level]) for level in range(len(chain))]
+        for level in range(len(chain) - 1, -1, -1):
+            keys = level_steps.get(scopes[level])
+            below = bisect_left(keys, chain[level][1]) if keys else 0
             if below:
-                deps.update(last_of_step[step_keys[below - 1]].values())
+                deps.update(levels[scopes[level]][keys[below - 1]].values())
+                break
         if first_quoted < i:
             prompt = messages_text(action[_MESSAGES])
             for j, text in quoted:
@@ -269,9 +295,9 @@ def _dependencies(tasks: list[str], steps: list[int | None], actions: list[list[
             of_task[task] = [i]
         else:
             same.append(i)
-        if step is not None:
-            of_step = last_of_step.get(step)
+        for level, (level_task, step) in enumerate(chain):
+            of_step = levels.setdefault(scopes[level], {}).get(step)
             if of_step is None:
-                of_step = last_of_step[step] = {}
-                insort(step_keys, step)
-            of_step[task] = i
+                of_step = levels[scopes[level]][step] = {}
+                insort(level_steps.setdefault(scopes[level], []), step)
+            of_step[level_task] = i

@@ -1,4 +1,4 @@
-"""The optional C fast paths of mining (`_otlp_c`, `_assembly_c`, `_columns_c`), built by setup.py when a C
+"""The optional C fast paths of mining (`_otlp_c`, `_columns_c`), built by setup.py when a C
 compiler is there. Each has a pure-Python twin that gives the same results; ``MARFT_MINING_C_READER=0`` switches
 all of them off."""
 

@@ -1,0 +1,322 @@
+"""The per-run scope of a wrapped graph: one episode per graph run, found from the run's own config.
+
+`EpisodeTracer` is a LangChain callback handler that lives as long as the wrapped app. It rides in
+the callbacks of every run's config (put there by `WrappedGraph`, or by the graph's own config when
+a LangGraph server runs it), so whatever entry point starts the run (``invoke``, ``stream``,
+``astream_events``, ``batch``, a ``with_config`` binding, a ``|`` sequence, the LangGraph API
+server) the graph's run is the first run this handler sees: it opens the episode there, hands every
+callback of the run to that episode's `EpisodeRecorder`, and closes it when the run ends.
+
+The run's options travel as plain data in ``config["metadata"]["marft_lg"]`` (episode id, scenario
+id, seed, version pins, mirror pair); a LangGraph server run may give ``episode_id`` /
+``scenario_id`` / ``seed`` as plain run metadata instead. `TeamChatModel` finds its episode's
+`EpisodeRoute` through its run manager's handlers, so routing never goes through process-global
+state and concurrent runs cannot cross.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
+
+from marft_lg.graph.routing import EpisodeRoute
+from marft_lg.graph.shadow import ShadowJob, ShadowMirror
+from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
+
+RUN_KEY = "marft_lg"  # config["metadata"][RUN_KEY]: this run's options (plain, serialisable data)
+_SENTINEL = object()
+logger = logging.getLogger("marft_lg.graph")
+
+
+@dataclass
+class _Episode:
+    recorder: EpisodeRecorder
+    route: EpisodeRoute
+    root_run: int
+    inputs: Any
+    options: dict[str, Any]
+    pair: tuple[str, str] | None
+    thread_id: str | None
+    is_async: bool
+
+
+def run_options(episode_id: str | None = None, scenario_id: str | None = None, seed: int | None = None,
+                versions: Mapping[str, str] | str | None = None, metadata: Mapping[str, Any] | None = None,
+                mirror: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The plain-data options of one run, as they go into ``config["metadata"]["marft_lg"]``."""
+    out: dict[str, Any] = {}
+    if episode_id is not None:
+        out["episode_id"] = str(episode_id)
+    if scenario_id is not None:
+        out["scenario_id"] = str(scenario_id)
+    if seed is not None:
+        out["seed"] = int(seed)
+    if versions is not None:
+        out["versions"] = versions if isinstance(versions, str) else dict(versions)
+    if metadata:
+        out["metadata"] = dict(metadata)
+    if mirror is not None:
+        out["mirror"] = list(mirror)
+    return out
+
+
+def with_handler(config: dict[str, Any], handler: BaseCallbackHandler) -> dict[str, Any]:
+    """`config` with `handler` added to its callbacks (once), whatever form they take."""
+    callbacks = config.get("callbacks")
+    if callbacks is None:
+        config["callbacks"] = [handler]
+    elif isinstance(callbacks, BaseCallbackManager):
+        if handler not in callbacks.handlers:
+            manager = callbacks.copy()
+            manager.add_handler(handler, inherit=True)
+            config["callbacks"] = manager
+    elif handler not in callbacks:
+        config["callbacks"] = [*callbacks, handler]
+    return config
+
+
+class EpisodeTracer(BaseCallbackHandler):
+    """Opens an episode at each graph run it sees first, forwards the run's callbacks to it, closes it."""
+
+    run_inline = True
+    raise_error = False
+
+    def __init__(self, *, sink: Any, graph: Any, team: Any = None, node_roles: Mapping[str, str] | None = None,
+                 capture_messages: bool = True, redact: Callable[[str], str] | None = None,
+                 workflow_name: str = "LangGraph", shadow: Any = None, mirror: ShadowMirror | None = None):
+        self.sink = sink
+        self.graph = graph
+        self.team = team
+        self.node_roles = dict(node_roles) if node_roles else None
+        self.capture_messages = capture_messages
+        self.redact = redact
+        self.workflow_name = workflow_name
+        self.shadow = shadow
+        self.mirror = mirror
+        self._runs: dict[int, _Episode] = {}  # run id (as int) -> the episode it belongs to
+        self._episodes: dict[str, _Episode] = {}  # episode id -> its open episode
+        self._configs: dict[str, dict[str, Any]] = {}  # episode id -> the caller's config (for its shadow run)
+
+    # -- lookups ------------------------------------------------------------------------------
+    def route_for(self, run_id: UUID | int | None) -> EpisodeRoute | None:
+        """The route of the episode that run `run_id` belongs to (None outside any episode)."""
+        if run_id is None:
+            return None
+        episode = self._runs.get(run_id if isinstance(run_id, int) else run_id.int)
+        return episode.route if episode is not None else None
+
+    def remember_config(self, episode_id: str, config: Mapping[str, Any]) -> None:
+        """Keep the caller's config of a run about to start, for a mirrored re-run of it."""
+        self._configs[episode_id] = {k: v for k, v in config.items() if k not in ("callbacks", "run_id")}
+
+    # -- the episode's lifetime ----------------------------------------------------------------
+    def _begin(self, run_id: int, inputs: Any, md: Mapping[str, Any]) -> _Episode:
+        opts = dict(md.get(RUN_KEY) or {})
+        episode_id = str(opts.get("episode_id") or md.get("episode_id") or md.get("run_id") or uuid.uuid4().hex)
+        scenario_id = opts.get("scenario_id", md.get("scenario_id"))
+        seed = opts.get("seed", md.get("seed"))
+        seed = int(seed) if isinstance(seed, int | float | str) and str(seed).lstrip("-").isdigit() else None
+        meta = dict(opts.get("metadata") or {})
+        if seed is not None:
+            meta.setdefault("seed", seed)
+        mirror = opts.get("mirror")
+        pair = (str(mirror[0]), str(mirror[1])) if mirror else None
+        if pair is None and self.mirror is not None and self.mirror.sample():
+            pair = (uuid.uuid4().hex, "live")
+        if pair is not None:
+            meta["mirror_pair_id"], meta["mirror_side"] = pair
+        thread_id = md.get("thread_id")
+        info = EpisodeInfo(
+            episode_id=episode_id, scenario_id=str(scenario_id) if scenario_id is not None else None, metadata=meta,
+            conversation_id=str(thread_id) if thread_id is not None else None, node_roles=self.node_roles,
+            capture_messages=self.capture_messages, redact=self.redact,
+            mirror_pair_id=pair[0] if pair else None, mirror_side=pair[1] if pair else None,
+            workflow_name=self.workflow_name,
+        )
+        engine_override = None
+        if pair is not None and pair[1] == "shadow" and not isinstance(self.shadow, Mapping | str | None):
+            engine_override = self.shadow
+        versions = opts.get("versions")
+        route = EpisodeRoute(episode_id=episode_id, team=self.team, node_roles=self.node_roles,
+                             versions=versions if isinstance(versions, str | None) else dict(versions),
+                             seed=seed, engine_override=engine_override)
+        try:
+            asyncio.get_running_loop()
+            is_async = True
+        except RuntimeError:
+            is_async = False
+        episode = _Episode(EpisodeRecorder.start(self.sink, info), route, run_id, inputs, opts, pair,
+                           str(thread_id) if thread_id is not None else None, is_async)
+        self._episodes[episode_id] = episode
+        return episode
+
+    def _finish(self, episode: _Episode, error: BaseException | None = None, outcome: Any = _SENTINEL) -> None:
+        """Close the episode (never raises into the app), then queue its mirrored run if it was sampled."""
+        recorder = episode.recorder
+        self._episodes.pop(recorder.info.episode_id, None)
+        if isinstance(error, GeneratorExit):  # the caller stopped reading a stream: not a failure
+            error = None
+        try:
+            recorder.finish(error=error, outcome=None if outcome is _SENTINEL else outcome,
+                            has_outcome=outcome is not _SENTINEL)
+        except Exception:  # noqa: BLE001
+            logger.exception("marft_lg: closing the trace of episode %s failed; the app's result is unaffected",
+                             recorder.info.episode_id)
+            recorder.end_root()
+        config = self._configs.pop(recorder.info.episode_id, None)
+        if episode.pair is not None and episode.pair[1] == "live" and self.mirror is not None:
+            self._submit_shadow(episode, config)
+
+    def _submit_shadow(self, episode: _Episode, config: dict[str, Any] | None) -> None:
+        """Queue the same input on the candidate; never raises into the live path."""
+        pair_id = episode.pair[0]
+        live_id = episode.recorder.info.episode_id
+        try:
+            shadow_input = copy.deepcopy(episode.inputs)
+        except Exception:  # noqa: BLE001 - uncopyable input: share it (graphs do not mutate their input)
+            shadow_input = episode.inputs
+        cfg = dict(config or {})
+        configurable = dict(cfg.get("configurable") or {})
+        thread_id = configurable.get("thread_id", episode.thread_id)
+        if thread_id is not None:
+            configurable["thread_id"] = f"{thread_id}:shadow:{pair_id}"
+            configurable.pop("checkpoint_id", None)
+        if configurable:
+            cfg["configurable"] = configurable
+        opts = episode.options
+        versions = opts.get("versions")
+        if isinstance(self.shadow, Mapping):
+            versions = {**(versions if isinstance(versions, Mapping) else {}), **self.shadow}
+        elif isinstance(self.shadow, str):
+            versions = self.shadow
+        shadow_id = f"{live_id}-shadow"
+        shadow_opts = run_options(shadow_id, episode.recorder.info.scenario_id, opts.get("seed"), versions,
+                                  {**(opts.get("metadata") or {}), "mirror_of": live_id}, (pair_id, "shadow"))
+        cfg["metadata"] = {**(cfg.get("metadata") or {}), RUN_KEY: shadow_opts}
+        with_handler(cfg, self)
+        is_async = episode.is_async
+
+        def run() -> None:
+            if is_async:
+                asyncio.run(self.graph.ainvoke(shadow_input, cfg))
+            else:
+                self.graph.invoke(shadow_input, cfg)
+
+        def on_timeout() -> None:
+            stuck = self._episodes.get(shadow_id)
+            if stuck is not None:
+                self._finish(stuck, TimeoutError(f"shadow run exceeded {self.mirror.timeout_s}s"))
+
+        try:
+            self.mirror.submit(ShadowJob(pair_id=pair_id, run=run, on_timeout=on_timeout))
+        except Exception:  # noqa: BLE001
+            self.mirror._count("dropped")
+
+    # -- callbacks: route each to its episode's recorder ---------------------------------------------
+    def _child(self, run_id: UUID, parent_run_id: UUID | None) -> _Episode | None:
+        episode = self._runs.get(parent_run_id.int) if parent_run_id is not None else None
+        if episode is not None:
+            self._runs[run_id.int] = episode
+        return episode
+
+    def on_chain_start(self, serialized, inputs, *, run_id, parent_run_id=None, tags=None, metadata=None, **kwargs):
+        episode = self._child(run_id, parent_run_id)
+        if episode is None:  # the first run of this callback tree is the graph's: a new episode
+            episode = self._begin(run_id.int, inputs, metadata or {})
+            self._runs[run_id.int] = episode
+        episode.recorder.on_chain_start(serialized, inputs, run_id=run_id, parent_run_id=parent_run_id, tags=tags,
+                                        metadata=metadata, **kwargs)
+
+    def _end_chain(self, run_id: UUID, error: BaseException | None, outputs: Any, kwargs: dict[str, Any]) -> None:
+        episode = self._runs.pop(run_id.int, None)
+        if episode is None:
+            return
+        if error is None:
+            episode.recorder.on_chain_end(outputs, run_id=run_id, **kwargs)
+        else:
+            episode.recorder.on_chain_error(error, run_id=run_id, **kwargs)
+        if run_id.int == episode.root_run:
+            self._finish(episode, error, outputs if error is None else _SENTINEL)
+
+    def on_chain_end(self, outputs, *, run_id, **kwargs):
+        self._end_chain(run_id, None, outputs, kwargs)
+
+    def on_chain_error(self, error, *, run_id, **kwargs):
+        self._end_chain(run_id, error, None, kwargs)
+
+    def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None, **kwargs):
+        episode = self._child(run_id, parent_run_id)
+        if episode is not None:
+            episode.recorder.on_chat_model_start(serialized, messages, run_id=run_id, parent_run_id=parent_run_id,
+                                                 **kwargs)
+
+    def on_llm_start(self, serialized, prompts, *, run_id, parent_run_id=None, **kwargs):
+        episode = self._child(run_id, parent_run_id)
+        if episode is not None:
+            episode.recorder.on_llm_start(serialized, prompts, run_id=run_id, parent_run_id=parent_run_id, **kwargs)
+
+    def on_llm_end(self, response, *, run_id, **kwargs):
+        episode = self._runs.pop(run_id.int, None)
+        if episode is not None:
+            episode.recorder.on_llm_end(response, run_id=run_id, **kwargs)
+
+    def on_llm_error(self, error, *, run_id, **kwargs):
+        episode = self._runs.pop(run_id.int, None)
+        if episode is not None:
+            episode.recorder.on_llm_error(error, run_id=run_id, **kwargs)
+
+    def on_tool_start(self, serialized, input_str, *, run_id, parent_run_id=None, **kwargs):
+        episode = self._child(run_id, parent_run_id)
+        if episode is not None:
+            episode.recorder.on_tool_start(serialized, input_str, run_id=run_id, parent_run_id=parent_run_id, **kwargs)
+
+    def on_tool_end(self, output, *, run_id, **kwargs):
+        episode = self._runs.pop(run_id.int, None)
+        if episode is not None:
+            episode.recorder.on_tool_end(output, run_id=run_id, **kwargs)
+
+    def on_tool_error(self, error, *, run_id, **kwargs):
+        episode = self._runs.pop(run_id.int, None)
+        if episode is not None:
+            episode.recorder.on_tool_error(error, run_id=run_id, **kwargs)
+
+    def on_retriever_start(self, serialized, query, *, run_id, parent_run_id=None, **kwargs):
+        self._child(run_id, parent_run_id)  # no span, but its children stay in the episode
+
+    def on_retriever_end(self, documents, *, run_id, **kwargs):
+        self._runs.pop(run_id.int, None)
+
+    def on_retriever_error(self, error, *, run_id, **kwargs):
+        self._runs.pop(run_id.int, None)
+
+
+def route_of(run_manager: Any) -> EpisodeRoute | None:
+    """The `EpisodeRoute` of the run a chat model call belongs to, from the call's own callbacks.
+
+    With a run manager: its handlers and run id. Without one (LangChain's ``stream`` calls
+    ``_stream`` bare): the node's child config, whose callback manager names the node's run.
+    """
+    if run_manager is not None:
+        handlers, run_id = run_manager.handlers, run_manager.run_id
+        parent = getattr(run_manager, "parent_run_id", None)
+    else:
+        from langchain_core.runnables.config import var_child_runnable_config
+
+        callbacks = (var_child_runnable_config.get() or {}).get("callbacks")
+        if not isinstance(callbacks, BaseCallbackManager):
+            return None
+        handlers, run_id, parent = callbacks.handlers, None, callbacks.parent_run_id
+    for handler in handlers:
+        if isinstance(handler, EpisodeTracer):
+            route = handler.route_for(run_id) or handler.route_for(parent)
+            if route is not None:
+                return route
+    return None

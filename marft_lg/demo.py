@@ -94,8 +94,12 @@ class _Log:
 
 
 def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
-             console: Any = None) -> dict[str, Any]:
-    """Run every stage of the main job; returns the summary written to `run_dir/summary.json`."""
+             console: Any = None, node_roles: dict[str, str] | str | None = None) -> dict[str, Any]:
+    """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
+
+    `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
+    both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``).
+    """
     import torch
     from rich.console import Console
 
@@ -105,6 +109,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import wrap
+    from marft_lg.loading import parse_node_roles
     from marft_lg.serving.team import Team
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.metrics import read_metrics
@@ -113,9 +118,14 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
 
     console = console or Console()
     math_team = _examples()
+    try:
+        node_roles = (parse_node_roles(node_roles, key="node_roles", roles=list(math_team.graph.ROLES))
+                      or {r: r for r in math_team.graph.ROLES})
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     log = _Log(run_dir, console)
-    log.record("start", budget=asdict(budget), model=model, seed=seed)
+    log.record("start", budget=asdict(budget), model=model, seed=seed, node_roles=node_roles)
     torch.manual_seed(seed)
 
     log.stage(f"1/8 serve the math team on {model}")
@@ -138,7 +148,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         sampling = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
                                                                   temperature=math_team.settings.ROLLOUT_TEMPERATURE),
                                                     **caps),
-                        team=team, trace_dir=trace_dir)
+                        team=team, trace_dir=trace_dir, node_roles=node_roles)
 
         log.stage(f"2/8 run the untuned team on {len(train)} training problems (traced to {trace_dir})")
         jobs = [(s, k) for k in range(budget.traces_per_problem) for s in train]
@@ -182,7 +192,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
         greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
                                                                 temperature=0.0), **caps),
-                      team=team, trace_dir=trace_dir / "compare")
+                      team=team, trace_dir=trace_dir / "compare", node_roles=node_roles)
         result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
                                 run_id=f"demo-{run_dir.name}", concurrency=min(2 * len(heldout), 48))
         log.record("compare", **result.to_dict())
@@ -292,6 +302,8 @@ def demo(
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
     seed: int = typer.Option(0, help="Seed for problems, sampling and training."),
     trace_root: Path = typer.Option(Path("traces"), help="Where the demo's traces go (a sub-directory per run)."),
+    node_roles: str | None = typer.Option(None, "--node-roles",
+                                          help="node=role,... mapping the math team's nodes to roles (default: same names)."),
 ) -> None:
     """The main job: serve, trace, mine, train offline then on-policy, compare, promote, report."""
     from rich.console import Console
@@ -305,4 +317,4 @@ def demo(
         console.print(f"[yellow]{name} budget: about {b.minutes:g} minutes, too little training to expect a "
                       "significant gain; run without --quick for the full demo[/yellow]")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console)
+    run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console, node_roles=node_roles)

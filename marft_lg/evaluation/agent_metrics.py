@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from marft_lg.rewards.components.coordination import handoff_loops
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 AGENT_METRICS: tuple[str, ...] = (
@@ -21,7 +22,7 @@ AGENT_METRICS: tuple[str, ...] = (
     "input_tokens",
     "output_tokens",
     "tool_accuracy",  # correct tool calls / tool calls (NaN when it made none)
-    "handoff_loops",  # times it handed straight back to the agent that just handed to it (A→B→A)
+    "handoff_loops",  # excess hand-offs of handoff loops it received (rewards.components.coordination.handoff_loops)
     "format_compliance",  # share of its actions whose completion matches its format (NaN: no actions)
     "reward",  # sum of the per-action rewards it earned (NaN when the reward gave none)
 )
@@ -30,9 +31,11 @@ EPISODE_METRICS: tuple[str, ...] = ("steps", "tokens", "latency_s", "handoff_loo
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"tool_accuracy", "format_compliance", "reward"})
 
 
-def _count_handoff_loops(agents: list[str]) -> list[int]:
-    """1 at position i when agent i hands back to the agent that just handed to it (A,B,A)."""
-    return [int(i >= 2 and agents[i] == agents[i - 2] and agents[i] != agents[i - 1]) for i in range(len(agents))]
+def _count_handoff_loops(actions: list[dict[str, Any]]) -> list[int]:
+    """1 at position i when action i received an excess hand-off of a handoff loop (two agents passing control
+    back and forth more than twice without progress: the rule of `handoff_loops`, shared with the reward)."""
+    excess = {o for loop in handoff_loops(actions) for o in loop}
+    return [int(int(a["order"]) in excess) for a in actions]
 
 
 def _tool_score(calls: Any, expected: set[str]) -> tuple[int, int]:
@@ -105,7 +108,7 @@ def agent_metrics(
         acts = grouped.get(eid, [])
         scen = (scenarios or {}).get(scenario_of.get(eid)) or {}
         expected = set(scen.get("expected_tools") or [])
-        loops = _count_handoff_loops([a["agent"] for a in acts])
+        loops = _count_handoff_loops(acts)
         per_action = None if action_rewards is None else action_rewards.get(eid)
         per_action = None if per_action is None else np.asarray(per_action, dtype=float)
         by_agent: dict[str, list[tuple[int, dict[str, Any]]]] = {}
@@ -148,7 +151,7 @@ def episode_metrics(dataset: TrajectoryDataset) -> pd.DataFrame:
             "steps": len(acts),
             "tokens": sum(_num(a.get("input_tokens")) + _num(a.get("output_tokens")) for a in acts),
             "latency_s": sum(_num(a.get("latency_s")) for a in acts),
-            "handoff_loops": sum(_count_handoff_loops([a["agent"] for a in acts])),
+            "handoff_loops": sum(_count_handoff_loops(acts)),
             "tool_errors": sum(_num(a.get("tool_errors")) for a in acts),
             "error": float(info.get("status") not in (None, "ok")),
         })

@@ -32,43 +32,66 @@ def _formats(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def load_object(spec: str) -> Any:
-    """``path/to/app.py:attr`` or ``package.module:attr`` -> the object."""
-    import importlib
-    import importlib.util
-    import sys
+def load_app(spec: str) -> Any:
+    """--app ``FILE.py:NAME`` (relative to the working directory; the file's folder is on the import path while it
+    loads, so its sibling modules import) or ``package.module:NAME``; a bad spec is a BadParameter saying what is missing."""
+    from marft_lg.loading import LoadError, load_object
 
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not attr:
-        raise typer.BadParameter(f"--app {spec!r}: use FILE.py:NAME or module:NAME")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.exists():
-            raise typer.BadParameter(f"--app: {path} does not exist")
-        mod_spec = importlib.util.spec_from_file_location(f"_marft_app_{path.stem}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    if not hasattr(module, attr):
-        raise typer.BadParameter(f"--app: {target} has no attribute {attr!r}")
-    return getattr(module, attr)
+    try:
+        return load_object(spec, what="--app")
+    except LoadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--app") from None
 
 
-def build_app(spec: str, team: Any, trace_dir: Path, **sampling: Any) -> Any:
-    """A WrappedGraph from --app: a WrappedGraph as is; a factory ``f(llm) -> graph`` is given a
-    TeamChatModel on `team` (with `sampling`: temperature, max_tokens); a compiled graph is wrapped around `team`."""
+def build_app(app: Any, team: Any, trace_dir: Path, *, node_roles: dict[str, str] | None = None, **sampling: Any) -> Any:
+    """A WrappedGraph from --app (a spec, or the object it names): a WrappedGraph as is; a factory
+    ``f(llm) -> graph`` is given a TeamChatModel on `team` (with `sampling`: temperature, max_tokens); a compiled
+    graph is wrapped around `team`. `node_roles` ``{node: role}`` goes to `wrap` (or is added to a given WrappedGraph's)."""
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import WrappedGraph, wrap
 
-    obj = load_object(spec)
+    obj = load_app(app) if isinstance(app, str) else app
+    if not isinstance(obj, WrappedGraph):
+        obj = obj(TeamChatModel(team=team, **sampling)) if callable(obj) and not hasattr(obj, "invoke") else obj
     if isinstance(obj, WrappedGraph):
+        if node_roles:
+            obj.node_roles = {**(obj.node_roles or {}), **node_roles}
         return obj
-    graph = obj(TeamChatModel(team=team, **sampling)) if callable(obj) and not hasattr(obj, "invoke") else obj
-    if isinstance(graph, WrappedGraph):
-        return graph
-    return wrap(graph, team=team, trace_dir=trace_dir)
+    return wrap(obj, team=team, trace_dir=trace_dir, node_roles=node_roles)
+
+
+def baseline_versions(spec: str | dict[str, str], registry: Any, roles: list[str]) -> tuple[str | dict[str, str], str | None]:
+    """The baseline to compare against, and a note to print when it is not what was asked for.
+
+    ``live`` on a registry without a live version for some roles (a first project: nothing promoted yet)
+    compares against those roles' initial adapters (``role=init``, what the Team serves for them) and says so.
+    Any other alias that is not set is a BadParameter telling what to pass instead.
+    """
+    from marft_lg.serving.team import FRESH
+
+    if not isinstance(spec, str):
+        return spec, None
+    if registry is None:
+        raise typer.BadParameter(
+            f"{spec!r} is an alias and needs --registry DIR; without a registry name the versions, e.g. "
+            f"--baseline {','.join(f'{r}={FRESH}' for r in roles)} (the initial adapters)", param_hint="--baseline")
+    mapping = registry.alias(spec)
+    missing = [r for r in roles if r not in mapping]
+    if not missing:
+        return spec, None
+    if spec == "live":
+        versions = {r: mapping.get(r, FRESH) for r in roles}
+        note = (f"registry {registry.root} has no live version for {missing} (nothing promoted yet): comparing "
+                f"against their initial adapters, i.e. --baseline {_format_versions(versions)}")
+        return versions, note
+    raise typer.BadParameter(
+        f"alias {spec!r} has no version for {missing} in registry {registry.root} (aliases: "
+        f"{sorted(registry.aliases()) or 'none'}); pass role=ref,... instead, e.g. "
+        f"--baseline {','.join(f'{r}={FRESH}' for r in roles)} for the initial adapters", param_hint="--baseline")
+
+
+def _format_versions(versions: dict[str, str]) -> str:
+    return ",".join(f"{r}={v}" for r, v in versions.items())
 
 
 def _finish(result: Any, gate_path: Path | None, out: Path, console: Any) -> Any:
@@ -108,18 +131,32 @@ def compare(
     max_tokens: int = typer.Option(256, help="Most tokens per replayed LLM call."),
     promote_if_passed: bool = typer.Option(False, "--promote", help="Promote the candidate to live when the gate passes."),
     server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
+    node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
 ) -> None:
-    """Shadow-compare a candidate team against the baseline, gate it, and write the report."""
+    """Shadow-compare a candidate team against the baseline, gate it, and write the report.
+
+    With no `live` version in the registry yet (a first project), `--baseline live` compares against the
+    initial adapters (role=init) and says so.
+    """
     from rich.console import Console
 
+    from marft_lg.loading import parse_node_roles
+
     console = Console()
+    try:
+        roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
     from marft_lg.rewards.composite import CompositeReward
     from marft_lg.trajectories.scenarios import ScenarioSet
 
-    scorer = CompositeReward.from_yaml(reward)
+    try:
+        scorer = CompositeReward.from_yaml(reward)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--reward") from None
     scenario_set = None
     if scenarios is not None and scenarios.is_dir():
         from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
@@ -147,15 +184,30 @@ def compare(
     from marft_lg.serving.registry import AdapterRegistry
     from marft_lg.serving.team import Team
 
+    app_obj = load_app(app)  # before the model loads: a bad --app fails at once
     reg = AdapterRegistry(registry) if registry else None
     roles = [a.strip() for a in agents.split(",") if a.strip()] if agents else (reg.roles() if reg else [])
     if not roles:
         raise typer.BadParameter("no agent roles: pass --agents planner,writer or a --registry that has versions")
+    try:
+        roles_of_nodes = parse_node_roles(roles_of_nodes, key="--node-roles", roles=roles)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    base_spec, note = baseline_versions(_versions(baseline), reg, roles)
+    cand_spec = _versions(candidate)
+    if isinstance(cand_spec, str) and (reg is None or not reg.alias(cand_spec)):
+        raise typer.BadParameter(
+            f"alias {cand_spec!r} is not set" + (f" in registry {reg.root}" if reg else " (no --registry given)")
+            + "; train first (`marft-lg train` sets `candidate`) or pass role=ref,..., e.g. writer=v2 or writer=latest",
+            param_hint="--candidate")
+    if note:
+        console.print(f"[yellow]{note}[/]")
     with console.status(f"loading {model} for {', '.join(roles)}"):
         team = Team(model, roles, registry=reg)
     try:
-        wrapped = build_app(app, team, out / "traces", temperature=temperature, max_tokens=max_tokens)
-        result = shadow_compare(wrapped, _versions(baseline), _versions(candidate), scenario_set, scorer,
+        wrapped = build_app(app_obj, team, out / "traces", node_roles=roles_of_nodes, temperature=temperature,
+                            max_tokens=max_tokens)
+        result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
                                 samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift)
         decision = _finish(result, gate, out, console)
         if hasattr(wrapped, "close"):

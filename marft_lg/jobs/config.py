@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marft_lg.loading import parse_node_roles
+
 _PATH_FIELDS = ("traces", "registry", "reward", "trainer", "scenarios", "gate", "output_dir", "store", "lock")
 
 
@@ -33,7 +35,10 @@ class RetrainJob:
     registry: str = "adapters"
     """AdapterRegistry root. Only the registry's atomic `live` alias flip ever changes what serves."""
     app: str | None = None
-    """`module:function` returning the LangGraph app (compiled graph) used for shadow compare and online training."""
+    """`module:function` or `file.py:function` returning the LangGraph app (compiled graph) used for shadow
+    compare and online training; relative files and modules next to job.yaml load without PYTHONPATH."""
+    node_roles: dict[str, str] | None = None
+    """`{node: role}` for app nodes whose name is not their agent role (passed to `wrap(..., node_roles=)`)."""
     chat_model: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the app's `TeamChatModel` (e.g. `max_tokens`, `temperature`) in compare / online runs."""
     reward: str | dict[str, Any] = "reward.yaml"
@@ -77,7 +82,15 @@ class RetrainJob:
     lock_stale_after_s: float = 600.0
     """A lock held from another host counts as stale when its heartbeat is older than this."""
     stages: str = "marft_lg.jobs.stages:LibraryStages"
-    """`module:Class` implementing the pipeline stages (swap for custom mining/training/evaluation)."""
+    """`module:Class` (or `file.py:Class`) implementing the pipeline stages (swap for custom mining/training/evaluation)."""
+    config_path: str | None = field(default=None, init=False, repr=False, compare=False)
+    """The job.yaml this job was read from (set by `from_yaml`; not a setting). Its folder is where `app`
+    and `stages` are loaded from, and error messages name it."""
+
+    @property
+    def base_dir(self) -> Path | None:
+        """The job file's folder (None for a job built in Python)."""
+        return Path(self.config_path).parent if self.config_path else None
 
     @property
     def store_path(self) -> Path:
@@ -98,9 +111,13 @@ class RetrainJob:
         if self.online_iterations < 0:
             problems.append(f"online_iterations must be >= 0, got {self.online_iterations}")
         if ":" not in self.stages:
-            problems.append(f"stages must be 'module:Class', got {self.stages!r}")
+            problems.append(f"stages must be 'module:Class' or 'file.py:Class', got {self.stages!r}")
         if self.app is not None and ":" not in self.app:
-            problems.append(f"app must be 'module:function', got {self.app!r}")
+            problems.append(f"app must be 'module:function' or 'file.py:function', got {self.app!r}")
+        try:
+            self.node_roles = parse_node_roles(self.node_roles, key="node_roles", roles=self.agents or None)
+        except ValueError as exc:
+            problems.append(str(exc))
         if not self.name or any(c in self.name for c in "/\\ "):
             problems.append(f"name must be a non-empty word without slashes or spaces, got {self.name!r}")
         if problems:
@@ -121,18 +138,21 @@ class RetrainJob:
         if not isinstance(data, dict):
             raise ValueError(f"{p}: a job file must be a mapping of settings, got {type(data).__name__}")
         try:
-            return cls.from_dict(data, base_dir=p.resolve().parent)
+            job = cls.from_dict(data, base_dir=p.resolve().parent)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{p}: {exc}") from exc
+        job.config_path = str(p.resolve())
+        return job
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, base_dir: str | Path | None = None) -> RetrainJob:
         """Build from a mapping; relative paths are taken relative to `base_dir` when given."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        settings = [f for f in dataclasses.fields(cls) if f.init]
+        known = {f.name for f in settings}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown job settings {unknown}; known: {sorted(known)}")
-        for f in dataclasses.fields(cls):
+        for f in settings:
             if f.name in data and data[f.name] is not None:
                 _check_type(f.name, data[f.name], f.type)
         values = dict(data)
@@ -144,7 +164,8 @@ class RetrainJob:
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings (what `from_dict` accepts)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
 
 def _default(name: str) -> Any:

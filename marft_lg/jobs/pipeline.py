@@ -13,7 +13,6 @@ from the order of effects, not from cleanup code:
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -93,12 +92,11 @@ class RunResult:
 
 
 def load_stages(job: RetrainJob) -> RetrainStages:
-    """Instantiate `job.stages` (`module:Class`, constructed with the job)."""
-    module_name, _, attr = job.stages.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"job {job.name!r}: cannot load stages {job.stages!r} ({exc})") from exc
+    """Instantiate `job.stages` (`module:Class` or `file.py:Class`, relative to job.yaml, constructed with the
+    job). A spec that cannot be loaded raises `LoadError` (a ValueError) naming the job file."""
+    from marft_lg.loading import load_object
+
+    factory = load_object(job.stages, base_dir=job.base_dir, what="stages", source=job.config_path)
     return factory(job)
 
 

@@ -7,13 +7,13 @@ Heavy libraries (torch, the Team) are imported and built lazily, once per run, o
 from __future__ import annotations
 
 import glob
-import importlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.pipeline import Comparison, RunContext
+from marft_lg.loading import load_object
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 
@@ -34,15 +34,6 @@ def trace_files(sources: list[str]) -> list[Path]:
     return out
 
 
-def load_object(spec: str, what: str) -> Any:
-    """`module:attr` -> the attribute."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load {what} {spec!r}: {exc}") from exc
-
-
 class LibraryStages:
     """The stages wired to marft_lg's mining, training, evaluation and registry.
 
@@ -58,6 +49,9 @@ class LibraryStages:
         self.registry = AdapterRegistry(job.registry)
         self._reward = None
         self._decision = None
+        self._app_factory: Any = None
+        if job.app is not None:
+            self.app_factory()  # a bad `app` fails here, before mining and training
 
     # --- helpers ------------------------------------------------------------------------------
     def roles(self) -> list[str]:
@@ -72,20 +66,30 @@ class LibraryStages:
     def reward(self):
         if self._reward is None:
             from marft_lg.rewards.composite import CompositeReward
+            from marft_lg.rewards.registry import relative_to
 
-            self._reward = CompositeReward.from_yaml(self.job.reward)
+            # an inline reward mapping loads its custom components relative to job.yaml; a reward file, to itself
+            with relative_to(self.job.base_dir):
+                self._reward = CompositeReward.from_yaml(self.job.reward)
         return self._reward
+
+    def app_factory(self) -> Any:
+        """The job's `app` setting loaded (`module:function` or `file.py:function`, relative to job.yaml)."""
+        if self.job.app is None:
+            raise ValueError(f"job {self.job.name!r} needs `app: module:function` for shadow compare / online training")
+        if self._app_factory is None:
+            self._app_factory = load_object(self.job.app, base_dir=self.job.base_dir, what="app",
+                                            source=self.job.config_path)
+        return self._app_factory
 
     def app(self, ctx: RunContext, team: Any, name: str):
         """The job's LangGraph app (`app: module:function`, called with a chat model) on `team`, traced
-        into the run folder."""
-        if self.job.app is None:
-            raise ValueError(f"job {self.job.name!r} needs `app: module:function` for shadow compare / online training")
+        into the run folder, with the job's `node_roles`."""
         from marft_lg.graph.chat_model import TeamChatModel
         from marft_lg.graph.wrap import wrap
 
-        graph = load_object(self.job.app, "app")(TeamChatModel(team=team, **self.job.chat_model))
-        return wrap(graph, team=team, trace_dir=str(ctx.run_dir / name))
+        graph = self.app_factory()(TeamChatModel(team=team, **self.job.chat_model))
+        return wrap(graph, team=team, trace_dir=str(ctx.run_dir / name), node_roles=self.job.node_roles)
 
     def scenarios(self, split: str | None):
         from marft_lg.trajectories.scenarios import ScenarioSet

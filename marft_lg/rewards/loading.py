@@ -20,11 +20,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from marft_lg.loading import is_import_path
 from marft_lg.rewards.base import FunctionComponent, RewardComponent, as_component
 from marft_lg.rewards.registry import (
     get_component_class,
     import_path_of,
-    is_import_path,
     known_components,
     load_object,
 )
@@ -126,7 +126,7 @@ def _resolve_type(name: str, type_name: str) -> Any:
     if cls is not None:
         return cls
     if is_import_path(type_name):
-        return load_object(type_name)
+        return load_object(type_name, what="reward component" if name == type_name else f"reward component {name!r} of type")
     raise ValueError(f"unknown reward component {type_name!r} (weight key {name!r}); known: {known_components()}; "
                      "or give a user component as an import path 'pkg.module:Name' or 'file.py:Name'")
 

@@ -1,19 +1,19 @@
 """Names of reward components: the built-ins by their field names, user components by import path.
 
-An import path is ``"pkg.module:Name"`` or ``"path/to/file.py:Name"`` (a file is loaded by path,
-so a rewards module next to a YAML file needs no installation).
+An import path is ``"pkg.module:Name"`` or ``"path/to/file.py:Name"``, loaded by `marft_lg.loading.load_object`
+(a file, or a module, next to the reward YAML needs no installation).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from marft_lg.loading import FILE_MODULE_PREFIX
+from marft_lg.loading import load_object as _load
 
 _COMPONENTS: dict[str, type] = {}
 _BASE_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("marft_reward_base_dir", default=None)
@@ -45,13 +45,10 @@ def get_component_class(name: str) -> type | None:
     return _COMPONENTS.get(name)
 
 
-def is_import_path(text: str) -> bool:
-    return ":" in text and not text.startswith(":") and not text.endswith(":")
-
-
 @contextlib.contextmanager
 def relative_to(base_dir: str | Path | None) -> Iterator[None]:
-    """Resolve relative ``file.py:Name`` paths against `base_dir` (the YAML file's folder) inside the block."""
+    """Resolve relative ``file.py:Name`` paths against `base_dir` (the YAML file's folder) inside the block;
+    `base_dir` is also on the import path while a component's module is imported."""
     token = _BASE_DIR.set(None if base_dir is None else Path(base_dir))
     try:
         yield
@@ -59,45 +56,10 @@ def relative_to(base_dir: str | Path | None) -> Iterator[None]:
         _BASE_DIR.reset(token)
 
 
-def load_object(path: str, *, base_dir: str | Path | None = None) -> Any:
-    """Import ``"pkg.module:Name"`` or ``"file.py:Name"`` (relative files resolve against `base_dir`,
-    else the folder set by `relative_to`, else the working directory)."""
-    base_dir = base_dir if base_dir is not None else _BASE_DIR.get()
-    module_part, _, attr = path.rpartition(":")
-    if not module_part or not attr:
-        raise ValueError(f"{path!r} is not an import path; write 'pkg.module:Name' or 'path/to/file.py:Name'")
-    if module_part.endswith(".py"):
-        file = Path(module_part)
-        if not file.is_absolute() and base_dir is not None:
-            file = Path(base_dir) / file
-        if not file.exists():
-            raise ValueError(f"cannot load {path!r}: file {file} does not exist")
-        mod_name = f"_marft_reward_{abs(hash(str(file.resolve())))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(mod_name, file)
-            if spec is None or spec.loader is None:
-                raise ValueError(f"cannot load {path!r}: {file} is not a Python module")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            try:
-                spec.loader.exec_module(module)
-            except Exception:
-                sys.modules.pop(mod_name, None)
-                raise
-    else:
-        try:
-            module = importlib.import_module(module_part)
-        except ImportError as exc:
-            raise ValueError(f"cannot import {module_part!r} for reward component {path!r}: {exc}. "
-                             "Is the package installed or on PYTHONPATH?") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise ValueError(f"{path!r}: module {module_part!r} has no attribute {attr!r}") from exc
-    return obj
+def load_object(path: str, *, base_dir: str | Path | None = None, what: str = "reward component") -> Any:
+    """`marft_lg.loading.load_object` with `base_dir` defaulting to the folder set by `relative_to`
+    (the reward YAML's folder while it is being built). Raises `LoadError` (a ValueError)."""
+    return _load(path, base_dir=base_dir if base_dir is not None else _BASE_DIR.get(), what=what)
 
 
 def import_path_of(obj: Any) -> str | None:
@@ -105,7 +67,7 @@ def import_path_of(obj: Any) -> str | None:
     target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", "")
-    if not module or "<" in qualname or module.startswith("_marft_reward_") or module == "__main__":
+    if not module or "<" in qualname or module.startswith(FILE_MODULE_PREFIX) or module == "__main__":
         return None
     return f"{module}:{qualname}"
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 
+from marft_lg.serving.tool_calls import OPEN, parse_tool_calls
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
     content_text,
@@ -350,6 +351,8 @@ class EpisodeRecorder(BaseCallbackHandler):
             {"id": tc.get("id"), "name": tc.get("name"), "args": tc.get("args"), "error": tc.get("error")}
             for tc in (getattr(message, "invalid_tool_calls", None) or [])
         ]
+        if not invalid and OPEN in text:  # a malformed block a client left in the content (ChatOpenAI drops the
+            invalid = _malformed_blocks(text)  # server's invalid_tool_calls field): still a tool error
         if tool_calls or invalid:
             attrs[A.MARFT_TOOL_CALLS] = _json(redact_value(tool_calls + invalid, self.info.redact))
         if self.info.capture_messages:
@@ -454,6 +457,12 @@ _SAMPLING = (
     ("seed", "ls_seed", A.GEN_AI_REQUEST_SEED),
 )
 _UNRESOLVED_SPAN = f"{A.OP_CHAT} {UNRESOLVED_MODEL}"
+
+
+def _malformed_blocks(text: str) -> list[dict[str, Any]]:
+    """The tool-call blocks in a completion's text that do not parse (the shared format's parser)."""
+    return [{"id": tc["id"], "name": tc["name"], "args": tc["args"], "error": tc["error"]}
+            for tc in parse_tool_calls(text)[1]]
 
 
 def _json_str_list(values: Any) -> str:

@@ -2,7 +2,10 @@
 
 Token ids and behaviour log-probs come from the traces (what the engine generated). An action
 without token ids is re-tokenised from its chat messages with the model's chat template; one
-without log-probs is marked for recomputation (`recomputed=True`, flagged in the metrics).
+without usable log-probs is marked for recomputation (`recomputed=True`) and counted by reason in
+`RolloutBuffer.recomputed` (`missing`: the trace has none; `logprob_length_mismatch`: their count
+differs from the completion's tokens; `config`: `behaviour_logprobs: recompute`). Actions left out are
+counted by reason in `RolloutBuffer.skipped`.
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ class ActionRecord:
 
 @dataclass
 class RolloutBuffer:
-    """Records in episode order plus what was skipped and why."""
+    """Records in episode order, what was left out and why (`skipped`), and which kept records have
+    recomputed behaviour log-probs and why (`recomputed`)."""
 
     records: list[ActionRecord]
     skipped: Counter = field(default_factory=Counter)
+    recomputed: Counter = field(default_factory=Counter)
 
     def for_agent(self, agent: str) -> list[ActionRecord]:
         return [r for r in self.records if r.agent == agent]
@@ -77,6 +82,7 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
     action is moved to the previous kept action of its episode so no reward is lost.
     """
     skipped: Counter = Counter()
+    recomputed: Counter = Counter()
     records: list[ActionRecord] = []
     sid_by_ep = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
     for eid, group in dataset.actions.groupby("episode_id", sort=False):
@@ -99,16 +105,22 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             if len(prompt_ids) + len(completion_ids) > max_context:
                 skipped["context"] += 1
                 continue
-            if logprobs is not None and len(logprobs) != len(completion_ids):
-                skipped["logprob_length_mismatch"] += 1
-                logprobs = None
-            if behaviour_logprobs == "recompute" or (logprobs is None and behaviour_logprobs == "auto"):
+            problem = None
+            if logprobs is None:
+                problem = "missing"
+            elif len(logprobs) != len(completion_ids):
+                problem = "logprob_length_mismatch"
+            if behaviour_logprobs == "recompute":
                 recompute, logprobs = True, None
-            elif logprobs is None:
-                skipped["no_logprobs"] += 1
-                continue
-            else:
+                recomputed["config"] += 1
+            elif problem is None:
                 recompute = False
+            elif behaviour_logprobs == "auto":
+                recompute, logprobs = True, None
+                recomputed[problem] += 1
+            else:  # "trace": only the trace's own log-probs may be used
+                skipped["no_logprobs" if problem == "missing" else problem] += 1
+                continue
             kept.append(ActionRecord(
                 episode_id=str(eid), scenario_id=sid_by_ep.get(eid), order=int(row["order"]), agent=str(row["agent"]),
                 adapter_version=row.get("adapter_version"), prompt_ids=prompt_ids, completion_ids=completion_ids,
@@ -123,7 +135,7 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
                 (earlier[-1] if earlier else kept[0]).reward += float(rew)
         kept[-1].done = True
         records.extend(kept)
-    return RolloutBuffer(records=records, skipped=skipped)
+    return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed)
 
 
 def _tokens(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:

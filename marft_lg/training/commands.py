@@ -13,6 +13,9 @@ train.yaml:
     phases: [offline, online]
     online: {app: "examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
+
+`online.app` is `module:function` or `file.py:function`, loaded relative to train.yaml's folder (a module or
+file next to it needs no PYTHONPATH); `online.node_roles: {node: role}` maps app nodes to agent roles.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from marft_lg.loading import LoadError, load_object, parse_node_roles
+
+DEFAULT_APP = "examples.math_team.graph:build_graph"
+ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
 
 
 @dataclass
@@ -39,6 +47,20 @@ class TrainFile:
     phases: list[str] = field(default_factory=lambda: ["offline"])
     online: dict[str, Any] = field(default_factory=dict)
     marft: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = field(default=None, init=False, repr=False)
+    """The train.yaml this was read from (not a key)."""
+
+    @property
+    def base_dir(self) -> Path | None:
+        return None if self.path is None else self.path.parent
+
+    def app_factory(self) -> Any:
+        """`online.app` loaded (relative to train.yaml's folder); a bad spec is a BadParameter naming the file."""
+        try:
+            return load_object(self.online.get("app", DEFAULT_APP), base_dir=self.base_dir, what="online.app",
+                               source=self.path)
+        except LoadError as exc:
+            raise typer.BadParameter(str(exc)) from None
 
     @classmethod
     def load(cls, path: Path) -> TrainFile:
@@ -47,13 +69,16 @@ class TrainFile:
         import yaml
 
         data = yaml.safe_load(path.read_text()) or {}
-        known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict):
+            raise typer.BadParameter(f"{path}: expected a mapping of train.yaml keys, got {type(data).__name__}")
+        known = {f.name for f in fields(cls) if f.init}
         for key in data:
             if key not in known:
                 hint = difflib.get_close_matches(key, sorted(known), n=1)
                 raise typer.BadParameter(f"{path}: unknown key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else
                                                                           f"; known keys: {sorted(known)}"))
         out = cls(**data)
+        out.path = path.resolve()
         base = path.parent
         for name in ("registry", "run_dir", "scenarios", "data"):
             value = getattr(out, name)
@@ -68,6 +93,16 @@ class TrainFile:
             raise typer.BadParameter(f"{path}: agents is empty; list the agent roles, e.g. agents: [reasoner, actor]")
         if out.reward is None:
             raise typer.BadParameter(f"{path}: reward is missing; give a CompositeReward YAML path or mapping")
+        if not isinstance(out.online, dict):
+            raise typer.BadParameter(f"{path}: online must be a mapping, e.g. online: {{app: 'my_app:build_graph'}}")
+        unknown = sorted(set(out.online) - set(ONLINE_KEYS))
+        if unknown:
+            raise typer.BadParameter(f"{path}: unknown online keys {unknown}; known: {list(ONLINE_KEYS)}")
+        try:
+            out.online["node_roles"] = parse_node_roles(out.online.get("node_roles"), source=path,
+                                                        key="online.node_roles", roles=out.agents)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         return out
 
 
@@ -82,15 +117,6 @@ def _load_dataset(spec: str):
     return mine([spec])
 
 
-def _load_object(spec: str) -> Any:
-    import importlib
-
-    module, _, attr = spec.partition(":")
-    if not attr:
-        raise typer.BadParameter(f"online.app {spec!r} must look like 'package.module:build_graph'")
-    return getattr(importlib.import_module(module), attr)
-
-
 def train(
     config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="train.yaml"),
     resume: bool = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint"),
@@ -99,6 +125,7 @@ def train(
     from rich.console import Console
 
     from marft_lg.rewards.composite import CompositeReward
+    from marft_lg.rewards.registry import relative_to
     from marft_lg.serving.team import Team
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.trainer import MARFTTrainer
@@ -106,8 +133,13 @@ def train(
 
     console = Console()
     spec = TrainFile.load(config)
+    build = spec.app_factory() if "online" in spec.phases else None  # a bad online.app fails before any work
     cfg = MARFTConfig.from_dict(spec.marft, source=f"{config} [marft]")
-    reward = CompositeReward.from_yaml(spec.reward)
+    try:
+        with relative_to(spec.base_dir):  # an inline reward's custom components load relative to train.yaml
+            reward = CompositeReward.from_yaml(spec.reward)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(f"{config}: reward: {exc}") from None
     scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
     team = Team(spec.model, spec.agents, registry=spec.registry, versions=spec.versions, seed=cfg.seed)
     try:
@@ -127,14 +159,11 @@ def train(
             if scenarios is None:
                 raise typer.BadParameter(f"{config}: phase online needs scenarios: <jsonl or parquet>")
             opts = dict(spec.online)
-            build = _load_object(opts.pop("app", "examples.math_team.graph:build_graph"))
-            split = opts.pop("split", "train")
-            iterations = int(opts.pop("iterations", 10))
-            llm = TeamChatModel(team=team, max_tokens=int(opts.pop("max_tokens", cfg.max_new_tokens)),
-                                temperature=float(opts.pop("temperature", cfg.temperature)))
-            if opts:
-                raise typer.BadParameter(f"{config}: unknown online keys {sorted(opts)}")
-            app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces")
+            split = opts.get("split", "train")
+            iterations = int(opts.get("iterations", 10))
+            llm = TeamChatModel(team=team, max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
+                                temperature=float(opts.get("temperature", cfg.temperature)))
+            app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces", node_roles=opts.get("node_roles"))
             chosen = scenarios.split(split) if split else scenarios
             trainer.fit_online(app, list(chosen), iterations)
         published = {}

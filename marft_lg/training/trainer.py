@@ -299,7 +299,8 @@ class MARFTTrainer:
             "reward_mean": float(np.mean(rewards)) if len(rewards) else None,
             "reward_std": float(np.std(rewards)) if len(rewards) else None,
             "components": _components(table), "trained_agents": agents, "restored": restored,
-            "skipped": dict(buffer.skipped), "recomputed_logprobs": buffer.n_recomputed, "time_s": elapsed,
+            "skipped": dict(buffer.skipped), "recomputed": dict(buffer.recomputed),
+            "recomputed_logprobs": buffer.n_recomputed, "time_s": elapsed,
         }
         if stats is not None:
             row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,

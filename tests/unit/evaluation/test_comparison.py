@@ -28,13 +28,36 @@ def test_agent_metrics_count_steps_tokens_loops_tools_and_format():
     # search ok, calc not expected, search errored -> 1 of 3 correct
     assert m.loc["planner", "tool_accuracy"] == pytest.approx(1 / 3)
     assert math.isnan(m.loc["writer", "tool_accuracy"])
-    # planner->writer->planner is a loop for planner, writer->planner->writer one for writer
-    assert m.loc["planner", "handoff_loops"] == 1 and m.loc["writer", "handoff_loops"] == 1
+    # planner->writer->planner->writer with a new completion each turn is ordinary work, not a handoff loop
+    assert m.loc["planner", "handoff_loops"] == 0 and m.loc["writer", "handoff_loops"] == 0
     assert m.loc["writer", "format_compliance"] == 0.5
     assert m.loc["planner", "format_compliance"] == 1.0  # default: non-empty
     assert m.loc["critic", "steps"] == 0 and math.isnan(m.loc["critic", "format_compliance"])
     e = episode_metrics(ds).iloc[0]
-    assert e["steps"] == 4 and e["handoff_loops"] == 2 and e["tool_errors"] == 1
+    assert e["steps"] == 4 and e["handoff_loops"] == 0 and e["tool_errors"] == 1
+
+
+def _episode(eid: str, agents: str, texts: list[str]) -> dict:
+    return {"episode_id": eid, "scenario_id": "s0",
+            "actions": [{"agent": {"S": "supervisor", "A": "a", "B": "b", "C": "c"}[x], "completion": t}
+                        for x, t in zip(agents, texts, strict=True)]}
+
+
+def test_handoff_loops_metric_counts_only_bouncing_without_progress():
+    # a supervisor fanning out over 3 workers twice (the second round repeats the first's replies)
+    fan = ["go", "a done", "next", "b done", "next", "c done"] * 2 + ["final"]
+    # a and b bouncing 4 times with no progress (repeated text), and the same bouncing with new text each turn
+    stuck = ["please clarify", "what do you need?", "please clarify", "what do you need?", "please clarify"]
+    moving = ["draft 1", "revise", "draft 2", "revise more", "draft 3"]
+    ds = make_dataset([_episode("fan", "SASBSC" * 2 + "S", fan), _episode("stuck", "ABABA", stuck),
+                       _episode("moving", "ABABA", moving)])
+    e = episode_metrics(ds).set_index("episode_id")["handoff_loops"]
+    assert e.to_dict() == {"fan": 0, "stuck": 1, "moving": 0}
+    m = agent_metrics(ds).set_index(["episode_id", "agent"])["handoff_loops"]
+    assert m[("fan", "supervisor")] == 0 and m[("fan", "a")] == 0
+    # the excess hand-off (the 4th) went to agent a
+    assert m[("stuck", "a")] == 1 and m[("stuck", "b")] == 0
+    assert m[("moving", "a")] == 0 and m[("moving", "b")] == 0
 
 
 def test_bad_format_regex_is_reported_with_agent():
@@ -61,16 +84,17 @@ def test_better_candidate_has_positive_team_and_component_deltas(tmp_path):
 
 def test_mixed_candidate_ci_straddles_and_costs_are_compared():
     base = team_run("b", SIDS, {s: f"ANSWER: {SCEN[s]['reference']}" for s in SIDS})
-    # candidate right on half the scenarios, wrong format on the other half, and twice the loops
+    # candidate right on half the scenarios, wrong format on the other half, and a handoff loop: planner and
+    # writer bounce "again" / "?" back and forth (the repeats make no progress; the 3rd pass onward is excess)
     answers = {s: (f"ANSWER: {SCEN[s]['reference']}" if i % 2 else "nope") for i, s in enumerate(SIDS)}
-    cand = team_run("c", SIDS, answers, loops=1, writer_tokens=20)
+    cand = team_run("c", SIDS, answers, loops=2, writer_tokens=20)
     res = compare_datasets(base, cand, FormatAndAnswerReward(), scenarios=SCEN, formats={"writer": r"^ANSWER: \S+$"})
     assert res.team.mean == pytest.approx(-0.5)
     assert res.team.low < res.team.mean < res.team.high <= 0.0
-    assert res.episode_metrics["handoff_loops"].mean == 2.0
-    assert res.episode_metrics["steps"].mean == 2.0
+    assert res.episode_metrics["handoff_loops"].mean == 1.0
+    assert res.episode_metrics["steps"].mean == 4.0
     assert res.cost_ratio() > 1.5
-    assert res.agents["writer"]["format_compliance"].mean == pytest.approx(-0.75)
+    assert res.agents["writer"]["format_compliance"].mean == pytest.approx(-5 / 6)
 
 
 def test_unscored_episodes_and_unmatched_units_are_left_out_and_counted():

@@ -207,3 +207,22 @@ def test_fifty_concurrent_runs_pinned_to_different_versions_never_cross(tmp_path
         assert version == f"v{eid[1:]}", (eid, version)
     others = acts[acts["agent"] != "writer"]
     assert set(others["adapter_version"]) == {"v1"}
+
+
+def test_a_malformed_block_left_in_the_content_is_a_tool_error(tmp_path):
+    """ChatOpenAI drops the server's `invalid_tool_calls` field: the raw block in the content is still flagged."""
+    from langchain_core.messages import AIMessage
+
+    class RawBlock(T.ToolFake):
+        def _answer(self, messages):
+            if self.tool_names and not any(getattr(m, "type", "") == "tool" for m in messages):
+                return AIMessage(content='worker result: <tool_call>{"name": "lookup", "arguments": {"topic": </tool_call>')
+            return super()._answer(messages)
+
+    app = wrap(T.hand_written_supervisor(RawBlock()), trace_dir=tmp_path)
+    app.invoke(INPUT, episode_id="e")
+    app.flush()
+    acts = mine([tmp_path]).actions.sort_values("order").to_dict("records")
+    worker = acts[1]
+    assert worker["agent"] == "researcher" and worker["tool_errors"] == 1
+    assert "not valid JSON" in worker["tool_calls"][0]["error"]

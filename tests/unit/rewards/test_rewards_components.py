@@ -217,7 +217,8 @@ def test_goal_progress_fraction_and_first_action_that_met_each_checkpoint():
     ("ABABCDCDC", [[3], [7, 8]]),
 ])
 def test_handoff_loops(agents, loops):
-    assert handoff_loops([(a, i) for i, a in enumerate(agents)]) == loops
+    # empty completions and no tool calls: no action makes progress
+    assert handoff_loops([{"agent": a, "order": i, "completion": ""} for i, a in enumerate(agents)]) == loops
 
 
 def test_handoff_loop_rate_component():
@@ -225,6 +226,49 @@ def test_handoff_loop_rate_component():
     score = HandoffLoopRate()(ep)
     assert score.value == 1.0 and score.per_action == pytest.approx({3: 0.5, 4: 0.5})
     assert HandoffLoopRate(max_passes=4)(ep).value == 0.0
+
+
+def _turns(agents: str, texts=None, tools=None) -> list[dict]:
+    return [{"agent": a, "completion": texts[i] if texts else "", "tool_calls": (tools or {}).get(i)}
+            for i, a in enumerate(agents)]
+
+
+def test_supervisor_fan_out_over_three_workers_twice_is_no_loop():
+    # S->A->S->B->S->C->S, twice, with the same replies each round (no progress in the second round)
+    round_ = ["dispatch", "a done", "next", "b done", "next", "c done"]
+    ep = make_episode(_turns("SASBSC" * 2 + "S", round_ * 2 + ["final"]))
+    assert handoff_loops(ep.actions) == []
+    assert HandoffLoopRate()(ep).value == 0.0
+    # also without any progress at all (empty completions)
+    assert HandoffLoopRate()(make_episode(_turns("SASBSCSASBSCS"))).value == 0.0
+
+
+def test_two_agents_bouncing_four_times_without_progress_is_a_loop():
+    texts = ["please clarify", "what do you need?", "please clarify", "what do you need?", "please clarify"]
+    ep = make_episode(_turns("ABABA", texts))
+    # hand-offs 1 and 2 follow turns with new text; hand-offs 2, 3, 4 follow repeats: the 4th is excess
+    assert handoff_loops(ep.actions) == [[4]]
+    score = HandoffLoopRate()(ep)
+    assert score.value == 1.0 and score.per_action == {4: 1.0}
+
+
+def test_the_same_bouncing_with_progress_each_turn_is_no_loop():
+    new_text = make_episode(_turns("ABABA", ["draft 1", "revise", "draft 2", "revise more", "draft 3"]))
+    assert handoff_loops(new_text.actions) == [] and HandoffLoopRate()(new_text).value == 0.0
+    # a successful tool call is progress too, even with a repeated (or empty) completion
+    tools = {i: [tool("search")] for i in range(5)}
+    with_tools = make_episode(_turns("ABABA", tools=tools))
+    assert HandoffLoopRate()(with_tools).value == 0.0
+    failed = make_episode(_turns("ABABA", tools={i: [tool("search", error="timeout")] for i in range(5)}))
+    assert HandoffLoopRate()(failed).value == 1.0
+
+
+def test_progress_resets_the_count_and_case_and_spaces_do_not_make_text_new():
+    # the 3rd turn (order 2) writes something new, so the count restarts at its hand-off: passes 1, 2, then
+    # 1 (after "new idea"), 2, 3, 4 -> the hand-offs to orders 5 and 6 are the excess ("X " repeats "x")
+    texts = ["x", "x", "new idea", "X ", "x", "x", "x"]
+    assert handoff_loops(make_episode(_turns("ABABABA", texts)).actions) == [[5, 6]]
+    assert handoff_loops(make_episode(_turns("ABABABA", ["x"] * 7)).actions) == [[3, 4, 5, 6]]
 
 
 # --- format ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from rewards_factory import make_dataset, tool
 
+from marft_lg.loading import LoadError
 from marft_lg.rewards import ComponentScore, CompositeReward, RewardResult, TaskCompletion
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -160,8 +161,13 @@ def test_load_errors_name_what_is_known(tmp_path):
         CompositeReward({"step_count": -0.1}, credit="dense")
     with pytest.raises(ValueError, match="weight of 'step_count' must be finite"):
         CompositeReward({"step_count": float("nan")})
-    with pytest.raises(ValueError, match="cannot import 'no_such_pkg.mod' for reward component"):
+    with pytest.raises(LoadError, match="cannot load reward component 'no_such_pkg.mod:Thing': no module named "
+                                        "'no_such_pkg.mod'.*installed, or on PYTHONPATH") as info:
         CompositeReward({"no_such_pkg.mod:Thing": 1.0})
+    assert info.value.missing == "module"
+    with pytest.raises(LoadError, match=r"reward component 'mine' of type 'rewards_user_components:LenghtScore': "
+                                        r"module 'rewards_user_components' has no attribute 'LenghtScore'; did you mean 'LengthScore'"):
+        CompositeReward({"mine": 1.0}, components={"mine": {"type": "rewards_user_components:LenghtScore"}})
     bad = tmp_path / "bad.yaml"
     bad.write_text("weights: {task_completion: 1.0}\nextra: 1\n")
     with pytest.raises(ValueError, match=r"bad.yaml: unknown keys \['extra'\]"):

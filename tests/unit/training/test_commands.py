@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import typer
@@ -38,3 +39,99 @@ def test_cli_offline_training_publishes_candidate(chain_dataset, tiny_model_dir,
     reg = AdapterRegistry(tmp_path / "registry")
     assert set(reg.alias("candidate")) == {"reasoner", "actor"}
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()
+
+
+# --- online.app loading and node_roles ---------------------------------------------------------------
+
+def _app_next_to(folder, name: str) -> None:
+    """`<name>.py` with `build(llm)` that imports a sibling module, written next to train.yaml."""
+    (folder / f"{name}_helper.py").write_text("SUFFIX = 'ok'\n")
+    (folder / f"{name}.py").write_text(f"import {name}_helper\n\ndef build(llm):\n    return ('graph', {name}_helper.SUFFIX)\n")
+
+
+def test_online_app_next_to_train_yaml_loads_without_pythonpath(tmp_path):
+    import uuid
+
+    name = f"trainapp_{uuid.uuid4().hex[:8]}"
+    _app_next_to(tmp_path, name)
+    p = tmp_path / "train.yaml"
+    for spec in (f"{name}:build", f"{name}.py:build"):
+        p.write_text(yaml.safe_dump({"agents": ["a"], "reward": "r.yaml", "phases": ["online"], "online": {"app": spec}}))
+        assert TrainFile.load(p).app_factory()(None) == ("graph", "ok")
+
+
+def test_bad_online_app_fails_first_naming_the_file_and_what_is_missing(tmp_path):
+    from marft_lg.cli import app
+
+    p = tmp_path / "train.yaml"
+    # the model does not exist either: the app is checked before anything is loaded
+    p.write_text(yaml.safe_dump({"model": str(tmp_path / "no-model"), "agents": ["a"], "phases": ["online"],
+                                 "scenarios": "s.jsonl", "reward": {"weights": {"step_count": -0.1}},
+                                 "online": {"app": "no_such_app_mod_xyz:build"}}))
+    result = CliRunner().invoke(app, ["train", "--config", str(p)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())  # rich's error box, unwrapped
+    assert "cannot load online.app 'no_such_app_mod_xyz:build': no module named 'no_such_app_mod_xyz'" in text
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(("node_roles", "message"), [
+    (["reasoner"], "online.node_roles must map node names to agent roles"),
+    ({"think": "critic"}, "online.node_roles: node 'think' maps to role 'critic', which is not one of the agents"),
+])
+def test_online_node_roles_are_checked_with_the_file_and_key_named(tmp_path, node_roles, message):
+    p = tmp_path / "train.yaml"
+    p.write_text(yaml.safe_dump({"agents": ["reasoner", "actor"], "reward": "r.yaml",
+                                 "online": {"node_roles": node_roles}}))
+    with pytest.raises(typer.BadParameter, match=rf"train.yaml: {message}"):
+        TrainFile.load(p)
+
+
+def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
+    """The online phase wraps the app with train.yaml's online.node_roles (model and trainer faked)."""
+    import importlib
+    import types
+    import uuid
+
+    from marft_lg.cli import app
+
+    seen = {}
+
+    class FakeTeam:
+        def __init__(self, model, agents, **kw):
+            self.agents, self.registry = agents, types.SimpleNamespace(set_alias=lambda *a, **k: None)
+
+        def save_version(self, role, **kw):
+            return "v1"
+
+        def close(self):
+            pass
+
+    class FakeTrainer:
+        run_id, iteration = "run", 1
+
+        def __init__(self, *a, **kw):
+            pass
+
+        def fit_online(self, wrapped, scenarios, iterations):
+            seen["app"], seen["scenarios"] = wrapped, scenarios
+
+    def fake_wrap(graph, **kw):
+        seen["graph"], seen["wrap"] = graph, kw
+        return "wrapped"
+
+    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
+    monkeypatch.setattr(importlib.import_module("marft_lg.graph.wrap"), "wrap", fake_wrap)
+    name = f"trainapp_{uuid.uuid4().hex[:8]}"
+    _app_next_to(tmp_path, name)
+    (tmp_path / "s.jsonl").write_text('{"scenario_id": "s1", "inputs": {"q": "1+1"}}\n')
+    p = tmp_path / "train.yaml"
+    p.write_text(yaml.safe_dump({"agents": ["reasoner", "actor"], "phases": ["online"], "scenarios": "s.jsonl",
+                                 "reward": {"weights": {"step_count": -0.1}},
+                                 "online": {"app": f"{name}:build", "iterations": 1,
+                                            "node_roles": {"think": "reasoner", "answer": "actor"}}}))
+    result = CliRunner().invoke(app, ["train", "--config", str(p)])
+    assert result.exit_code == 0, result.output
+    assert seen["graph"] == ("graph", "ok") and seen["app"] == "wrapped"
+    assert seen["wrap"]["node_roles"] == {"think": "reasoner", "answer": "actor"}

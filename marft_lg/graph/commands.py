@@ -1,0 +1,92 @@
+"""`marft-lg run --app FILE.py:NAME --scenarios F`: run an app on scenarios, traced (registered in marft_lg/cli.py).
+
+This is how a project gets its first traces from the CLI: the app as the user wrote it (a compiled
+graph, a wrapped app, or a zero-argument factory), each scenario's `inputs` run `--samples` times,
+every run one episode in `--trace-dir`. Heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _graph_of(obj: Any, spec: str) -> Any:
+    """The compiled graph (or wrapped app) an --app object stands for; a factory is called with no argument."""
+    from langchain_core.runnables import Runnable
+
+    if isinstance(obj, Runnable):
+        return obj
+    if callable(obj):
+        try:
+            built = obj()
+        except TypeError as exc:
+            raise typer.BadParameter(f"{spec} is a factory that needs arguments ({exc}); name the compiled graph "
+                                     "instead, or a factory callable with no argument", param_hint="--app") from None
+        if isinstance(built, Runnable):
+            return built
+        obj = built
+    raise typer.BadParameter(f"{spec} is a {type(obj).__name__}, not a compiled LangGraph graph or a factory of one",
+                             param_hint="--app")
+
+
+def run(
+    app: str = typer.Option(..., "--app", help="The LangGraph app: FILE.py:NAME or module:NAME (a compiled graph, a wrapped app, or a zero-argument factory)."),
+    scenarios: Path = typer.Option(..., "--scenarios", exists=True, dir_okay=False, help="Scenario JSONL (see docs/compare.md#scenario-files)."),
+    trace_dir: Path = typer.Option(Path("traces"), "--trace-dir", help="Where the OTLP/JSON-lines traces go."),
+    split: str | None = typer.Option(None, "--split", help="Only scenarios of this split (e.g. train)."),
+    samples: int = typer.Option(1, "--samples", min=1, help="Runs per scenario."),
+    node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, help="Runs at once."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the runs (passed to each episode)."),
+) -> None:
+    """Run the app on every scenario (traced, one episode per run) to record traces to mine and train from."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from marft_lg.graph.routing import derive_seed
+    from marft_lg.graph.wrap import WrappedGraph, wrap
+    from marft_lg.loading import LoadError, load_object, parse_node_roles
+    from marft_lg.trajectories.scenarios import ScenarioSet
+
+    console = Console()
+    try:
+        obj = load_object(app, what="--app")
+        roles = parse_node_roles(node_roles, key="--node-roles")
+        scenario_set = ScenarioSet.load(scenarios)
+    except (LoadError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    chosen = list(scenario_set.split(split) if split else scenario_set)
+    if not chosen:
+        raise typer.BadParameter(f"{scenarios}: no scenarios" + (f" in split {split!r}" if split else ""))
+    graph = _graph_of(obj, app)
+    wrapped = graph if isinstance(graph, WrappedGraph) else wrap(graph, trace_dir=trace_dir, node_roles=roles)
+    run_id = uuid.uuid4().hex[:8]
+    jobs = [(s, j) for s in chosen for j in range(samples)]
+    failures: list[str] = []
+
+    def one(s: Any, j: int) -> None:
+        eid = f"run-{run_id}-{s.scenario_id}-{j}"
+        try:
+            wrapped.invoke(s.inputs, episode_id=eid, scenario_id=s.scenario_id, seed=derive_seed(seed, s.scenario_id, j))
+        except Exception as exc:  # a failed run is traced with status error; keep going
+            failures.append(f"{eid}: {type(exc).__name__}: {exc}")
+
+    with Progress(console=console, transient=True) as bar, ThreadPoolExecutor(concurrency) as pool:
+        task = bar.add_task("running scenarios", total=len(jobs))
+        for fut in as_completed([pool.submit(one, s, j) for s, j in jobs]):
+            fut.result()
+            bar.advance(task)
+    wrapped.flush()
+    for line in failures[:5]:
+        console.print(f"[yellow]failed[/] {line}")
+    console.print(f"ran {len(jobs)} episodes ({len(failures)} failed) of {len(chosen)} scenarios; traces in "
+                  f"{wrapped.trace_dir or trace_dir}")
+    if failures and len(failures) == len(jobs):
+        raise typer.Exit(1)
+

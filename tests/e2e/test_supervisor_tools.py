@@ -1,0 +1,94 @@
+"""examples/supervisor_tools: a supervisor + two prebuilt ReAct workers on plain ChatOpenAI, its whole loop from the
+CLI on the real 135M model: serve, run, mine, score, train (offline + online), compare, promote, rollback, retrain.
+No PYTHONPATH and no glue file: the configs in the example's folder are all it takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+from examples.wrap_existing.run import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "supervisor_tools"
+CLI = [sys.executable, "-m", "marft_lg.cli"]
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    proc = subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"marft-lg {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def test_the_whole_loop_runs_from_the_cli(tmp_path):
+    work = tmp_path / "supervisor_tools"
+    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("runs", "traces", "registry", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    port = free_port()
+    env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
+    agents = "supervisor,researcher,mathematician"
+    server = subprocess.Popen([*CLI, "serve", "--agents", agents, "--registry", "registry", "--port", str(port)],
+                              cwd=work, env=env, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, "marft-lg serve did not come up"
+            time.sleep(1)
+
+        out = _cli(["run", "--app", "app.py:graph", "--scenarios", "scenarios.jsonl", "--split", "train"], work, env)
+        assert "ran 4 episodes (0 failed)" in out
+        _cli(["mine", "traces", "--out", "data"], work, env)
+        actions = pd.read_parquet(work / "data" / "actions.parquet")
+        assert set(actions["agent"]) <= {"supervisor", "researcher", "mathematician"}
+        assert "supervisor" in set(actions["agent"]) and len(set(actions["agent"])) >= 2  # it routed to a worker
+        assert (actions.groupby("episode_id")["step"].apply(lambda s: list(s) == sorted(s))).all()
+        _cli(["score", "data", "--reward", "reward.yaml", "--scenarios", "scenarios.jsonl", "--out", "scores.parquet"],
+             work, env)
+        assert len(pd.read_parquet(work / "scores.parquet")) == 4
+
+        out = _cli(["train", "--config", "train.yaml"], work, env, timeout=900)
+        assert "saved as alias 'candidate'" in out
+        out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios.jsonl",
+                    "--app", "app.py:build_graph", "--reward", "reward.yaml", "--registry", "registry", "--agents",
+                    agents, "--max-tokens", "48", "--out", "runs/compare", "--no-drift"], work, env, timeout=900)
+        decision = json.loads((work / "runs" / "compare" / "decision.json").read_text())
+        assert decision["decision"] in ("promote", "reject") and "gate:" in out
+
+        server_url = f"http://127.0.0.1:{port}"
+        out = _cli(["promote", "--registry", "registry", "--versions", "candidate", "--force", "--server", server_url,
+                    "--reason", "e2e"], work, env)
+        live = json.loads((work / "registry" / "aliases.json").read_text())["aliases"]["live"]
+        assert live == {"supervisor": "v1", "researcher": "v1", "mathematician": "v1"}
+        _cli(["rollback", "--registry", "registry", "--server", server_url], work, env)
+        assert not json.loads((work / "registry" / "aliases.json").read_text())["aliases"]["live"]
+        _cli(["promote", "--registry", "registry", "--versions", "candidate", "--force", "--reason", "retrain from it"],
+             work, env)
+
+        _cli(["run", "--app", "app.py:graph", "--scenarios", "scenarios.jsonl", "--split", "train"], work, env)
+        out = _cli(["retrain", "--job", "job.yaml"], work, env, timeout=1200)
+        runs = list((work / "runs" / "retrain").glob("*/"))
+        assert runs, out
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

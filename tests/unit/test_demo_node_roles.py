@@ -1,0 +1,59 @@
+"""`marft-lg demo --node-roles`: checked before any work, and passed to both wrapped math-team apps."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from marft_lg.cli import app as cli
+from marft_lg.demo import BUDGETS, run_demo
+
+
+class _Stop(Exception):
+    pass
+
+
+class FakeTeam:
+    def __init__(self, model, roles, **kw):
+        self.registry = types.SimpleNamespace(promote=lambda *a, **k: None)
+
+    def save_version(self, role, **kw):
+        return "v1"
+
+    def load_version(self, role, version):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, {"reasoner": "reasoner", "actor": "actor"}),
+    ("reasoner=actor,actor=reasoner", {"reasoner": "actor", "actor": "reasoner"}),
+])
+def test_run_demo_wraps_the_app_with_node_roles(tmp_path, monkeypatch, given, expected):
+    seen = {}
+
+    def fake_wrap(graph, **kw):
+        seen.update(kw)
+        raise _Stop
+
+    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr(importlib.import_module("marft_lg.graph.wrap"), "wrap", fake_wrap)
+    with pytest.raises(_Stop):
+        run_demo(BUDGETS["smoke"], tmp_path / "run", model="unused", trace_root=tmp_path / "traces", node_roles=given)
+    assert seen["node_roles"] == expected
+
+
+def test_demo_rejects_bad_node_roles_before_any_work(tmp_path):
+    run_dir = tmp_path / "run"
+    out = CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(run_dir),
+                                   "--node-roles", "reasoner=critic"])
+    assert out.exit_code == 2, out.output
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", out.output).split())
+    assert "node 'reasoner' maps to role 'critic', which is not one of the agents ['reasoner', 'actor']" in text
+    assert not run_dir.exists()

@@ -75,21 +75,31 @@ class NoopHandler(BaseCallbackHandler):
         pass
 
 
+def _ignore(*args, **kwargs):
+    return None
+
+
 class _IgnoringRecorder(EpisodeRecorder):
-    ignore_chain = ignore_llm = ignore_chat_model = True
+    """An episode recorder whose callback bodies do nothing (the tracer still dispatches to it)."""
+
+    on_chain_start = on_chain_end = on_chain_error = _ignore
+    on_chat_model_start = on_llm_start = on_llm_end = on_llm_error = _ignore
+    on_tool_start = on_tool_end = on_tool_error = _ignore
 
 
 class SetupOnly(WrappedGraph):
-    """wrap() with its recorder's callbacks switched off by LangChain's own ``ignore_*`` flags.
+    """wrap() with its episodes' recording switched off: episode set-up + routing + dispatch, without recording."""
 
-    LangChain still dispatches every event to the handler; only the recorder's method bodies do not
-    run: episode set-up + routing + dispatch, without recording.
-    """
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        begin = self.tracer._begin
 
-    def _begin(self, *args, **kwargs):
-        config, recorder = super()._begin(*args, **kwargs)
-        recorder.__class__ = _IgnoringRecorder
-        return config, recorder
+        def begin_ignoring(*a, **k):
+            episode = begin(*a, **k)
+            episode.recorder.__class__ = _IgnoringRecorder
+            return episode
+
+        self.tracer._begin = begin_ignoring
 
 
 class State(TypedDict):

@@ -32,19 +32,26 @@ def start_server(model: str, port: int, log: Path, timeout_s: float = 300.0) -> 
     """`marft-lg serve` for the app's two roles, on loopback, in its own process group."""
     cmd = [sys.executable, "-m", "marft_lg.cli", "serve", "--model", model, "--agents", "researcher,writer",
            "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return start_process(cmd, f"http://127.0.0.1:{port}/health", log, timeout_s=timeout_s)
+
+
+def start_process(cmd: list[str], health_url: str, log: Path, *, cwd: Path | None = None,
+                  env: dict[str, str] | None = None, timeout_s: float = 300.0) -> subprocess.Popen:
+    """Start a server in its own process group and wait until `health_url` answers 200 (stopped on failure)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"marft-lg serve exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
+            raise RuntimeError(f"{cmd[2:4]} exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            if httpx.get(health_url, timeout=2).status_code == 200:
                 return proc
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
     stop_server(proc)
-    raise TimeoutError(f"marft-lg serve did not become healthy in {timeout_s:.0f}s; see {log}")
+    raise TimeoutError(f"{cmd[2:4]} did not become healthy in {timeout_s:.0f}s; see {log}")
 
 
 def stop_server(proc: subprocess.Popen) -> None:

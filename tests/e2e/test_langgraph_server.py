@@ -6,16 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from examples.wrap_existing.run import free_port
+from examples.wrap_existing.run import free_port, start_process, stop_server
 from marft_lg import mine
 
 pytestmark = pytest.mark.e2e
@@ -38,21 +35,10 @@ def test_langgraph_api_server_runs_are_episodes(tmp_path):
     port = free_port()
     env = {**os.environ, "MARFT_LG_TRACE_DIR": str(traces), "LANGGRAPH_CLI_NO_ANALYTICS": "1"}
     langgraph = Path(sys.executable).parent / "langgraph"
-    server = subprocess.Popen([str(langgraph), "dev", "--config", "langgraph.json", "--host", "127.0.0.1", "--port",
-                               str(port), "--no-browser", "--no-reload", "--allow-blocking"], cwd=tmp_path, env=env,
-                              stdout=(tmp_path / "server.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_process([str(langgraph), "dev", "--config", "langgraph.json", "--host", "127.0.0.1", "--port",
+                            str(port), "--no-browser", "--no-reload", "--allow-blocking"],
+                           f"http://127.0.0.1:{port}/ok", tmp_path / "server.log", cwd=tmp_path, env=env, timeout_s=120)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ok", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "langgraph dev did not come up"
-            time.sleep(0.5)
-
         async def drive() -> tuple[dict, int, str]:
             from langgraph_sdk import get_client
 
@@ -83,12 +69,7 @@ def test_langgraph_api_server_runs_are_episodes(tmp_path):
             assert time.monotonic() < deadline, "the server's runs were not traced"
             time.sleep(1)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
     episodes = ds.episodes.set_index("episode_id")
     assert set(episodes.index) == {"ep-wait", run_id}
     assert episodes.loc["ep-wait", "scenario_id"] == "s-wait" and episodes.loc[run_id, "scenario_id"] == "s-stream"

@@ -74,11 +74,11 @@ class ToolFake(BaseChatModel):
                 if target in handoffs:
                     return AIMessage(content="", tool_calls=[{"name": target, "args": {}, "id": f"h{done}"}])
             return AIMessage(content=f"final answer after {done} hand-offs")
-        if self.tool_names:  # a worker with tools
-            last = messages[-1]
-            if isinstance(last, ToolMessage):
-                return AIMessage(content=f"worker result: {last.content}")
-            first_turn = not any(isinstance(m, ToolMessage) for m in messages)
+        if self.tool_names:  # a worker with tools (a hand-off's "transferred" tool message is not a result)
+            results = [m for m in messages if isinstance(m, ToolMessage) and "transferred" not in str(m.content).lower()]
+            if results and messages[-1] is results[-1]:
+                return AIMessage(content=f"worker result: {results[-1].content}")
+            first_turn = not results
             name = self.tool_names[0]
             args = {"topic": "otel"} if name == "lookup" else {"a": 6, "b": 0 if name == "divide" else 3}
             invalid = ([{"name": name, "args": '{"a": 1,', "id": "bad-1", "error": "unparsable arguments",

@@ -9,7 +9,6 @@ gate passes -> write a report (Markdown + PNG plots) into the run directory.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,17 +59,9 @@ DEMO_GATE = {
 
 
 def _examples() -> Any:
-    """The math team lives in `examples/` of a marft_lg checkout (it is an app, not library code)."""
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "examples" / "math_team" / "graph.py").exists():
-        raise typer.BadParameter(
-            f"`marft-lg demo` runs examples/math_team from a marft_lg checkout, and {root} has none; "
-            "run it from a clone of the repository (`make demo`)"
-        )
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    import examples.math_team as math_team
-    from examples.math_team import graph, problems, reward, settings
+    """The math team (app, problems, reward, settings): it ships inside the package, so the demo runs anywhere."""
+    import marft_lg.examples.math_team as math_team
+    from marft_lg.examples.math_team import graph, problems, reward, settings
 
     math_team.graph, math_team.problems, math_team.reward, math_team.settings = graph, problems, reward, settings
     return math_team

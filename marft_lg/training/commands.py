@@ -11,7 +11,7 @@ train.yaml:
     scenarios: scenarios.jsonl              # references for the reward; the online phase runs them
     data: traces                            # offline data: a traces directory/glob or a parquet dataset dir
     phases: [offline, online]
-    online: {app: "examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
+    online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
 
 `online.app` is `module:function` or `file.py:function`, loaded relative to train.yaml's folder (a module or
@@ -28,7 +28,7 @@ import typer
 
 from marft_lg.loading import LoadError, load_object, parse_node_roles
 
-DEFAULT_APP = "examples.math_team.graph:build_graph"
+DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
 
 

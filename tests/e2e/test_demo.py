@@ -1,25 +1,56 @@
-"""`marft-lg demo` end to end on the real embedded model (smoke budget): every stage runs, the report
-exists, and its numbers agree with the run's own logs."""
+"""`marft-lg demo` end to end on the real embedded model (smoke budget), from an installed wheel: the package is
+built, installed into a fresh venv (its dependencies from this environment) and run from a temp dir outside the
+checkout; every stage runs, the report exists, and its numbers agree with the run's own logs."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _installed_wheel(root: Path) -> Path:
+    """A fresh venv holding the built wheel of this checkout (not the editable install); returns its bin dir."""
+    dist = root / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+                    str(REPO)], check=True, capture_output=True, text=True, timeout=600)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    bin_dir = venv / "bin"
+    site = Path(subprocess.run([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # the dependencies (torch, transformers, ...) come from this environment, after the venv's own packages
+    (site / "_deps_from_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    wheels = sorted(dist.glob("marft_lg-*.whl"))
+    assert wheels, f"no wheel built in {dist}"
+    subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheels[-1])],
+                   check=True, timeout=300)
+    return bin_dir
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, embedded_model_dir):
     root = tmp_path_factory.mktemp("demo")
+    bin_dir = _installed_wheel(root)
+    away = root / "elsewhere"
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import marft_lg, marft_lg.examples.math_team as m; "
+                            "print(marft_lg.__file__); print(m.__file__)"], cwd=away, env=env, check=True,
+                           capture_output=True, text=True).stdout
+    assert str(REPO) not in where and str(root / "venv") in where, where  # the wheel, not the checkout
     run_dir, traces = root / "run", root / "traces"
     proc = subprocess.run(
-        [sys.executable, "-m", "marft_lg.cli", "demo", "--budget", "smoke", "--run-dir", str(run_dir),
-         "--trace-root", str(traces)],
-        capture_output=True, text=True, timeout=1500,
+        [str(bin_dir / "marft-lg"), "demo", "--budget", "smoke", "--run-dir", str(run_dir), "--trace-root", str(traces)],
+        capture_output=True, text=True, timeout=1500, cwd=away, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return run_dir, proc.stdout

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.math_team.graph import ROLES, build_graph
-from examples.math_team.problems import make_problems
-from examples.math_team.reward import math_reward
+from marft_lg.examples.math_team.graph import ROLES, build_graph
+from marft_lg.examples.math_team.problems import make_problems
+from marft_lg.examples.math_team.reward import math_reward
 
 pytestmark = pytest.mark.integration
 

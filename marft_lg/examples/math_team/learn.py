@@ -1,6 +1,6 @@
 """Train the math team with MARFT on the embedded 135M model and measure held-out team reward.
 
-    python -m examples.math_team.learn --minutes 20
+    python -m marft_lg.examples.math_team.learn --minutes 20
 
 Steps: untuned team on held-out problems (greedy) -> on-policy MARFT on the train split until the
 time budget is spent -> tuned team on the same held-out problems -> paired bootstrap 95% CI of
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.math_team.graph import ROLES, build_graph
-from examples.math_team.problems import make_problems
-from examples.math_team.reward import math_reward
-from examples.math_team.settings import MARFT_SETTINGS, REPLY_TOKENS
+from marft_lg.examples.math_team.graph import ROLES, build_graph
+from marft_lg.examples.math_team.problems import make_problems
+from marft_lg.examples.math_team.reward import math_reward
+from marft_lg.examples.math_team.settings import MARFT_SETTINGS, REPLY_TOKENS
 
 
 def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float], dict[str, float]]:

@@ -1,6 +1,6 @@
 """The MARFT settings the math team learns with on 2 CPU cores (docs/training.md says why each).
 
-Shared by `examples.math_team.learn` (the 20-minute learning evidence) and `marft-lg demo`.
+Shared by `marft_lg.examples.math_team.learn` (the 20-minute learning evidence) and `marft-lg demo`.
 """
 
 ROLLOUT_TEMPERATURE = 0.8

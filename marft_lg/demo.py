@@ -217,7 +217,12 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         report = _write_report(run_dir, summary, compare_files)
         log.record("done", report=str(report), minutes=summary["minutes"])
         print_summary(result, decision, console=console)
-        console.print(f"\n[bold green]report:[/bold green] {report}")
+        why = ("the tuned team's held-out reward is higher, paired 95% CI "
+               f"[{_fmt(result.team.to_dict().get('low'))}, {_fmt(result.team.to_dict().get('high'))}]"
+               if decision.promote else (decision.reasons[0] if decision.reasons else "the gate rejected it"))
+        console.print(f"\n[bold]decision:[/bold] {'PROMOTE' if decision.promote else 'REJECT'}: {why}", soft_wrap=True)
+        console.print(f"[bold green]report:[/bold green] {report} ({report.with_suffix('.html').name} beside it)",
+                      soft_wrap=True)
         return summary
     finally:
         team.close()
@@ -283,6 +288,9 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
                         "significant gain. Run `marft-lg demo` for the full budget.\n")
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
+    from marft_lg.evaluation.report import markdown_to_html
+
+    (run_dir / "report.html").write_text(markdown_to_html("\n".join(lines), title="marft_lg demo run"))
     return path
 
 

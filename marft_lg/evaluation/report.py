@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -172,20 +173,81 @@ def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDe
     md_path = out / "report.md"
     md_path.write_text("\n".join(md))
 
-    esc = html.escape
-    body = ["<h1>Shadow comparison</h1>", "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in header) + "</ul>"]
-    if decision is not None and decision.reasons:
-        body.append("<h2>Why the gate rejected</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in decision.reasons) + "</ul>")
-    for title, cols, rows in tables:
-        body.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-                    + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
-    body.append("<h2>Plots</h2>" + "".join(f'<p><img src="plots/{p.name}" alt="{k}"></p>' for k, p in images.items()))
-    style = ("body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}th{background:#f3f3f3}")
     html_path = out / "report.html"
-    html_path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Shadow comparison</title>"
-                         f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+    html_path.write_text(markdown_to_html("\n".join(md), title="Shadow comparison"))
     return {"markdown": md_path, "html": html_path, **images}
+
+
+_STYLE = ("body{font-family:sans-serif;max-width:70em;margin:2em auto}table{border-collapse:collapse}"
+          "td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}th{background:#f3f3f3}img{max-width:100%}")
+_INLINE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)|\[([^\]]+)\]\(([^)]+)\)|\*\*([^*]+)\*\*|`([^`]+)`")
+
+
+def _inline(text: str) -> str:
+    """Images, links, bold and code of one Markdown line as HTML; everything else escaped."""
+    out, pos = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(html.escape(text[pos:m.start()]))
+        img_alt, img_src, link_text, link_href, bold, code = m.groups()
+        if img_src is not None:
+            out.append(f'<img src="{html.escape(img_src)}" alt="{html.escape(img_alt)}">')
+        elif link_href is not None:
+            out.append(f'<a href="{html.escape(link_href)}">{html.escape(link_text)}</a>')
+        elif bold is not None:
+            out.append(f"<strong>{html.escape(bold)}</strong>")
+        else:
+            out.append(f"<code>{html.escape(code)}</code>")
+        pos = m.end()
+    out.append(html.escape(text[pos:]))
+    return "".join(out)
+
+
+def markdown_to_html(markdown: str, *, title: str) -> str:
+    """The Markdown the reports write (headings, lists, tables, quotes, images, links) as one HTML page."""
+    body: list[str] = []
+    table: list[list[str]] = []
+    items: list[str] = []
+
+    def flush() -> None:
+        if table:
+            head, *rows = table
+            body.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                        + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+                        + "</table>")
+            table.clear()
+        if items:
+            body.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
+            items.clear()
+
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("|"):
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", stripped.strip("|"))]
+            if not all(set(c) <= set("-: ") for c in cells):
+                table.append(cells)
+            continue
+        if stripped.startswith("- "):
+            if table:
+                flush()
+            text = _inline(stripped[2:])
+            if line.startswith("  ") and items:
+                items[-1] += f"<ul><li>{text}</li></ul>"
+            else:
+                items.append(text)
+            continue
+        flush()
+        if not stripped:
+            continue
+        level = len(stripped) - len(stripped.lstrip("#"))
+        if 0 < level <= 6 and stripped[level:level + 1] == " ":
+            body.append(f"<h{level}>{_inline(stripped[level + 1:])}</h{level}>")
+        elif stripped.startswith(">"):
+            body.append(f"<blockquote>{_inline(stripped.lstrip('> '))}</blockquote>")
+        else:
+            body.append(f"<p>{_inline(stripped)}</p>")
+    flush()
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>")
 
 
 def print_summary(result: ComparisonResult, decision: GateDecision | None = None, console: Any = None) -> None:

@@ -72,6 +72,11 @@ def test_report_and_plots_exist_and_say_where(demo_run):
         assert (run_dir / png).stat().st_size > 1000, png
         assert png in text
     assert (run_dir / "compare" / "report.html").exists()
+    page = (run_dir / "report.html").read_text()
+    assert '<img src="train/reward.png"' in page and "<table>" in page
+    # printed last: the decision with its reason, then where the report is
+    last = stdout[stdout.rindex("decision: "):]
+    assert ("PROMOTE" in last or "REJECT" in last) and "report:" in last and last.rstrip().endswith("beside it)")
 
 
 def test_report_numbers_match_the_logs(demo_run):

@@ -55,13 +55,25 @@ def plot_component_deltas(result: ComparisonResult, path: Path) -> Path:
     return path
 
 
+def agent_panel_metrics(result: ComparisonResult) -> tuple[list[str], list[str]]:
+    """(metrics to plot, metrics left out): a metric no agent moved (every delta and CI exactly 0, or undefined) is
+    one this app does not have, e.g. tool accuracy in a team without tools; a flat panel would say nothing."""
+
+    def flat(metric: str) -> bool:
+        return all((not ci.defined or (ci.low == 0 and ci.high == 0)) and (math.isnan(ci.mean) or ci.mean == 0)
+                   for ci in (per_agent[metric] for per_agent in result.agents.values()))
+
+    shown = [m for m in AGENT_METRICS if not flat(m)] or [AGENT_METRICS[0]]
+    return shown, [m for m in AGENT_METRICS if m not in shown]
+
+
 def plot_agent_deltas(result: ComparisonResult, path: Path) -> Path:
     """One panel per metric, one bar per agent: mean paired delta with its CI."""
     import matplotlib.pyplot as plt
 
     agents = sorted(result.agents)
-    metrics = list(AGENT_METRICS)
-    ncols = 4
+    metrics, skipped = agent_panel_metrics(result)
+    ncols = min(4, len(metrics))
     nrows = math.ceil(len(metrics) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.6 * nrows + 0.4), squeeze=False)
     for k, metric in enumerate(metrics):
@@ -83,7 +95,9 @@ def plot_agent_deltas(result: ComparisonResult, path: Path) -> Path:
     for k in range(len(metrics), nrows * ncols):
         axes[k // ncols][k % ncols].axis("off")
     fig.suptitle("Per-agent deltas (candidate - baseline)")
-    fig.tight_layout()
+    if skipped:
+        fig.text(0.5, 0.005, "no change in any agent (not shown): " + ", ".join(skipped), ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if skipped else 0, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

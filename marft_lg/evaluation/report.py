@@ -129,10 +129,9 @@ def _tables(result: ComparisonResult, decision: GateDecision | None) -> list[tup
     out = []
     rows = [[name, _f(base, ".3f"), _ci(ci), str(ci.n)] for name, base, ci in _rows(result)]
     out.append(("Team reward and components", ["quantity", "baseline mean", "delta [CI]", "pairs"], rows))
-    agent_rows = []
-    for agent in sorted(result.agents):
-        agent_rows.append([agent] + [_ci(result.agents[agent][m]) for m in AGENT_METRICS])
-    out.append(("Per-agent deltas", ["agent", *AGENT_METRICS], agent_rows))
+    shown, _ = agent_panel_metrics(result)
+    agent_rows = [[agent, m, _ci(result.agents[agent][m])] for agent in sorted(result.agents) for m in shown]
+    out.append(("Per-agent deltas (metrics some agent moved)", ["agent", "metric", "delta [CI]"], agent_rows))
     epi = [[m, _f(result.side_mean("baseline", m), ".3f"), _f(result.side_mean("candidate", m), ".3f"), _ci(ci)]
            for m, ci in result.episode_metrics.items()]
     epi.append(["cost ratio (tokens)", "", "", _f(result.cost_ratio(), ".3f")])
@@ -273,6 +272,11 @@ def print_summary(result: ComparisonResult, decision: GateDecision | None = None
     for line in _header(result, decision):
         console.print(line)
     for title, cols, rows in _tables(result, decision):
+        if title == "Gate checks":  # one line per check: its detail is prose, which columns would shred at 80 wide
+            console.print(title)
+            for name, passed, _value, _threshold, detail in rows:
+                console.print(f"  {'ok  ' if passed == 'yes' else 'FAIL'} {name}: {detail}")
+            continue
         table = Table(title=title, show_lines=False)
         for c in cols:
             table.add_column(c, overflow="fold")

@@ -41,6 +41,9 @@ def test_report_files_plots_and_reasons(tmp_path):
 def test_terminal_summary_lists_decision():
     res = _result()
     buf = io.StringIO()
-    print_summary(res, PromotionGate().evaluate(res), console=Console(file=buf, width=200))
+    print_summary(res, PromotionGate().evaluate(res), console=Console(file=buf, width=80))
     out = buf.getvalue()
     assert "REJECT" in out and "team reward" in out and "Per-agent deltas" in out
+    # readable at 80 columns: no line is wider, and a gate check's detail stays on its own line, not in columns
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert any(line.lstrip().startswith(("ok   ", "FAIL ")) for line in out.splitlines())

@@ -10,7 +10,7 @@ A spec is ``package.module:attr``, ``package.module:attr.sub`` or ``path/to/file
   function makes later still resolve without shadowing anything installed;
 - a file is imported once per process (by its resolved path), so loading it again gives the same objects.
 
-Every failure is one `LoadError` (a `ValueError`) whose message names the spec, the config file when known,
+Every failure is one `LoadError` (a `ConfigError`, hence a `ValueError`) whose message names the spec, the config file when known,
 and what was missing (the spec's shape, the file, the module, or the attribute), e.g.::
 
     train.yaml: cannot load online.app 'myapp:buld': module 'myapp' has no attribute 'buld'; did you mean 'build'?
@@ -29,14 +29,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from marft_lg._config import ConfigError
+
 FILE_MODULE_PREFIX = "_marft_file_"
 """Module names given to files loaded by path (``_marft_file_<stem>_<hash of the path>``)."""
 
 _LOCK = threading.RLock()
 
 
-class LoadError(ValueError):
-    """A ``module:attr`` / ``file.py:attr`` spec that cannot be loaded.
+class LoadError(ConfigError):
+    """A ``module:attr`` / ``file.py:attr`` spec that cannot be loaded (a `ConfigError`, so a `ValueError`).
 
     `spec` is the spec, `source` the config file that named it (or None), `missing` what was wrong:
     ``"spec"`` (not an import path), ``"file"``, ``"module"``, ``"attribute"``, or ``"import"`` (the
@@ -44,10 +46,17 @@ class LoadError(ValueError):
     """
 
     def __init__(self, message: str, *, spec: str, source: str | None = None, missing: str = "spec"):
-        super().__init__(message)
+        super().__init__(message)  # the message already names the source
         self.spec = spec
         self.source = source
         self.missing = missing
+
+    def __reduce__(self):
+        return (_load_error, (self.problem, self.spec, self.source, self.missing))
+
+
+def _load_error(message: str, spec: str, source: str | None, missing: str) -> LoadError:
+    return LoadError(message, spec=spec, source=source, missing=missing)
 
 
 def is_import_path(text: Any) -> bool:

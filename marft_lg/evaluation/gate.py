@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, HIGHER_IS_BETTER
 from marft_lg.evaluation.comparison import ComparisonResult
 
@@ -28,6 +29,17 @@ class SafetyCheck:
     min: float | None = None
     max: float | None = None
     no_regression: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("name", "component"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ConfigError(f"expected non-empty text, got {getattr(self, key)!r}", key=key)
+        check_range("min", self.min, allow_none=True)
+        check_range("max", self.max, allow_none=True)
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ConfigError(f"min {self.min} is above max {self.max}", key="min")
+        if not isinstance(self.no_regression, bool):
+            raise ConfigError(f"expected true or false, got {self.no_regression!r}", key="no_regression")
 
 
 @dataclass
@@ -107,36 +119,76 @@ class PromotionGate:
     max_error_rate_increase: float = 0.0  # candidate episode error rate - baseline's
 
     def __post_init__(self) -> None:
-        self.safety = [s if isinstance(s, SafetyCheck) else SafetyCheck(**s) for s in self.safety]
+        """Check types and ranges; a bad value raises `ConfigError` (a ValueError) naming the key."""
+        if not isinstance(self.safety, list):
+            raise ConfigError(f"expected a list of safety checks, got {type(self.safety).__name__}", key="safety")
+        checks = []
+        for i, s in enumerate(self.safety):
+            if not isinstance(s, SafetyCheck | dict):
+                raise ConfigError(f"expected a safety check mapping {{name, component, min, max, no_regression}}, "
+                                  f"got {type(s).__name__}", key=("safety", i))
+            if isinstance(s, SafetyCheck):
+                checks.append(s)
+                continue
+            try:
+                checks.append(SafetyCheck(**s))
+            except TypeError as exc:
+                raise ConfigError(f"bad safety check ({exc})", key=("safety", i)) from None
+            except ConfigError as exc:
+                raise ConfigError(exc.problem, key=("safety", i, *exc.key)) from None
+        self.safety = checks
+        check_range("min_team_reward_gain", self.min_team_reward_gain)
+        check_int("min_pairs", self.min_pairs, low=1)
+        check_range("max_cost_ratio", self.max_cost_ratio, low=0.0, low_open=True, allow_none=True)
+        check_range("max_error_rate_increase", self.max_error_rate_increase)
+        if not isinstance(self.require_ci_lower_above_zero, bool):
+            raise ConfigError(f"expected true or false, got {self.require_ci_lower_above_zero!r}",
+                              key="require_ci_lower_above_zero")
+        tables = [("component_tolerance", self.component_tolerance), ("agent_tolerance", self.agent_tolerance)]
+        if not isinstance(self.agent_overrides, dict):
+            raise ConfigError("expected a mapping {agent: {metric: tolerance}}", key="agent_overrides")
+        tables += [(("agent_overrides", a), t) for a, t in self.agent_overrides.items()]
+        for key, table in tables:
+            if not isinstance(table, dict):
+                raise ConfigError(f"expected a mapping of names to tolerances, got {type(table).__name__}", key=key)
+            for name, tol in table.items():
+                check_range((*((key,) if isinstance(key, str) else key), str(name)), tol, low=0.0)
         unknown = set(self.agent_tolerance) - set(AGENT_METRICS)
         for overrides in self.agent_overrides.values():
             unknown |= set(overrides) - set(AGENT_METRICS)
         if unknown:
-            raise ValueError(f"unknown per-agent metrics {sorted(unknown)} in gate; known: {list(AGENT_METRICS)}")
+            raise ConfigError(f"unknown per-agent metrics {sorted(unknown)} in gate; known: {list(AGENT_METRICS)}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> PromotionGate:
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>", doc: YamlDoc | None = None) -> PromotionGate:
+        """Build from a mapping; unknown keys, wrong types and out-of-range values raise `ConfigError` (a
+        ValueError) naming `source` (or `doc`'s file and line) and the key."""
+        doc = doc if doc is not None else YamlDoc.of(data, source)
+        if not isinstance(data, dict):
+            raise doc.error(f"a gate is a mapping of settings, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        unknown = [k for k in data if k not in known]
         if unknown:
-            raise ValueError(f"{source}: unknown gate keys {sorted(unknown)}; known: {sorted(known)}")
+            lines = "".join(f"\n  {doc.error('unknown gate key', (k,))}" for k in unknown)
+            raise ConfigError(f"unknown gate keys {sorted(map(str, unknown))}; known: {sorted(known)}{lines}",
+                              path=doc.source)
+        checked = check_fields(cls, data, doc, what="gate")
         try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"{source}: bad gate entry ({exc})") from exc
+            return cls(**checked)
+        except ConfigError as exc:
+            raise doc.locate(exc) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PromotionGate:
-        """Load a gate from YAML (missing keys keep their defaults)."""
-        import yaml
-
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"gate file {p} does not exist")
-        data = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: a gate is a YAML mapping of settings, got {type(data).__name__}")
-        return cls.from_dict(data.get("gate", data), source=str(p))
+        """Load a gate from YAML (missing keys keep their defaults; the settings may sit under a `gate:` key)."""
+        doc = load_yaml(path, what="gate file")
+        if doc.data is None:
+            return cls()
+        if not isinstance(doc.data, dict):
+            raise doc.error(f"a gate is a YAML mapping of settings, got {type(doc.data).__name__}")
+        if "gate" in doc.data:
+            doc = doc.at("gate")
+        return cls.from_dict(doc.data if doc.data is not None else {}, doc=doc)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

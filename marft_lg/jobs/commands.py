@@ -15,11 +15,12 @@ JobOption = typer.Option(..., "--job", "-j", help="Path to job.yaml.", exists=Tr
 
 
 def _load_job(path: Path):
+    """job.yaml loaded and checked; any problem is printed (file:line: key: problem) and exits 2."""
     from marft_lg.jobs.config import RetrainJob
 
     try:
         return RetrainJob.from_yaml(path)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # ConfigError / ConfigNotFound, and anything unreadable
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_BAD_JOB) from None
 
@@ -33,7 +34,7 @@ def retrain(job: Path = JobOption) -> None:
     from rich.console import Console
 
     from marft_lg.jobs.lock import LockHeld
-    from marft_lg.jobs.pipeline import run_once
+    from marft_lg.jobs.pipeline import RecoveryPending, run_once
 
     console = Console(stderr=True)
     spec = _load_job(job)
@@ -42,7 +43,10 @@ def retrain(job: Path = JobOption) -> None:
     except LockHeld as exc:
         typer.echo(f"not started: {exc}", err=True)
         raise typer.Exit(EXIT_LOCKED) from None
-    except ValueError as exc:
+    except RecoveryPending as exc:
+        typer.echo(f"not started: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (ValueError, FileNotFoundError) as exc:  # the stages, the app or a file the job names
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_BAD_JOB) from None
     run = result.record.run_id if result.record else "-"

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
 from marft_lg.loading import parse_node_roles
 
 _PATH_FIELDS = ("traces", "registry", "reward", "trainer", "scenarios", "gate", "output_dir", "store", "lock")
@@ -87,6 +89,9 @@ class RetrainJob:
     """The job.yaml this job was read from (set by `from_yaml`; not a setting). Its folder is where `app`
     and `stages` are loaded from, and error messages name it."""
 
+    config_doc: YamlDoc | None = field(default=None, init=False, repr=False, compare=False)
+    """job.yaml parsed with line numbers (set by `from_yaml`), for error messages that name a key's line."""
+
     @property
     def base_dir(self) -> Path | None:
         """The job file's folder (None for a job built in Python)."""
@@ -100,72 +105,110 @@ class RetrainJob:
     def lock_path(self) -> Path:
         return Path(self.lock) if self.lock else Path(self.output_dir) / f"{self.name}.lock"
 
+    def where(self, key: str) -> str | None:
+        """``job.yaml:line`` of a setting (for messages about its value), or the job file, or None."""
+        if self.config_doc is None:
+            return self.config_path
+        line, _ = self.config_doc.line_of((key,))
+        return f"{self.config_path}:{line}" if line else self.config_path
+
+    def error(self, problem: str, key: str) -> ConfigError:
+        """A `ConfigError` about setting `key`, naming job.yaml and its line when known."""
+        if self.config_doc is None:
+            return ConfigError(problem, path=self.config_path, key=key)
+        line, _ = self.config_doc.line_of((key,))
+        return ConfigError(problem, path=self.config_path, line=line, key=key)
+
     def __post_init__(self) -> None:
+        """Check values and ranges; a bad one raises `ConfigError` naming the setting."""
         if isinstance(self.traces, str):
             self.traces = [self.traces]
-        problems = []
-        if self.min_new_episodes < 0:
-            problems.append(f"min_new_episodes must be >= 0, got {self.min_new_episodes}")
-        if self.settle_s < 0:
-            problems.append(f"settle_s must be >= 0, got {self.settle_s}")
-        if self.online_iterations < 0:
-            problems.append(f"online_iterations must be >= 0, got {self.online_iterations}")
-        if ":" not in self.stages:
-            problems.append(f"stages must be 'module:Class' or 'file.py:Class', got {self.stages!r}")
-        if self.app is not None and ":" not in self.app:
-            problems.append(f"app must be 'module:function' or 'file.py:function', got {self.app!r}")
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\ "):
+            raise ConfigError(f"must be a non-empty word without slashes or spaces, got {self.name!r}", key="name")
+        check_int("min_new_episodes", self.min_new_episodes, low=0)
+        check_int("online_iterations", self.online_iterations, low=0)
+        check_int("samples_per_scenario", self.samples_per_scenario, low=1)
+        check_int("misfire_grace_s", self.misfire_grace_s, low=0)
+        check_int("seed", self.seed, low=0)
+        check_range("settle_s", self.settle_s, low=0.0)
+        check_range("lock_stale_after_s", self.lock_stale_after_s, low=0.0, low_open=True)
+        if not isinstance(self.stages, str) or ":" not in self.stages:
+            raise ConfigError(f"must be 'module:Class' or 'file.py:Class', got {self.stages!r}", key="stages")
+        if self.app is not None and (not isinstance(self.app, str) or ":" not in self.app):
+            raise ConfigError(f"must be 'module:function' or 'file.py:function', got {self.app!r}", key="app")
+        if not self.traces:
+            raise ConfigError("is empty; list the trace files, folders or globs", key="traces")
         try:
             self.node_roles = parse_node_roles(self.node_roles, key="node_roles", roles=self.agents or None)
         except ValueError as exc:
-            problems.append(str(exc))
-        if not self.name or any(c in self.name for c in "/\\ "):
-            problems.append(f"name must be a non-empty word without slashes or spaces, got {self.name!r}")
-        if problems:
-            raise ValueError("invalid retrain job: " + "; ".join(problems))
+            raise ConfigError(str(exc).removeprefix("node_roles").lstrip(": "), key="node_roles") from None
+        if self.initial_watermark is not None:
+            try:
+                datetime.fromisoformat(str(self.initial_watermark))
+            except (TypeError, ValueError):
+                raise ConfigError(f"not an ISO time such as 2026-01-31T00:00:00Z: {self.initial_watermark!r}",
+                                  key="initial_watermark") from None
+        try:
+            import zoneinfo
+
+            zoneinfo.ZoneInfo(self.timezone)
+        except (ValueError, KeyError, zoneinfo.ZoneInfoNotFoundError):
+            raise ConfigError(f"unknown time zone {self.timezone!r} (an IANA name such as UTC or Europe/Paris)",
+                              key="timezone") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RetrainJob:
-        """Load `job.yaml`; unknown keys and wrong types raise with the file and key named."""
-        import yaml
-
+        """Load `job.yaml`; unknown keys, wrong types and values raise `ConfigError` naming job.yaml:line: key
+        (a missing file: `ConfigNotFound`, also a FileNotFoundError)."""
         p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"job file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: not valid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: a job file must be a mapping of settings, got {type(data).__name__}")
-        try:
-            job = cls.from_dict(data, base_dir=p.resolve().parent)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{p}: {exc}") from exc
+        doc = load_yaml(p, what="job file")
+        if doc.data is not None and not isinstance(doc.data, dict):
+            raise doc.error(f"a job file must be a mapping of settings, got {type(doc.data).__name__}")
+        job = cls.from_dict(doc.data or {}, base_dir=p.resolve().parent, doc=doc)
         job.config_path = str(p.resolve())
+        job.config_doc = doc
         return job
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, base_dir: str | Path | None = None) -> RetrainJob:
-        """Build from a mapping; relative paths are taken relative to `base_dir` when given."""
-        settings = [f for f in dataclasses.fields(cls) if f.init]
-        known = {f.name for f in settings}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown job settings {unknown}; known: {sorted(known)}")
-        for f in settings:
-            if f.name in data and data[f.name] is not None:
-                _check_type(f.name, data[f.name], f.type)
-        values = dict(data)
+    def from_dict(cls, data: dict[str, Any], *, base_dir: str | Path | None = None,
+                  doc: YamlDoc | None = None) -> RetrainJob:
+        """Build from a mapping; relative paths are taken relative to `base_dir` when given. Inline `reward`,
+        `trainer` and `gate` mappings are checked too (their own loaders, with line numbers)."""
+        doc = doc if doc is not None else YamlDoc.of(data, "<job>")
+        if not isinstance(data, dict):
+            raise doc.error(f"a job must be a mapping of settings, got {type(data).__name__}")
+        data = {k: (v.isoformat() if isinstance(v, date) else v) for k, v in data.items()}  # YAML reads bare times
+        values = check_fields(cls, data, doc, what="job")
+        _check_inline(values, doc)
         if base_dir is not None:
             for key in _PATH_FIELDS:
                 value = values.get(key, _default(key))
                 if value is not None:
                     values[key] = _resolve(value, Path(base_dir))
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            raise doc.locate(exc) from None
 
     def to_dict(self) -> dict[str, Any]:
         """The settings (what `from_dict` accepts)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+
+def _check_inline(values: dict[str, Any], doc: YamlDoc) -> None:
+    """Inline reward / trainer / gate mappings are checked when the job loads (not when a run reaches them)."""
+    if isinstance(values.get("reward"), dict):
+        from marft_lg.rewards.loading import parse_config
+
+        parse_config(values["reward"], doc=doc.at("reward"))
+    if isinstance(values.get("trainer"), dict):
+        from marft_lg.training.config import MARFTConfig
+
+        MARFTConfig.from_dict(values["trainer"], doc=doc.at("trainer"))
+    if isinstance(values.get("gate"), dict):
+        from marft_lg.evaluation.gate import PromotionGate
+
+        PromotionGate.from_dict(values["gate"], doc=doc.at("gate"))
 
 
 def _default(name: str) -> Any:
@@ -180,24 +223,3 @@ def _resolve(value: Any, base: Path) -> Any:
         return [_resolve(v, base) for v in value]
     p = Path(str(value)).expanduser()
     return str(p if p.is_absolute() else base / p)
-
-
-_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool}
-
-
-def _check_type(name: str, value: Any, annotation: str) -> None:
-    ann = str(annotation)
-    if ann.startswith("list"):
-        if not isinstance(value, list | str):
-            raise TypeError(f"setting {name!r} must be a list, got {type(value).__name__}")
-        return
-    options = [a.strip() for a in ann.split("|")]
-    if ann.startswith("dict") or ("dict[str, Any]" in options and isinstance(value, dict)):
-        if not isinstance(value, dict):
-            raise TypeError(f"setting {name!r} must be a mapping, got {type(value).__name__}")
-        return
-    for opt in options:
-        t = _TYPES.get(opt)
-        if t is not None and isinstance(value, t) and not (opt in ("int", "float") and isinstance(value, bool)):
-            return
-    raise TypeError(f"setting {name!r} must be {ann}, got {type(value).__name__} {value!r}")

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from marft_lg._durable import fsync_dir, write_atomic
+
 
 @dataclass(frozen=True)
 class LockHolder:
@@ -121,7 +123,7 @@ class RunLock:
                 self.broken = current
                 self.path.unlink(missing_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{me.token}")
-            tmp.write_text(json.dumps(asdict(me)))
+            write_atomic(tmp, json.dumps(asdict(me)))  # fsynced before it becomes the lock
             try:
                 os.link(tmp, self.path)  # atomic create-if-absent with the full content in place
             except FileExistsError:
@@ -129,6 +131,7 @@ class RunLock:
                 raise LockHeld(self.path, holder) from None
             finally:
                 tmp.unlink(missing_ok=True)
+            fsync_dir(self.path.parent)
         self.holder = me
         self._start_heartbeat()
         return me

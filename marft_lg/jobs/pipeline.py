@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from marft_lg._durable import write_atomic
 from marft_lg.jobs import store as st
 from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.lock import LockHeld, RunLock
@@ -91,13 +92,41 @@ class RunResult:
         return self.status in (st.PROMOTED, st.REJECTED, st.SKIPPED)
 
 
+STAGE_METHODS = ("live_versions", "mine", "train", "compare", "promote")
+
+
 def load_stages(job: RetrainJob) -> RetrainStages:
     """Instantiate `job.stages` (`module:Class` or `file.py:Class`, relative to job.yaml, constructed with the
-    job). A spec that cannot be loaded raises `LoadError` (a ValueError) naming the job file."""
-    from marft_lg.loading import load_object
+    job) and check that the object has the `RetrainStages` methods. Anything wrong raises `LoadError` (a
+    ConfigError, so a ValueError) naming job.yaml's `stages` line."""
+    from marft_lg._config import ConfigError
+    from marft_lg.loading import LoadError, load_object
 
-    factory = load_object(job.stages, base_dir=job.base_dir, what="stages", source=job.config_path)
-    return factory(job)
+    source = job.where("stages")
+    where = f"{source}: " if source else ""
+    factory = load_object(job.stages, base_dir=job.base_dir, what="stages", source=source)
+    if not callable(factory):
+        raise LoadError(f"{where}stages {job.stages!r} is a {type(factory).__name__}, not a class (or function) "
+                        "that takes the job and returns the stages", spec=job.stages, source=source,
+                        missing="attribute")
+    try:
+        stages = factory(job)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise LoadError(f"{where}cannot build stages {job.stages!r}: calling it with the job raised "
+                        f"{type(exc).__name__}: {exc}", spec=job.stages, source=source, missing="import") from exc
+    missing = [m for m in STAGE_METHODS if not callable(getattr(stages, m, None))]
+    if missing:
+        raise LoadError(f"{where}stages {job.stages!r} gave a {type(stages).__name__} without the RetrainStages "
+                        f"method(s) {missing}; a stages class needs {list(STAGE_METHODS)} (see docs/jobs.md)",
+                        spec=job.stages, source=source, missing="attribute")
+    return stages
+
+
+class RecoveryPending(RuntimeError):
+    """A dead run's record cannot be settled now (the live versions cannot be read); it stays `running`, and
+    this run does not start, so that run's window is neither lost nor trained twice."""
 
 
 def new_run_id(job: RetrainJob, now: datetime) -> str:
@@ -119,11 +148,19 @@ def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datet
     try:
         if lock.broken is not None:
             log(f"found a stale lock from {lock.broken.describe()}: that run did not finish")
-        crashed = store.mark_crashed(job.name, "run stopped without finishing; detected by the next run")
+        # Runs left `running` are dead (we hold the lock). One that never recorded a candidate is settled as
+        # `crashed` at once; one that did may have promoted it, which only the stages can tell (what `live`
+        # serves): it is settled after they load, and if loading them (or reading live) fails it stays `running`
+        # for the next run, so "promoted, then died before recording it" is never turned into a plain crash.
+        dead = store.running_runs(job.name)
+        settled = {r.run_id: _recover(r, job, store, None, log) for r in dead if not _may_have_promoted(r)}
         owned = stages is None
         stages = stages or load_stages(job)
         try:
-            crashed = [_recover(r, job, store, stages, log) for r in crashed]
+            for r in dead:
+                if r.run_id not in settled:
+                    settled[r.run_id] = _recover(r, job, store, stages, log)
+            crashed = [settled[r.run_id] for r in dead]
             result = _run_locked(job, store, stages, run_id, now, log, handle_sigterm)
         finally:
             close = getattr(stages, "close", None)
@@ -135,23 +172,35 @@ def run_once(job: RetrainJob, *, stages: RetrainStages | None = None, now: datet
         lock.release()
 
 
-def _recover(record: RunRecord, job: RetrainJob, store: JobStore, stages: RetrainStages,
+def _may_have_promoted(record: RunRecord) -> bool:
+    """A dead run that recorded a new candidate and its window: it may have flipped `live` before dying."""
+    return bool(record.candidate) and record.candidate != record.baseline and bool(record.window_end)
+
+
+def _recover(record: RunRecord, job: RetrainJob, store: JobStore, stages: RetrainStages | None,
              log: Callable[[str], None]) -> RunRecord:
-    """A crashed run whose recorded candidate is what `live` serves had promoted before it died: complete
-    its record and watermark so its window is not trained twice. Any other crashed run's window is redone."""
-    promoted = bool(record.candidate) and record.candidate != record.baseline and record.window_end
+    """Settle a dead run's record. A run whose recorded candidate is what `live` serves had promoted before it
+    died: its record is completed as `promoted` and the watermark advanced (one transaction), so its window is
+    not trained twice. Any other dead run is recorded `crashed` and its window redone. When `live` cannot be
+    read, `RecoveryPending` is raised and the record stays `running`."""
+    promoted = _may_have_promoted(record)
+    live: dict[str, str] = {}
     if promoted:
+        assert stages is not None, "a run that may have promoted is settled with the stages"
         ctx = RunContext(job=job, run_id=record.run_id, run_dir=Path(record.run_dir or job.output_dir),
                          window=Window(parse_time(record.window_start), parse_time(record.window_end)), log=log)
         try:
             live = stages.live_versions(ctx)
         except Exception as exc:
-            log(f"cannot read the live versions to check crashed run {record.run_id} ({exc})")
-            live = {}
+            raise RecoveryPending(
+                f"run {record.run_id} stopped without finishing and had a candidate {record.candidate}; whether it "
+                f"was promoted cannot be checked, since reading the live versions failed ({type(exc).__name__}: "
+                f"{exc}). Its record stays 'running' and the next run checks again; this run did not start"
+            ) from exc
         promoted = all(live.get(role) == version for role, version in record.candidate.items())
     if not promoted:
         log(f"run {record.run_id} was left 'running' and is now marked 'crashed'; its window will be redone")
-        return record
+        return store.close_crashed(record.run_id, "run stopped without finishing; detected by the next run")
     message = f"promoted {record.candidate}, then stopped before recording it; completed by the next run"
     log(f"run {record.run_id} {message}")
     return store.finish_run(record.run_id, st.PROMOTED, advance_watermark_to=record.window_end, message=message,
@@ -176,7 +225,7 @@ def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id:
         record = store.finish_run(run_id, st.INTERRUPTED, message=message)
         return RunResult(st.INTERRUPTED, message, record)
     except Exception as exc:
-        (run_dir / "error.txt").write_text(traceback.format_exc())
+        write_atomic(run_dir / "error.txt", traceback.format_exc())
         message = f"{type(exc).__name__}: {exc} (traceback in {run_dir / 'error.txt'}); live adapters and watermark unchanged"
         record = store.finish_run(run_id, st.FAILED, message=message)
         return RunResult(st.FAILED, message, record)
@@ -252,6 +301,7 @@ __all__ = [
     "Comparison",
     "Interrupted",
     "LockHeld",
+    "RecoveryPending",
     "RetrainStages",
     "RunContext",
     "RunResult",

@@ -52,6 +52,31 @@ class LibraryStages:
         self._app_factory: Any = None
         if job.app is not None:
             self.app_factory()  # a bad `app` fails here, before mining and training
+        self.check_configs()
+
+    def check_configs(self) -> None:
+        """Read the trainer and gate configs the job names (files that exist; inline mappings were checked with
+        job.yaml), so a bad value stops the run before any work with `ConfigError` naming file:line: key."""
+        for key in ("trainer", "gate"):
+            value = getattr(self.job, key)
+            if isinstance(value, str) and Path(value).is_file():
+                getattr(self, f"{key}_config")()
+
+    def trainer_config(self):
+        from marft_lg.training.config import MARFTConfig
+
+        if isinstance(self.job.trainer, dict):
+            doc = self.job.config_doc.at("trainer") if self.job.config_doc is not None else None
+            return MARFTConfig.from_dict(self.job.trainer, source="job.trainer", doc=doc)
+        return MARFTConfig.from_yaml(self.job.trainer)
+
+    def gate_config(self):
+        from marft_lg.evaluation.gate import PromotionGate
+
+        if isinstance(self.job.gate, dict):
+            doc = self.job.config_doc.at("gate") if self.job.config_doc is not None else None
+            return PromotionGate.from_dict(self.job.gate, source="job.gate", doc=doc)
+        return PromotionGate.from_yaml(self.job.gate)
 
     # --- helpers ------------------------------------------------------------------------------
     def roles(self) -> list[str]:
@@ -119,11 +144,9 @@ class LibraryStages:
         return mine(files, since=since, quarantine=ctx.run_dir / "quarantine.jsonl")
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
-        from marft_lg.training.config import MARFTConfig
         from marft_lg.training.trainer import MARFTTrainer
 
-        cfg = (MARFTConfig.from_dict(self.job.trainer, source="job.trainer") if isinstance(self.job.trainer, dict)
-               else MARFTConfig.from_yaml(self.job.trainer))
+        cfg = self.trainer_config()
         scenarios = self.scenarios(None) if Path(self.job.scenarios).exists() else None
         team = self.new_team(baseline)
         try:
@@ -147,12 +170,10 @@ class LibraryStages:
         return candidate
 
     def compare(self, ctx: RunContext, baseline: dict[str, str], candidate: dict[str, str]) -> Comparison:
-        from marft_lg.evaluation.gate import PromotionGate
         from marft_lg.evaluation.report import write_report
         from marft_lg.evaluation.shadow import shadow_compare
 
-        gate = (PromotionGate.from_dict(self.job.gate, source="job.gate") if isinstance(self.job.gate, dict)
-                else PromotionGate.from_yaml(self.job.gate))
+        gate = self.gate_config()
         team = self.new_team(baseline)
         try:
             result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,

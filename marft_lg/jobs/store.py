@@ -1,6 +1,7 @@
 """SQLite job store: one row per retraining run, and each job's watermark.
 
-A run is inserted as `running` before any work starts and finished exactly once. Finishing a
+A run is inserted as `running` before any work starts and finished exactly once. Every transaction is
+durable when it returns (`PRAGMA synchronous = FULL`: SQLite fsyncs its journal and the database). Finishing a
 successful run and advancing the watermark happen in ONE transaction, so the watermark can never
 move past a window whose run was not recorded (and a recorded success always moved it).
 """
@@ -96,6 +97,7 @@ class JobStore:
     def _connect(self) -> Iterator[sqlite3.Connection]:
         db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         db.row_factory = sqlite3.Row
+        db.execute("PRAGMA synchronous = FULL")  # every commit is fsynced (journal and database file)
         try:
             yield db
         finally:
@@ -142,6 +144,15 @@ class JobStore:
                     (job, advance_watermark_to, run_id, _now()),
                 )
         return self.get(run_id)
+
+    def running_runs(self, job: str) -> list[RunRecord]:
+        """The runs of `job` still recorded `running` (dead ones, when the caller holds the job's lock)."""
+        return [r for r in self.runs(job=job) if r.status == RUNNING]
+
+    def close_crashed(self, run_id: str, reason: str) -> RunRecord:
+        """Record one dead `running` run as `crashed` (its window is redone; the watermark does not move)."""
+        r = self.get(run_id)
+        return self.finish_run(run_id, CRASHED, message=f"{reason} (was pid {r.pid} on {r.hostname})")
 
     def mark_crashed(self, job: str, reason: str) -> list[RunRecord]:
         """Close every `running` run of `job` as `crashed` (call only while holding the job's lock)."""

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from marft_lg._config import ConfigError, YamlDoc, load_yaml
 from marft_lg.rewards.base import ComponentScore, RewardComponent, answer_order, check_score
 from marft_lg.rewards.loading import build_component, component_spec, parse_config
 from marft_lg.rewards.placement import CREDIT_MODES, place_rewards
@@ -169,7 +170,11 @@ class CompositeReward:
                 raise ValueError(f"weight of {name!r} must be a number, got {w!r}") from exc
             if not math.isfinite(weight):
                 raise ValueError(f"weight of {name!r} must be finite, got {weight}")
-            comp, type_name = build_component(str(name), components.get(name))
+            try:
+                comp, type_name = build_component(str(name), components.get(name))
+            except ValueError as exc:
+                exc.reward_key = str(name)  # lets from_yaml name the component's line in the YAML
+                raise
             self.weights[str(name)] = weight
             self.components[str(name)] = comp
             self._types[str(name)] = type_name
@@ -179,28 +184,31 @@ class CompositeReward:
                 self._inherited[str(name)].add("answer_agents")
 
     @classmethod
-    def from_yaml(cls, source: str | Path | Mapping[str, Any]) -> CompositeReward:
-        """Build from a YAML file, or from an already-parsed mapping; errors name the file."""
+    def from_yaml(cls, source: str | Path | Mapping[str, Any], *, doc: YamlDoc | None = None) -> CompositeReward:
+        """Build from a YAML file, or from an already-parsed mapping (`doc`: where that mapping sits in a file,
+        e.g. the inline `reward:` of a train.yaml). Errors are `ConfigError`s (ValueErrors) naming the file, line
+        and key; a missing file is a `ConfigNotFound` (also a FileNotFoundError)."""
         if isinstance(source, Mapping):
-            return cls(**parse_config(source))
-        import yaml
-
+            return cls._from_doc(doc if doc is not None else YamlDoc.of(source))
         path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"reward config {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            raise ValueError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+        doc = load_yaml(path, what="reward config")
         with relative_to(path.parent):
-            try:
-                return cls(**parse_config(data, source=str(path)))
-            except ValueError as exc:
-                if str(exc).startswith(str(path)):
-                    raise
-                raise ValueError(f"{path}: {exc}") from exc
+            return cls._from_doc(doc)
+
+    @classmethod
+    def _from_doc(cls, doc: YamlDoc) -> CompositeReward:
+        kwargs = parse_config(doc.data, doc=doc)
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:  # a component that cannot be built: name the file and its line
+            if isinstance(exc, ConfigError) and exc.path is not None:
+                raise
+            name = getattr(exc, "reward_key", None)
+            key = (("components", name) if name in kwargs["components"] else ("weights", name) if name
+                   else exc.key if isinstance(exc, ConfigError) else ())
+            problem = exc.problem if isinstance(exc, ConfigError) else str(exc)
+            located = doc.not_found(problem, key) if isinstance(exc, FileNotFoundError) else doc.error(problem, key)
+            raise located from exc
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form; `from_yaml(to_dict())` rebuilds an equal reward."""

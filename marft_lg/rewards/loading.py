@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from marft_lg._config import YamlDoc, convert
 from marft_lg.loading import is_import_path
 from marft_lg.rewards.base import FunctionComponent, RewardComponent, as_component
 from marft_lg.rewards.registry import (
@@ -52,10 +53,7 @@ def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
     target = _resolve_type(name, type_name)
     if isinstance(target, type) and issubclass(target, RewardComponent):
         _check_options(name, type_name, target, options)
-        try:
-            comp = target(**options)
-        except TypeError as exc:
-            raise ValueError(f"reward component {name!r} ({type_name}): {exc}") from exc
+        comp = _construct(name, type_name, target, options)
         if bounds is not None:
             try:
                 comp.range = _bounds(name, bounds)
@@ -64,10 +62,7 @@ def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
                                  "set those instead of 'range'") from exc
         return comp, type_name
     if isinstance(target, type):
-        try:
-            inst = target(**options)
-        except TypeError as exc:
-            raise ValueError(f"reward component {name!r} ({type_name}): {exc}") from exc
+        inst = _construct(name, type_name, target, options)
         rng = _bounds(name, bounds) if bounds is not None else getattr(inst, "range", (-math.inf, math.inf))
         wrapped = FunctionComponent(inst, name, rng)
         wrapped.options_given = options
@@ -81,23 +76,53 @@ def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
     return FunctionComponent(target, name, rng), type_name
 
 
-def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> dict[str, Any]:
-    """Check a reward config mapping's shape; returns CompositeReward keyword arguments."""
+def parse_config(data: Any, *, source: str = "<dict>", doc: YamlDoc | None = None) -> dict[str, Any]:
+    """Check a reward config mapping's shape and types; returns CompositeReward keyword arguments.
+
+    Errors are `ConfigError`s naming `source` (or `doc`'s file and line) and the key."""
+    from marft_lg.rewards.placement import CREDIT_MODES
+
+    doc = doc if doc is not None else YamlDoc.of(data, source)
     if not isinstance(data, Mapping):
-        raise ValueError(f"{source}: a reward config must be a mapping with keys {list(TOP_LEVEL_KEYS)}")
-    unknown = set(data) - set(TOP_LEVEL_KEYS)
+        raise doc.error(f"a reward config must be a mapping with keys {list(TOP_LEVEL_KEYS)}, got "
+                        f"{type(data).__name__}")
+    unknown = [k for k in data if k not in TOP_LEVEL_KEYS]
     if unknown:
-        raise ValueError(f"{source}: unknown keys {sorted(unknown)}; a reward config has {list(TOP_LEVEL_KEYS)}")
-    if not data.get("weights"):
-        raise ValueError(f"{source}: 'weights' is missing or empty; e.g. weights: {{task_completion: 1.0}}")
-    if not isinstance(data["weights"], Mapping):
-        raise ValueError(f"{source}: 'weights' must map component names to numbers, got {data['weights']!r}")
-    return {
-        "weights": dict(data["weights"]),
-        "components": dict(data.get("components") or {}),
-        "credit": data.get("credit", "terminal"),
-        "answer_agents": data.get("answer_agents"),
-    }
+        also = f" (also unknown: {[str(k) for k in unknown[1:]]})" if len(unknown) > 1 else ""
+        raise doc.error(f"unknown key; a reward config has {list(TOP_LEVEL_KEYS)}{also}", (unknown[0],))
+    weights = data.get("weights")
+    if not weights:
+        raise doc.error("'weights' is missing or empty; e.g. weights: {task_completion: 1.0}", ("weights",))
+    if not isinstance(weights, Mapping):
+        raise doc.error(f"'weights' must map component names to numbers, got {type(weights).__name__} {weights!r:.60}",
+                        ("weights",))
+    checked: dict[str, float] = {}
+    for name, w in weights.items():
+        if not isinstance(name, str) or not name:
+            raise doc.error(f"a component name must be non-empty text, got {type(name).__name__} {name!r}",
+                            ("weights", name))
+        checked[name] = convert(w, float, doc, ("weights", name))
+    components = data.get("components") or {}
+    if not isinstance(components, Mapping):
+        raise doc.error(f"'components' must map component names to options, got {type(components).__name__}",
+                        ("components",))
+    for name, spec in components.items():
+        if name not in checked:
+            raise doc.error(f"component {name!r} has options but no weight; add it to weights (weight 0 records "
+                            f"the column without adding to the reward). Weights: {sorted(checked)}",
+                            ("components", name))
+        if spec is not None and not isinstance(spec, str | Mapping):
+            raise doc.error(f"options must be a mapping, a type name or an import path, got "
+                            f"{type(spec).__name__} {spec!r:.60}", ("components", name))
+    credit = data.get("credit", "terminal")
+    if credit not in CREDIT_MODES:
+        raise doc.error(f"credit must be one of {list(CREDIT_MODES)}, got {credit!r}", ("credit",))
+    answer_agents = data.get("answer_agents")
+    if answer_agents is not None:
+        answer_agents = convert(answer_agents, list[str], doc, ("answer_agents",))
+        if not all(answer_agents):
+            raise doc.error("agent names must be non-empty", ("answer_agents",))
+    return {"weights": checked, "components": dict(components), "credit": credit, "answer_agents": answer_agents}
 
 
 def component_spec(name: str, comp: RewardComponent, type_name: str | None, inherited: set[str]) -> dict[str, Any]:
@@ -119,6 +144,16 @@ def component_spec(name: str, comp: RewardComponent, type_name: str | None, inhe
     if type_name != name:
         out = {"type": type_name, **out}
     return out
+
+
+def _construct(name: str, type_name: str, target: type, options: dict[str, Any]) -> Any:
+    """`target(**options)`; whatever it raises for bad options becomes a ValueError naming the component."""
+    try:
+        return target(**options)
+    except ValueError:
+        raise
+    except Exception as exc:  # a component's constructor may raise anything for a bad option value
+        raise ValueError(f"reward component {name!r} ({type_name}): {type(exc).__name__}: {exc}") from exc
 
 
 def _resolve_type(name: str, type_name: str) -> Any:

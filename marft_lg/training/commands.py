@@ -20,21 +20,26 @@ file next to it needs no PYTHONPATH); `online.node_roles: {node: role}` maps app
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import glob
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from marft_lg._config import ConfigError, YamlDoc, check_fields, convert, load_yaml
 from marft_lg.loading import LoadError, load_object, parse_node_roles
 
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
+PHASES = ("offline", "online")
+EXIT_BAD_INPUT = 2
 
 
 @dataclass
 class TrainFile:
-    """The train.yaml sections (unknown keys are errors that name the file)."""
+    """The train.yaml sections. Types and values are checked when it is loaded; every error is a
+    `ConfigError` naming ``train.yaml:line: key``."""
 
     model: str = "embedded:smollm2-135m-instruct"
     agents: list[str] = field(default_factory=list)
@@ -49,61 +54,145 @@ class TrainFile:
     marft: dict[str, Any] = field(default_factory=dict)
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
+    doc: YamlDoc | None = field(default=None, init=False, repr=False)
+    """Its parsed YAML with line numbers (not a key)."""
 
     @property
     def base_dir(self) -> Path | None:
         return None if self.path is None else self.path.parent
 
+    def _doc(self) -> YamlDoc:
+        return self.doc if self.doc is not None else YamlDoc.of({}, self.path or "train.yaml")
+
+    def _source(self, *key: Any) -> str:
+        """`train.yaml:line` of a key, for messages built elsewhere (app loading, node_roles)."""
+        doc = self._doc()
+        line, _ = doc.line_of(key)
+        return doc.source + (f":{line}" if line else "")
+
     def app_factory(self) -> Any:
-        """`online.app` loaded (relative to train.yaml's folder); a bad spec is a BadParameter naming the file."""
-        try:
-            return load_object(self.online.get("app", DEFAULT_APP), base_dir=self.base_dir, what="online.app",
-                               source=self.path)
-        except LoadError as exc:
-            raise typer.BadParameter(str(exc)) from None
+        """`online.app` loaded (relative to train.yaml's folder); a bad spec is a `LoadError` naming the file."""
+        return load_object(self.online.get("app", DEFAULT_APP), base_dir=self.base_dir, what="online.app",
+                           source=self._source("online", "app"))
+
+    def config(self) -> Any:
+        """The `marft` section as a `MARFTConfig` (checked, errors name train.yaml's line)."""
+        from marft_lg.training.config import MARFTConfig
+
+        return MARFTConfig.from_dict(self.marft, doc=self._doc().at("marft"))
+
+    def load_reward(self) -> Any:
+        """The `reward` (a CompositeReward YAML path or an inline mapping) built; errors name the file and line."""
+        from marft_lg.rewards.composite import CompositeReward
+        from marft_lg.rewards.registry import relative_to
+
+        if isinstance(self.reward, str):
+            return CompositeReward.from_yaml(self.reward)
+        with relative_to(self.base_dir):  # an inline reward's custom components load relative to train.yaml
+            return CompositeReward.from_yaml(self.reward, doc=self._doc().at("reward"))
+
+    def check_inputs(self) -> None:
+        """The files the phases need exist (`ConfigNotFound` naming train.yaml's line otherwise)."""
+        doc = self._doc()
+        if "offline" in self.phases and not self.data:
+            raise doc.error("phase offline needs data: <traces dir or parquet dataset dir>", ("phases",))
+        if "online" in self.phases and not self.scenarios:
+            raise doc.error("phase online needs scenarios: <jsonl or parquet>", ("phases",))
+        if isinstance(self.reward, str) and not Path(self.reward).is_file():
+            raise doc.not_found(f"reward file {self.reward} does not exist", ("reward",))
+        if self.scenarios and not Path(self.scenarios).exists():
+            raise doc.not_found(f"scenario file {self.scenarios} does not exist", ("scenarios",))
+        if self.data and "offline" in self.phases and not glob.has_magic(self.data) and not Path(self.data).exists():
+            raise doc.not_found(f"{self.data} does not exist (a traces dir/glob or a `marft-lg mine --out` dir)",
+                                ("data",))
 
     @classmethod
     def load(cls, path: Path) -> TrainFile:
-        import difflib
-
-        import yaml
-
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise typer.BadParameter(f"{path}: expected a mapping of train.yaml keys, got {type(data).__name__}")
-        known = {f.name for f in fields(cls) if f.init}
-        for key in data:
-            if key not in known:
-                hint = difflib.get_close_matches(key, sorted(known), n=1)
-                raise typer.BadParameter(f"{path}: unknown key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else
-                                                                          f"; known keys: {sorted(known)}"))
-        out = cls(**data)
-        out.path = path.resolve()
-        base = path.parent
+        doc = load_yaml(path, what="train config")
+        data = doc.data if doc.data is not None else {}
+        checked = check_fields(cls, data, doc, what="train.yaml", skip=("versions", "reward"))
+        out = cls(**checked)
+        out.path, out.doc = Path(path).resolve(), doc
+        base = Path(path).parent
         for name in ("registry", "run_dir", "scenarios", "data"):
             value = getattr(out, name)
             if value is not None and not Path(value).is_absolute():
                 setattr(out, name, str(base / value))
-        if isinstance(out.reward, str) and not Path(out.reward).is_absolute():
-            out.reward = str(base / out.reward)
-        bad = [p for p in out.phases if p not in ("offline", "online")]
-        if bad:
-            raise typer.BadParameter(f"{path}: phases {bad} unknown; use offline and/or online")
-        if not out.agents:
-            raise typer.BadParameter(f"{path}: agents is empty; list the agent roles, e.g. agents: [reasoner, actor]")
-        if out.reward is None:
-            raise typer.BadParameter(f"{path}: reward is missing; give a CompositeReward YAML path or mapping")
-        if not isinstance(out.online, dict):
-            raise typer.BadParameter(f"{path}: online must be a mapping, e.g. online: {{app: 'my_app:build_graph'}}")
-        unknown = sorted(set(out.online) - set(ONLINE_KEYS))
+        out._check_agents(doc)
+        out._check_versions(doc)
+        out._check_reward(doc, base)
+        unknown = [p for p in out.phases if p not in PHASES]
         if unknown:
-            raise typer.BadParameter(f"{path}: unknown online keys {unknown}; known: {list(ONLINE_KEYS)}")
-        try:
-            out.online["node_roles"] = parse_node_roles(out.online.get("node_roles"), source=path,
-                                                        key="online.node_roles", roles=out.agents)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            raise doc.error(f"phases {unknown} unknown; use offline and/or online, e.g. phases: [offline, online]",
+                            ("phases",))
+        if not out.phases:
+            raise doc.error("phases is empty; use offline and/or online", ("phases",))
+        out.phases = list(dict.fromkeys(out.phases))
+        out._check_online(doc)
+        out.config()  # the marft section, checked now (line numbers) rather than when training starts
         return out
+
+    def _check_agents(self, doc: YamlDoc) -> None:
+        if not self.agents:
+            raise doc.error("agents is empty; list the agent roles, e.g. agents: [reasoner, actor]", ("agents",))
+        for i, role in enumerate(self.agents):
+            if not role or any(c in role for c in "@./") or role != role.strip():
+                raise doc.error(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
+                                "surrounding spaces", ("agents", i))
+        dup = sorted({r for r in self.agents if self.agents.count(r) > 1})
+        if dup:
+            raise doc.error(f"duplicate agent roles {dup}; list each role once", ("agents",))
+
+    def _check_versions(self, doc: YamlDoc) -> None:
+        v = self.versions
+        if v is None or (isinstance(v, str) and v):
+            return
+        if isinstance(v, dict):
+            for role, ref in v.items():
+                if role not in self.agents:
+                    raise doc.error(f"role {role!r} is not one of the agents {self.agents}", ("versions", role))
+                if not isinstance(ref, str) or not ref:
+                    raise doc.error(f"expected a version (e.g. v3) or an alias, got {type(ref).__name__} {ref!r}",
+                                    ("versions", role))
+            return
+        raise doc.error("expected an alias name (e.g. live), a {role: version} mapping or null (fresh adapters), "
+                        f"got {type(v).__name__} {v!r:.60}", ("versions",))
+
+    def _check_reward(self, doc: YamlDoc, base: Path) -> None:
+        from marft_lg.rewards.loading import parse_config
+
+        if self.reward is None:
+            raise doc.error("reward is missing; give a CompositeReward YAML path or mapping", ("reward",))
+        if isinstance(self.reward, str):
+            if not self.reward:
+                raise doc.error("reward is empty; give a CompositeReward YAML path or mapping", ("reward",))
+            if not Path(self.reward).is_absolute():
+                self.reward = str(base / self.reward)
+            return
+        if not isinstance(self.reward, dict):
+            raise doc.error(f"expected a reward YAML path or an inline mapping, got {type(self.reward).__name__} "
+                            f"{self.reward!r:.60}", ("reward",))
+        parse_config(self.reward, doc=doc.at("reward"))
+
+    def _check_online(self, doc: YamlDoc) -> None:
+        unknown = [k for k in self.online if k not in ONLINE_KEYS]
+        if unknown:
+            raise doc.error(f"unknown online key {unknown[0]!r}; known: {list(ONLINE_KEYS)}", ("online", unknown[0]))
+        o = self.online
+        types_ = {"app": str, "split": str | None, "iterations": int, "max_tokens": int, "temperature": float}
+        for key, tp in types_.items():
+            if key in o:
+                o[key] = convert(o[key], tp, doc, ("online", key))
+        for key, low in (("iterations", 0), ("max_tokens", 1)):
+            if key in o and o[key] < low:
+                raise doc.error(f"must be >= {low}, got {o[key]}", ("online", key))
+        if "temperature" in o and o["temperature"] < 0:
+            raise doc.error(f"must be >= 0, got {o['temperature']}", ("online", "temperature"))
+        try:
+            o["node_roles"] = parse_node_roles(o.get("node_roles"), source=self._source("online", "node_roles"),
+                                               key="online.node_roles", roles=self.agents)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _load_dataset(spec: str):
@@ -117,60 +206,106 @@ def _load_dataset(spec: str):
     return mine([spec])
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """What bad input (a config, a named file, a damaged run directory) raises: printed, exit 2, no traceback."""
+    from marft_lg.training.checkpoint import CheckpointError
+    from marft_lg.training.metrics import MetricsError
+    from marft_lg.training.trainer import RunDirError
+
+    return (ConfigError, LoadError, FileNotFoundError, CheckpointError, MetricsError, RunDirError)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
 def train(
     config: Path = typer.Option(..., "--config", "-c", exists=True, dir_okay=False, help="train.yaml"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's latest checkpoint"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the run directory's newest usable checkpoint"),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="delete the run directory's run files (metrics, checkpoints, plots) first"),
 ) -> None:
-    """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph)."""
+    """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph).
+
+    Exit codes: 0 trained; 2 bad input (train.yaml, a file it names, a run directory that already holds
+    another run, a damaged checkpoint or metrics file), printed without a traceback."""
     from rich.console import Console
 
-    from marft_lg.rewards.composite import CompositeReward
-    from marft_lg.rewards.registry import relative_to
-    from marft_lg.serving.team import Team
-    from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.trainer import MARFTTrainer
+    from marft_lg.serving.errors import ServingError
+    from marft_lg.training.trainer import check_fresh_run_dir, clear_run_files
     from marft_lg.trajectories.scenarios import ScenarioSet
 
-    console = Console()
-    spec = TrainFile.load(config)
-    build = spec.app_factory() if "online" in spec.phases else None  # a bad online.app fails before any work
-    cfg = MARFTConfig.from_dict(spec.marft, source=f"{config} [marft]")
+    console = Console(soft_wrap=True)
+    errors = _input_errors()
+    if resume and overwrite:
+        raise _fail("--resume continues the run in run_dir and --overwrite deletes it; give one of them")
     try:
-        with relative_to(spec.base_dir):  # an inline reward's custom components load relative to train.yaml
-            reward = CompositeReward.from_yaml(spec.reward)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(f"{config}: reward: {exc}") from None
-    scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
-    team = Team(spec.model, spec.agents, registry=spec.registry, versions=spec.versions, seed=cfg.seed)
+        spec = TrainFile.load(config)
+        build = spec.app_factory() if "online" in spec.phases else None  # a bad online.app fails before any work
+        spec.check_inputs()
+        cfg = spec.config()
+        reward = spec.load_reward()
+        scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
+        if not resume and not overwrite:
+            check_fresh_run_dir(spec.run_dir)
+        dataset = _load_dataset(spec.data) if "offline" in spec.phases else None
+    except errors as exc:
+        raise _fail(str(exc)) from None
+    except ValueError as exc:  # a scenario or dataset file that cannot be read
+        raise _fail(str(exc)) from None
+    if overwrite:
+        removed = clear_run_files(spec.run_dir)
+        if removed:
+            console.print(f"--overwrite: deleted {', '.join(removed)} from {spec.run_dir}")
     try:
-        trainer = MARFTTrainer(team, reward, cfg, spec.run_dir)
-        if resume and not trainer.resume():
-            console.print(f"[yellow]no checkpoint under {spec.run_dir}; starting fresh[/]")
-        if "offline" in spec.phases:
-            if not spec.data:
-                raise typer.BadParameter(f"{config}: phase offline needs data: <traces dir or parquet dataset dir>")
-            dataset = _load_dataset(spec.data)
-            console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
-            trainer.fit_offline(dataset, scenarios)
-        if "online" in spec.phases:
-            from marft_lg.graph.chat_model import TeamChatModel
-            from marft_lg.graph.wrap import wrap
-
-            if scenarios is None:
-                raise typer.BadParameter(f"{config}: phase online needs scenarios: <jsonl or parquet>")
-            opts = dict(spec.online)
-            split = opts.get("split", "train")
-            iterations = int(opts.get("iterations", 10))
-            llm = TeamChatModel(team=team, max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
-                                temperature=float(opts.get("temperature", cfg.temperature)))
-            app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces", node_roles=opts.get("node_roles"))
-            chosen = scenarios.split(split) if split else scenarios
-            trainer.fit_online(app, list(chosen), iterations)
-        published = {}
-        for role in spec.agents:
-            published[role] = team.save_version(role, run_id=trainer.run_id, metrics={"iteration": float(trainer.iteration)})
-        team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
-        console.print(f"[green]trained[/] {trainer.iteration} iterations; adapters {published} saved as alias "
-                      f"'candidate' in {spec.registry}; metrics and plots in {spec.run_dir}")
+        team = _team(spec, cfg)
+    except (OSError, ValueError, ServingError) as exc:
+        raise _fail(f"{config}: cannot build the team: {exc}") from None
+    try:
+        _train(spec, cfg, team, reward, scenarios, dataset, build, resume, console, errors)
     finally:
         team.close()
+
+
+def _team(spec: TrainFile, cfg: Any) -> Any:
+    from marft_lg.serving.team import Team
+
+    return Team(spec.model, spec.agents, registry=spec.registry, versions=spec.versions, seed=cfg.seed)
+
+
+def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, dataset: Any, build: Any, resume: bool,
+           console: Any, errors: tuple[type[BaseException], ...]) -> None:
+    from marft_lg.training.trainer import MARFTTrainer
+
+    trainer = MARFTTrainer(team, reward, cfg, spec.run_dir)
+    if resume:
+        try:
+            report = trainer.resume()
+        except errors as exc:
+            raise _fail(str(exc)) from None
+        for line in report.lines():
+            console.print(line, markup=False, highlight=False)
+        if not report:
+            console.print(f"[yellow]no checkpoint under {spec.run_dir}; starting from iteration 0[/]")
+    if dataset is not None:
+        console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
+        trainer.fit_offline(dataset, scenarios)
+    if "online" in spec.phases:
+        from marft_lg.graph.chat_model import TeamChatModel
+        from marft_lg.graph.wrap import wrap
+
+        opts = dict(spec.online)
+        split = opts.get("split", "train")
+        iterations = int(opts.get("iterations", 10))
+        llm = TeamChatModel(team=team, max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
+                            temperature=float(opts.get("temperature", cfg.temperature)))
+        app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces", node_roles=opts.get("node_roles"))
+        chosen = scenarios.split(split) if split else scenarios
+        trainer.fit_online(app, list(chosen), iterations)
+    published = {}
+    for role in spec.agents:
+        published[role] = team.save_version(role, run_id=trainer.run_id, metrics={"iteration": float(trainer.iteration)})
+    team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
+    console.print(f"[green]trained[/] {trainer.iteration} iterations; adapters {published} saved as alias "
+                  f"'candidate' in {spec.registry}; metrics and plots in {spec.run_dir}")

@@ -7,12 +7,11 @@ loss, value-head hidden size 64, context 2048, 512 new tokens, approx-KL hard cu
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "granularity": ("action", "token"),
@@ -22,9 +21,32 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-class ConfigError(ValueError):
-    """A configuration value or key that cannot be used; the message says where and what to do."""
+__all__ = ["ConfigError", "MARFTConfig"]
 
+_POSITIVE_INTS = ("ppo_epochs", "num_minibatches", "grad_accum_steps", "group_size", "agent_iteration_interval",
+                  "logprob_chunk", "max_context", "max_new_tokens", "checkpoint_every", "value_head_hidden",
+                  "offline_episodes_per_iteration", "offline_passes", "rollout_concurrency")
+# name -> (low, high, low_open, high_open, allow_none)
+_RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
+    "clip_low": (0.0, 1.0, False, True, False),   # the ratio's lower bound 1 - clip_low must stay > 0
+    "clip_high": (0.0, None, False, False, False),
+    "value_clip": (0.0, None, True, False, True),
+    "huber_delta": (0.0, None, True, False, False),
+    "value_coef": (0.0, None, False, False, False),
+    "entropy_coef": (0.0, None, False, False, False),
+    "kl_cut": (0.0, None, True, False, True),
+    "kl_ref_coef": (0.0, None, False, False, False),
+    "gamma": (0.0, 1.0, False, False, False),
+    "gae_lambda": (0.0, 1.0, False, False, False),
+    "token_gamma": (0.0, 1.0, False, False, False),
+    "learning_rate": (0.0, None, True, False, False),
+    "critic_learning_rate": (0.0, None, True, False, False),
+    "adam_eps": (0.0, None, True, False, False),
+    "max_grad_norm": (0.0, None, True, False, False),
+    "temperature": (0.0, None, False, False, False),
+    "entropy_surge": (0.0, None, True, False, False),
+    "kl_blowup": (0.0, None, True, False, False),
+}
 
 @dataclass
 class MARFTConfig:
@@ -120,22 +142,33 @@ class MARFTConfig:
     plots: bool = True
 
     def __post_init__(self) -> None:
+        """Check every value's type and range; a bad one raises `ConfigError` naming the key."""
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
-                raise ConfigError(f"MARFTConfig.{name} = {value!r} is not one of {list(allowed)}")
-        for name in ("ppo_epochs", "num_minibatches", "grad_accum_steps", "group_size",
-                     "agent_iteration_interval", "logprob_chunk", "max_context", "checkpoint_every",
-                     "offline_episodes_per_iteration", "offline_passes", "rollout_concurrency"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"MARFTConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+                raise ConfigError(f"{value!r} is not one of {list(allowed)}", key=name)
+        for name in _POSITIVE_INTS:
+            check_int(name, getattr(self, name), low=1)
+        check_int("seed", self.seed, low=0)
         for name in ("micro_batch_tokens", "inference_batch_tokens"):
+            check_int(name, getattr(self, name), low=1, allow_none=True)
+        for name, (low, high, low_open, high_open, allow_none) in _RANGES.items():
+            check_range(name, getattr(self, name), low=low, high=high, low_open=low_open, high_open=high_open,
+                        allow_none=allow_none)
             value = getattr(self, name)
-            if value is not None and int(value) < 1:
-                raise ConfigError(f"MARFTConfig.{name} must be >= 1 or null (no limit), got {value!r}")
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
+        for name in ("use_critic", "normalize_advantages", "tensorboard", "plots"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"expected true or false, got {getattr(self, name)!r}", key=name)
+        if not isinstance(self.agent_learning_rates, dict):
+            raise ConfigError(f"expected a mapping {{role: learning rate}}, got {self.agent_learning_rates!r}",
+                              key="agent_learning_rates")
+        for role, lr in self.agent_learning_rates.items():
+            check_range(("agent_learning_rates", str(role)), lr, low=0.0, low_open=True)
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
-                              "compares K rollouts of one scenario)")
+                              "compares K rollouts of one scenario)", key="group_size")
 
     def lr_for(self, role: str) -> float:
         """Learning rate of one agent's adapter."""
@@ -145,23 +178,22 @@ class MARFTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> MARFTConfig:
-        """Build from a mapping; an unknown key raises with the closest known name."""
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                hint = difflib.get_close_matches(key, sorted(known), n=1)
-                tip = f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {sorted(known)}"
-                raise ConfigError(f"{source}: unknown MARFTConfig key {key!r}{tip}")
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>", doc: YamlDoc | None = None) -> MARFTConfig:
+        """Build from a mapping; an unknown key (with the closest known name), a value of the wrong type or
+        out of range raises `ConfigError` naming `source` (or `doc`'s file and line) and the key."""
+        doc = doc if doc is not None else YamlDoc.of(data, source)
+        checked = check_fields(cls, data, doc, what="MARFTConfig")
+        try:
+            return cls(**checked)
+        except ConfigError as exc:
+            raise doc.locate(exc) from None
 
     @classmethod
     def from_yaml(cls, path: str | Path, *, section: str | None = None) -> MARFTConfig:
         """Load a YAML file (or one `section` of it, e.g. `marft` of a train.yaml)."""
-        p = Path(path)
-        data = yaml.safe_load(p.read_text()) or {}
+        doc = load_yaml(path, what="MARFTConfig file")
         if section is not None:
-            data = data.get(section) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of MARFTConfig keys, got {type(data).__name__}")
-        return cls.from_dict(data, source=f"{p}" + (f" [{section}]" if section else ""))
+            if doc.data is not None and not isinstance(doc.data, dict):
+                raise doc.error(f"expected a mapping with a {section!r} section, got {type(doc.data).__name__}")
+            doc = doc.at(section)
+        return cls.from_dict(doc.data or {}, doc=doc)

@@ -7,9 +7,19 @@ import math
 from pathlib import Path
 from typing import Any
 
+from marft_lg._durable import append_line, write_atomic
+
+
+class MetricsError(ValueError):
+    """A metrics.jsonl that cannot be read: a damaged line that is not the last one (named by file:line)."""
+
 
 class MetricsLog:
-    """Appends one JSON object per iteration to `<run>/metrics.jsonl` (and TensorBoard when asked)."""
+    """Appends one JSON object per iteration to `<run>/metrics.jsonl` (and TensorBoard when asked).
+
+    Every line is fsynced as it is written, so a crash loses at most the line being written; `repair`
+    (called on resume) drops such a half-written last line and says so.
+    """
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -23,8 +33,7 @@ class MetricsLog:
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def log(self, row: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(_clean(row)) + "\n")
+        append_line(self.path, json.dumps(_clean(row)))
         if self._tb is not None:
             step = int(row.get("iteration", 0))
             for key, value in _flatten(row).items():
@@ -35,20 +44,69 @@ class MetricsLog:
     def rows(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
 
-    def truncate_after(self, iteration: int) -> None:
-        """Drop rows past `iteration` (a resumed run rewrites them)."""
-        if self.path.exists():
-            keep = [r for r in self.rows() if int(r.get("iteration", -1)) <= iteration]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            tmp.replace(self.path)
+    def repair(self) -> str | None:
+        """Drop a half-written last line (a crash while it was written) and return what was done, or None.
+        A damaged line before the last one raises `MetricsError` naming file:line."""
+        rows, partial = _read(self.path)
+        if partial is None:
+            if self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+                _rewrite(self.path, rows)  # the last row is whole but its newline was not written
+            return None
+        _rewrite(self.path, rows)
+        return (f"{self.path}:{partial}: dropped a half-written last line (the run stopped while writing it); "
+                "that iteration is redone")
+
+    def truncate_after(self, iteration: int) -> int:
+        """Drop rows past `iteration` (a resumed run rewrites them); returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        rows, partial = _read(self.path)
+        keep = [r for r in rows if _iteration(r) <= iteration]
+        if len(keep) != len(rows) or partial is not None:
+            _rewrite(self.path, keep)
+        return len(rows) - len(keep)
+
+
+def _iteration(row: dict[str, Any]) -> int:
+    try:
+        return int(row.get("iteration", -1))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The rows, and the line number of a half-written last line (None when the file ends cleanly)."""
+    if not path.exists():
+        return [], None
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"a JSON {type(row).__name__}, not an object")
+        except (ValueError, UnicodeDecodeError) as exc:
+            if i == last:
+                return rows, i + 1
+            raise MetricsError(f"{path}:{i + 1}: damaged metrics line ({exc}); only the last line may be "
+                               "half-written after a crash. Fix or delete that line, or start the run again "
+                               "with --overwrite") from None
+        rows.append(row)
+    return rows, None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    p = Path(path)
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    """The rows of a metrics.jsonl; a half-written last line is left out, a damaged earlier line raises
+    `MetricsError` naming file:line."""
+    return _read(Path(path))[0]
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:

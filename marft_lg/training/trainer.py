@@ -12,7 +12,7 @@ import math
 import time
 import uuid
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import torch
 
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
+    apply_adapters,
+    find_resumable,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -46,6 +46,88 @@ from marft_lg.trajectories.dataset import TrajectoryDataset
 log = logging.getLogger("marft_lg.training")
 
 _STANDARD_EPISODE_COLUMNS = {"episode_id", "reward", "scored", "error"}
+
+
+RUN_FILES = ("metrics.jsonl", "checkpoints", "tensorboard", "reward.png", "agents.png", "traces")
+"""What a training run writes into its run directory (`--overwrite` deletes exactly these)."""
+
+
+class RunDirError(ValueError):
+    """A run directory that already holds another run (train without --resume or --overwrite)."""
+
+
+def existing_run_files(run_dir: str | Path) -> list[str]:
+    """The run files (`RUN_FILES`) present in `run_dir` (an empty metrics file or folder does not count)."""
+    root = Path(run_dir)
+    out = []
+    for name in RUN_FILES:
+        p = root / name
+        if p.is_dir() and any(p.iterdir()) or p.is_file() and p.stat().st_size:
+            out.append(name)
+    return out
+
+
+def check_fresh_run_dir(run_dir: str | Path) -> None:
+    """Raise `RunDirError` when `run_dir` already holds a run's files (two runs must not mix)."""
+    found = existing_run_files(run_dir)
+    if not found:
+        return
+    detail = []
+    if "metrics.jsonl" in found:
+        n = sum(1 for line in (Path(run_dir) / "metrics.jsonl").read_bytes().splitlines() if line.strip())
+        detail.append(f"metrics.jsonl with {n} row(s)")
+    from marft_lg.training.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(run_dir)
+    if ckpts:
+        detail.append(f"{len(ckpts)} checkpoint(s), newest {ckpts[0].name}")
+    rest = [f for f in found if f not in ("metrics.jsonl", "checkpoints")]
+    detail += rest
+    raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(detail) or ', '.join(found)}); "
+                      "use --resume to continue it, --overwrite to delete its run files and start over, or "
+                      "another run_dir")
+
+
+def clear_run_files(run_dir: str | Path) -> list[str]:
+    """Delete the run files (`RUN_FILES`) of `run_dir`; other files stay. Returns what was deleted."""
+    import shutil
+
+    from marft_lg._durable import fsync_dir
+
+    root = Path(run_dir)
+    removed = []
+    for name in RUN_FILES:
+        p = root / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+            removed.append(name)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+            removed.append(name)
+    if removed:
+        fsync_dir(root)
+    return removed
+
+
+@dataclass
+class ResumeReport:
+    """What `MARFTTrainer.resume` did: the checkpoint used (None: none, the run starts from 0), the newer
+    checkpoints it skipped and why, and what it repaired. Truthy when it resumed from a checkpoint."""
+
+    path: Path | None = None
+    iteration: int = 0
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.path is not None
+
+    def lines(self) -> list[str]:
+        out = list(self.notes)
+        out += [f"skipped checkpoint {p.name}: {reason}" for p, reason in self.skipped]
+        if self.path is not None:
+            out.append(f"resumed from {self.path} (iteration {self.iteration})")
+        return out
 
 
 class MARFTTrainer:
@@ -271,12 +353,32 @@ class MARFTTrainer:
         if self.iteration % self.cfg.checkpoint_every == 0:
             self.save_checkpoint()
 
-    def resume(self) -> bool:
-        """Continue from the run directory's latest checkpoint (False when there is none)."""
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
-            return False
-        state = load_checkpoint(path, model=self.model, adapter_names=self.adapter_names)
+    def resume(self) -> ResumeReport:
+        """Continue from the newest checkpoint of the run directory that loads.
+
+        Newer checkpoints that are missing, truncated, damaged or from an older marft_lg are skipped (the
+        report says which and why); metrics rows after the checkpoint's iteration are dropped, as is a
+        half-written last row, so no row is duplicated when the run goes on. The returned `ResumeReport`
+        is falsy when the run directory has no checkpoint (the run starts from iteration 0, its old metrics
+        rows dropped). Raises `CheckpointError` when checkpoints exist but none can be used, `MetricsError`
+        when metrics.jsonl is damaged before its last line.
+        """
+        report = ResumeReport()
+        repaired = self.metrics.repair()
+        if repaired:
+            report.notes.append(repaired)
+        found = find_resumable(self.run_dir, model=self.model, adapter_names=self.adapter_names)
+        report.notes.extend(found.notes)
+        report.skipped = [(s.path, s.reason) for s in found.skipped]
+        ckpt = found.checkpoint
+        if ckpt is None:
+            dropped = self.metrics.truncate_after(-1)
+            if dropped:
+                report.notes.append(f"no checkpoint under {self.run_dir}: dropped {dropped} metrics row(s) of the "
+                                    "unfinished run, which starts again from iteration 0")
+            return report
+        state = ckpt.state
+        apply_adapters(ckpt, model=self.model, adapter_names=self.adapter_names)
         self.iteration, self.update_count = state["iteration"], state["update_count"]
         self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
         self.run_id = state.get("run_id", self.run_id)
@@ -287,9 +389,14 @@ class MARFTTrainer:
             self.optimizers[r].load_state_dict(s)
         set_rng_state(state["rng"], self.generator)
         self.detector.load_state_dict(state["detector"])
-        self.metrics.truncate_after(self.iteration - 1)
-        log.info("resumed from %s (iteration %d)", path, self.iteration)
-        return True
+        dropped = self.metrics.truncate_after(self.iteration - 1)
+        if dropped:
+            report.notes.append(f"dropped {dropped} metrics row(s) written after {ckpt.path.name}; those iterations "
+                                "are redone")
+        report.path, report.iteration = ckpt.path, self.iteration
+        for line in report.lines():
+            log.info("%s", line)
+        return report
 
     # ---- reporting -------------------------------------------------------------------------------
     def _row(self, phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed) -> dict[str, Any]:

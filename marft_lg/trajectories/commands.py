@@ -51,6 +51,8 @@ def mine(
         table.add_row(f"  format {fmt}", f"{n:,}")
     if report.repaired_parents:
         table.add_row("parents repaired (orphans re-attached)", f"{report.repaired_parents:,}")
+    if report.non_utf8_lines:
+        table.add_row("lines with non-UTF-8 bytes (replaced by U+FFFD)", f"{report.non_utf8_lines:,}", style="yellow")
     if report.episodes_before_since:
         table.add_row("episodes before --since (skipped)", f"{report.episodes_before_since:,}")
     table.add_row("spans/lines quarantined", f"{report.quarantined_total:,}")

@@ -58,6 +58,8 @@ class MiningReport:
     repaired_parents: int = 0
     spans_without_actions: int = 0
     episodes_before_since: int = 0
+    non_utf8_lines: int = 0
+    """Lines holding bytes that are not UTF-8 (read with those bytes replaced by U+FFFD, as a text-mode read would)."""
     quarantine_path: str | None = None
 
     @property
@@ -203,6 +205,7 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
     report.episodes = stats.get("episodes", 0)
     report.actions = stats.get("actions", 0)
     report.episodes_before_since = stats.get("episodes_before_since", 0)
+    report.non_utf8_lines = stats.get("non_utf8_lines", 0)
     report.actions_per_agent = {str(k): int(v) for k, v in sorted(agents.items())}
 
 

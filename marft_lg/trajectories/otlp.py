@@ -248,6 +248,10 @@ def tolerant_spans_of_line(line: bytes, source: str, quarantine: Quarantine, lim
     try:
         request = loads_json(line)
     except _JSONError:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:  # counted (`non_utf8_lines` in the mining report), then read as below
+            stats["non_utf8_lines"] = stats.get("non_utf8_lines", 0) + 1
         try:  # invalid UTF-8 is replaced, as a text-mode read would
             request = loads_json(_text(line))
         except _JSONError as exc:

@@ -43,7 +43,7 @@ def test_retrain_exit_codes_for_bad_job_and_held_lock(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("min_episodes: 3\n")
     out = runner.invoke(app, ["retrain", "--job", str(bad)])
-    assert out.exit_code == 2 and "unknown job settings ['min_episodes']" in out.output
+    assert out.exit_code == 2 and "bad.yaml:1: min_episodes: unknown job key" in out.output
 
     path = make_job(tmp_path / "job")
     with RunLock(RetrainJob.from_yaml(path).lock_path, run_id="other"):

@@ -29,17 +29,17 @@ def test_relative_paths_resolve_against_the_job_file(tmp_path):
 
 def test_unknown_key_names_file_and_known_keys(tmp_path):
     p = write(tmp_path, {"min_episodes": 3})
-    with pytest.raises(ValueError, match=r"job\.yaml.*unknown job settings \['min_episodes'\].*min_new_episodes"):
+    with pytest.raises(ValueError, match=r"job\.yaml:1: min_episodes: unknown job key; did you mean 'min_new_episodes'"):
         RetrainJob.from_yaml(p)
 
 
 def test_wrong_types_and_values_are_reported(tmp_path):
-    with pytest.raises(ValueError, match="'min_new_episodes' must be int"):
+    with pytest.raises(ValueError, match=r"job.yaml:1: min_new_episodes: expected an integer, got str 'many'"):
         RetrainJob.from_yaml(write(tmp_path, {"min_new_episodes": "many"}))
-    with pytest.raises(ValueError, match="min_new_episodes must be >= 0"):
+    with pytest.raises(ValueError, match=r"job.yaml:1: min_new_episodes: must be >= 0"):
         RetrainJob.from_yaml(write(tmp_path, {"min_new_episodes": -1}))
-    with pytest.raises(ValueError, match="stages must be 'module:Class'"):
+    with pytest.raises(ValueError, match=r"job.yaml:1: stages: must be 'module:Class'"):
         RetrainJob.from_yaml(write(tmp_path, {"stages": "nocolon"}))
-    with pytest.raises(ValueError, match="not valid YAML"):
+    with pytest.raises(ValueError, match=r"bad.yaml:2:1: not valid YAML"):
         (tmp_path / "bad.yaml").write_text("a: [1,\n")
         RetrainJob.from_yaml(tmp_path / "bad.yaml")

@@ -2,20 +2,20 @@ import json
 import re
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
+from marft_lg._config import ConfigError
 from marft_lg.training.commands import TrainFile
 
 
 def test_train_yaml_unknown_key_and_missing_reward(tmp_path):
     p = tmp_path / "train.yaml"
     p.write_text("agents: [a]\nreward: r.yaml\nphase: [offline]\n")
-    with pytest.raises(typer.BadParameter, match=r"train.yaml: unknown key 'phase'; did you mean 'phases'"):
+    with pytest.raises(ConfigError, match=r"train.yaml:3: phase: unknown train.yaml key; did you mean 'phases'"):
         TrainFile.load(p)
     p.write_text("agents: [a]\n")
-    with pytest.raises(typer.BadParameter, match="reward is missing"):
+    with pytest.raises(ConfigError, match="reward is missing"):
         TrainFile.load(p)
 
 
@@ -83,7 +83,7 @@ def test_online_node_roles_are_checked_with_the_file_and_key_named(tmp_path, nod
     p = tmp_path / "train.yaml"
     p.write_text(yaml.safe_dump({"agents": ["reasoner", "actor"], "reward": "r.yaml",
                                  "online": {"node_roles": node_roles}}))
-    with pytest.raises(typer.BadParameter, match=rf"train.yaml: {message}"):
+    with pytest.raises(ConfigError, match=rf"train.yaml:\d+: {message}"):
         TrainFile.load(p)
 
 

@@ -238,10 +238,16 @@ def promote(
     from marft_lg.evaluation.gate import GateDecision
     from marft_lg.evaluation.promotion import PromotionError
     from marft_lg.evaluation.promotion import promote as do_promote
+    from marft_lg.serving.errors import ServingError
     from marft_lg.serving.registry import AdapterRegistry
 
-    console = Console()
-    reg = AdapterRegistry(registry)
+    console = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        reg = AdapterRegistry(registry, create=False)
+    except ServingError as exc:
+        err.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
     gate_decision = GateDecision.read(decision) if decision else None
     target: str | dict[str, str] = "candidate"
     if versions:
@@ -256,10 +262,11 @@ def promote(
     try:
         rec = do_promote(reg, target, alias=alias, decision=gate_decision, force=force, server_url=server,
                          api_key=api_key, reason=reason, run_dir=run_dir)
-    except PromotionError as exc:
-        console.print(f"[red]not promoted:[/] {exc}")
-        raise typer.Exit(1) from exc
-    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""))
+    except (PromotionError, ServingError) as exc:
+        err.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""),
+                  markup=False, highlight=False)
 
 
 def rollback(
@@ -269,17 +276,22 @@ def rollback(
     api_key: str | None = typer.Option(None, envvar="MARFT_LG_API_KEY", help="Bearer key of the server."),
     reason: str = typer.Option("rollback", help="Why (kept in the registry log and promotions.jsonl)."),
 ) -> None:
-    """Restore exactly the versions the alias served before its last change."""
+    """Restore exactly the versions the alias served before its last change (roles it did not name then
+    go back to their initial adapters) and hot-swap the server."""
     from rich.console import Console
 
     from marft_lg.evaluation.promotion import PromotionError
     from marft_lg.evaluation.promotion import rollback as do_rollback
+    from marft_lg.serving.errors import ServingError
     from marft_lg.serving.registry import AdapterRegistry
 
-    console = Console()
+    console = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
-        rec = do_rollback(AdapterRegistry(registry), alias=alias, server_url=server, api_key=api_key, reason=reason)
-    except PromotionError as exc:
-        console.print(f"[red]not rolled back:[/] {exc}")
-        raise typer.Exit(1) from exc
-    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""))
+        rec = do_rollback(AdapterRegistry(registry, create=False), alias=alias, server_url=server, api_key=api_key,
+                          reason=reason)
+    except (PromotionError, ServingError) as exc:
+        err.print(f"not rolled back: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"{alias}: {rec.before} -> {rec.after}" + (f"; {server} swapped {rec.swapped}" if server else ""),
+                  markup=False, highlight=False)

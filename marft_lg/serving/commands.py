@@ -8,6 +8,53 @@ from pathlib import Path
 import typer
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to any interface
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 2000 else text[:2000] + "..."
+
+
+def _bind(host: str, port: int):
+    """The listening socket, bound before the model loads: a port in use fails in a second, not after a minute."""
+    import socket
+
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _parse_versions(spec: str | None) -> str | dict[str, str] | None:
+    if not spec:
+        return None
+    if "=" not in spec:
+        return spec.strip()
+    out = {}
+    for item in spec.split(","):
+        role, sep, ref = item.partition("=")
+        if not sep or not role.strip() or not ref.strip():
+            raise ValueError(f"--versions {spec!r}: {item!r} is not role=ref; use an alias name or role=ref,...")
+        out[role.strip()] = ref.strip()
+    return out
+
+
 def serve(
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
     agents: str = typer.Option(..., help="Comma-separated agent roles, e.g. planner,writer."),
@@ -16,46 +63,93 @@ def serve(
     versions: str | None = typer.Option(None, help="Alias or role=ref,... to serve (default: live with a registry)."),
     shared_adapter: bool = typer.Option(False, help="All roles share one adapter (parameter sharing)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, help="TCP port (0: any free port)."),
     api_key: str | None = typer.Option(None, envvar="MARFT_LG_API_KEY", help="Require 'Authorization: Bearer KEY'."),
+    insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
+                                          help="Allow a non-loopback --host without --api-key."),
+    max_body_mb: float = typer.Option(8.0, help="Largest request body in MB; larger ones get 413 unread."),
+    lora: Path | None = typer.Option(None, help="LoRA settings YAML of the fresh (initial) adapters."),
     max_batch_size: int = typer.Option(32, help="Most requests batched together (hf engine)."),
     threads: int | None = typer.Option(None, help="torch CPU threads (hf engine); 1 is fastest on a busy machine."),
 ) -> None:
-    """Serve an agent team over an OpenAI-compatible API (the endpoints and fields vLLM uses)."""
-    import uvicorn
+    """Serve an agent team over an OpenAI-compatible API (the endpoints and fields vLLM uses).
+
+    A start-up failure (port in use, missing model, bad registry, damaged adapter) prints one line
+    naming the cause and exits with code 2.
+    """
+    import logging
+
     from rich.console import Console
 
-    from marft_lg.serving.server import create_app
-    from marft_lg.serving.team import Team
+    console = Console(stderr=True, soft_wrap=True)
 
-    console = Console(stderr=True)
-    if threads:
-        import torch
+    def fail(message: str) -> typer.Exit:
+        typer.echo(f"marft-lg serve: {message}", err=True)
+        return typer.Exit(2)
 
-        torch.set_num_threads(threads)
     roles = [a.strip() for a in agents.split(",") if a.strip()]
-    pinned: str | dict[str, str] | None = None
-    if versions:
-        pinned = dict(kv.split("=", 1) for kv in versions.split(",")) if "=" in versions else versions
-    kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
-    options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
-    from marft_lg.serving.errors import ServingError
-    from marft_lg.serving.models import ModelNotFoundError
-
+    if not roles:
+        raise fail("--agents is empty; name the roles, e.g. --agents planner,writer")
     try:
+        pinned = _parse_versions(versions)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if not _is_loopback(host) and not api_key and not insecure_no_auth:
+        raise fail(f"refusing to bind {host} without --api-key: anyone who can reach it could use and swap the "
+                   "adapters; pass --api-key KEY (or MARFT_LG_API_KEY), bind 127.0.0.1, or pass --insecure-no-auth")
+    if not max_body_mb > 0:
+        raise fail(f"--max-body-mb must be > 0, got {max_body_mb}")
+    settings = None
+    if lora is not None:
+        from marft_lg.serving.lora import LoraSettings
+
+        try:
+            settings = LoraSettings.from_yaml(lora)
+        except ValueError as e:
+            raise fail(_one_line(e)) from None
+    try:
+        sock = _bind(host, port)
+    except OSError as e:
+        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}"
+                   + (" (another server is using it: pick another --port)" if e.errno in (98, 48) else "")) from None
+    try:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # the status line says what loads; stderr stays for errors
+        from marft_lg.serving.team import Team
+
+        kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
+        options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
         with console.status(f"loading {model} with adapters for {', '.join(roles)} ({engine} engine)"):
             team = Team(model, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
-                        engine_options=options, **kwargs)
-    except (ServingError, ModelNotFoundError, ValueError) as e:
-        console.print(f"[red]marft-lg serve: {e}")
-        raise typer.Exit(1) from None
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        console.print(f"[yellow]warning: binding {host} without --api-key exposes the adapters to the network")
-    console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{port}/v1")
+                        engine_options=options, lora=settings, **kwargs)
+    except KeyboardInterrupt:
+        sock.close()
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - start-up errors are one line naming the cause, never a traceback
+        sock.close()
+        raise fail(_one_line(e)) from None
+    import uvicorn
+
+    from marft_lg.serving.server import create_app
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    actual_port = sock.getsockname()[1]
+    if not _is_loopback(host) and not api_key:
+        console.print(f"warning: serving {host} without an API key (--insecure-no-auth)", style="yellow", markup=False)
+    console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{actual_port}/v1",
+                  markup=False, highlight=False)
     try:
-        uvicorn.run(create_app(team, api_key=api_key), host=host, port=port, log_level="warning")
+        app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=actual_port, log_level="warning"))
+        server.run(sockets=[sock])
     finally:
         team.close()
+        sock.close()
 
 
 def adapters(
@@ -66,16 +160,21 @@ def adapters(
     reason: str = typer.Option("", help="Why (kept in the alias log)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List adapter versions in a registry; promote versions to an alias or roll it back."""
+    """List adapter versions in a registry (damaged ones marked); promote versions to an alias or roll it back.
+
+    The registry must exist (nothing is created). A damaged version (files changed since they were
+    saved, truncated, not LoRA-shaped) is listed as DAMAGED with the file and the reason.
+    """
     from rich.console import Console
     from rich.table import Table
 
-    from marft_lg.serving.errors import RegistryError
+    from marft_lg.serving.errors import AdapterIntegrityError, RegistryError, ServingError
     from marft_lg.serving.registry import AdapterRegistry
 
-    console = Console(stderr=as_json)  # with --json, stdout holds only the JSON
-    reg = AdapterRegistry(registry)
+    console = Console(stderr=as_json, soft_wrap=True)  # with --json, stdout holds only the JSON
+    err = Console(stderr=True, soft_wrap=True)
     try:
+        reg = AdapterRegistry(registry, create=False)
         if promote and rollback:
             raise RegistryError("use --promote or --rollback, not both")
         if promote:
@@ -83,29 +182,49 @@ def adapters(
             if bad:
                 raise RegistryError(f"--promote takes role=version, got {bad}")
             mapping = dict(p.split("=", 1) for p in promote)
-            console.print(f"{alias}: {reg.set_alias(alias, mapping, reason=reason or 'promote (cli)')}")
+            console.print(f"{alias}: {reg.set_alias(alias, mapping, reason=reason or 'promote (cli)')}",
+                          markup=False, highlight=False)
         elif rollback:
-            console.print(f"{alias} rolled back to {reg.rollback(alias, reason=reason or 'rollback (cli)')}")
-    except RegistryError as e:
-        console.print(f"[red]error: {e}")
+            console.print(f"{alias} rolled back to {reg.rollback(alias, reason=reason or 'rollback (cli)')}",
+                          markup=False, highlight=False)
+        aliases = reg.aliases()
+    except ServingError as e:
+        err.print(f"error: {_one_line(e)}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    aliases = reg.aliases()
     rows = []
+    damaged = []
     for role in reg.roles():
         for v in reg.versions(role):
-            m = reg.manifest(role, v)
+            m: dict = {}
+            try:
+                m = reg.manifest(role, v)
+                check = reg.verify(role, v)
+                integrity = {"status": "ok" if check.hash == "ok" else "unrecorded", "file": None, "reason": None}
+            except AdapterIntegrityError as e:
+                integrity = {"status": "damaged", "file": e.file, "reason": e.reason}
+            except ServingError as e:  # corrupt manifest, a version directory that escapes the registry
+                integrity = {"status": "damaged", "file": str(reg.root / role / v), "reason": _one_line(e)}
+            if integrity["status"] == "damaged":
+                damaged.append((role, v, integrity))
             tags = [a for a, mp in aliases.items() if mp.get(role) == v]
             rows.append({"role": role, "version": v, "aliases": tags, "parent": m.get("parent"),
-                         "run_id": m.get("run_id"), "created": m.get("created"), "metrics": m.get("metrics", {}),
-                         "base": m.get("base_fingerprint")})
+                         "run_id": m.get("run_id"), "created": m.get("created"), "metrics": m["metrics"] if isinstance(m.get("metrics"), dict) else {},
+                         "base": m.get("base_fingerprint"), "integrity": integrity})
     if as_json:
         print(json.dumps({"versions": rows, "aliases": aliases}, indent=2))
-        return
-    table = Table(title=f"adapters in {reg.root}")
-    for col in ("role", "version", "aliases", "parent", "run id", "created", "metrics"):
-        table.add_column(col)
-    for r in rows:
-        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["metrics"].items())
-        table.add_row(r["role"], r["version"], ",".join(r["aliases"]), r["parent"] or "", r["run_id"] or "",
-                      r["created"] or "", metrics)
-    Console().print(table)
+    else:
+        table = Table(title=f"adapters in {reg.root}")
+        for col in ("role", "version", "aliases", "parent", "run id", "created", "metrics", "integrity"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["metrics"].items())
+            status = {"ok": "ok", "unrecorded": "ok (hash unrecorded)", "damaged": "DAMAGED"}[r["integrity"]["status"]]
+            table.add_row(r["role"], r["version"], ",".join(r["aliases"]), r["parent"] or "", r["run_id"] or "",
+                          r["created"] or "", metrics, status)
+        out = Console(soft_wrap=True)
+        if not out.is_terminal:  # a pipe or a log file: no reason to squeeze the columns
+            out = Console(soft_wrap=True, width=200)
+        out.print(table)
+    for role, v, integrity in damaged:
+        err.print(f"warning: {role}/{v} is DAMAGED: {integrity['file']}: {integrity['reason']}", style="yellow",
+                  markup=False, highlight=False)

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
-from marft_lg.serving.lora import LoraSettings, check_adapter_dir
+from marft_lg.serving.integrity import base_shapes_from_model, verify_adapter
+from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.mixed_forward import mixed_adapter_forward
 from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.serving.types import ChatRequest, Completion
@@ -82,6 +83,36 @@ def normalise_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def prompt_chars(req: ChatRequest) -> int:
+    """Characters of a request's messages and tools: with `max_token_chars` a bound on its token count
+    that needs no tokenizing (no token covers more characters than the longest vocabulary entry)."""
+    n = 0
+    for m in req.messages if isinstance(req.messages, list) else []:
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            n += len(content)
+        elif isinstance(content, list):
+            n += sum(len(p.get("text", "")) if isinstance(p, dict) and isinstance(p.get("text"), str)
+                     else len(p) if isinstance(p, str) else 0 for p in content)
+    if req.tools:
+        import json
+
+        n += len(json.dumps(req.tools, ensure_ascii=False))
+    return n
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The longest vocabulary entry, in characters: an upper bound on the characters one token covers
+    (byte-level BPE stores one character per byte; added tokens count with their full text)."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return max(8, max((len(t) for t in vocab), default=8))
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: a generous bound
+        return 1024
+
+
 def _check_request(req: ChatRequest) -> None:
     if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, got {req.max_tokens!r}")
@@ -118,6 +149,8 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=resolve_dtype(dtype, self.device))
         self.model = self.model.to(self.device).eval()
         self.config = self.model.config
+        self.module_shapes = base_shapes_from_model(self.model)  # what a loaded adapter must fit
+        self.max_token_chars = max_token_chars(self.tokenizer)
         self._max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -164,18 +197,53 @@ class HFEngine:
             self.model.eval()
 
     def load_adapter(self, name: str, path: str | Path, *, trainable: bool = True) -> None:
-        """Load a PEFT directory (safetensors only) as adapter `name`; loading a loaded name is a no-op."""
+        """Load a PEFT directory (safetensors only) as adapter `name`; loading a loaded name is a no-op.
+
+        The files are verified first (safetensors header, LoRA ranks, every matrix fits this base model,
+        every targeted layer has weights; `marft_lg.serving.integrity`): a damaged adapter raises
+        `AdapterIntegrityError` before peft is called. peft registers an adapter before it reads the
+        weights, so should it still fail, the half-made adapter is removed again: a failed load leaves
+        the engine exactly as it was.
+        """
         from peft import PeftModel
 
-        path = check_adapter_dir(path)
+        path = Path(path)
+        verify_adapter(path, base_shapes=self.module_shapes, require_lora=True)
         with self._adapter_lock():
             if name in self.loaded_adapters():
                 return
-            if self.is_peft:
-                self.model.load_adapter(str(path), adapter_name=name, is_trainable=trainable)
-            else:
-                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name, is_trainable=trainable)
+            was_peft = self.is_peft
+            try:
+                if was_peft:
+                    self.model.load_adapter(str(path), adapter_name=name, is_trainable=trainable)
+                else:
+                    self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name,
+                                                           is_trainable=trainable)
+            except BaseException:
+                self._discard_failed_load(name, was_peft)
+                raise
             self.model.eval()
+
+    def _discard_failed_load(self, name: str, was_peft: bool) -> None:
+        """Undo what a failed peft load left behind (the adapter, or the LoRA layers injected into the base)."""
+        if was_peft:
+            if name in getattr(self.model, "peft_config", {}):
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+                    self.model.delete_adapter(name)
+            return
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        model = self.model  # the plain base model, which PeftModel.from_pretrained changed in place
+        injected = [(n, m) for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+        for module_name, module in injected:
+            parent_name, _, child = module_name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, module.get_base_layer())
+        for attr in ("peft_config", "_hf_peft_config_loaded"):
+            if attr in vars(model):
+                delattr(model, attr)
+        log.warning("a failed load of adapter %r was undone (%d injected layers removed)", name, len(injected))
 
     def unload_adapter(self, name: str) -> None:
         """Delete an adapter's weights between two decode steps; the caller ensures no request uses it."""
@@ -241,6 +309,11 @@ class HFEngine:
             if name is not None and name not in loaded:
                 raise UnknownAgentError(name, sorted(loaded), what="adapter")
             _check_request(req)
+            budget = self._max_context - req.max_tokens
+            chars = prompt_chars(req)
+            if chars > max(budget, 0) * self.max_token_chars:  # cannot fit: refuse without tokenizing
+                raise ContextLengthError(None, req.max_tokens, self._max_context, req.agent, prompt_chars=chars,
+                                         chars_per_token=self.max_token_chars)
             ids = self.encode(req)
             if len(ids) + req.max_tokens > self._max_context:
                 raise ContextLengthError(len(ids), req.max_tokens, self._max_context, req.agent)
@@ -254,7 +327,10 @@ class HFEngine:
         return [f.result() for f in self.submit(requests, adapter_names)]
 
     async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
-        futures = self.submit(requests, adapter_names)
+        if self._exclusive_owner == threading.get_ident():
+            raise RuntimeError("cannot generate inside exclusive(): serving is paused by this very thread")
+        # validation and tokenizing (chat template) run in a worker thread: a long prompt never stalls the event loop
+        futures = await asyncio.to_thread(self.submit, requests, adapter_names)
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     def close(self) -> None:

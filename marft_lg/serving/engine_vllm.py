@@ -239,10 +239,12 @@ class VLLMEngine:
         The same name with another path replaces the weights in place (requests already running keep
         the old ones); prefer a new name per version (``role@vK``) for clean hot swaps.
         """
+        from marft_lg.serving.integrity import verify_adapter
         from marft_lg.serving.lora import ADAPTER_CONFIG, check_adapter_dir
 
         self._check_open()
         path = check_adapter_dir(path).resolve()
+        verify_adapter(path, require_lora=True)  # a damaged file is refused before vLLM sees it
         rank = int(json.loads((path / ADAPTER_CONFIG).read_text()).get("r", 0))
         if rank > self.max_lora_rank:
             raise ServingError(f"adapter {path} has rank {rank} > max_lora_rank={self.max_lora_rank} of this vLLM "
@@ -274,10 +276,17 @@ class VLLMEngine:
 
     # ---- generation ---------------------------------------------------------------------------
     def _prompt_tokens(self, request: ChatRequest) -> int:
+        from marft_lg.serving.engine_hf import max_token_chars, prompt_chars
+
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+            self._max_token_chars = max_token_chars(self._tokenizer)
+        chars = prompt_chars(request)
+        if chars > max(self.max_model_len - request.max_tokens, 0) * self._max_token_chars:
+            raise ContextLengthError(None, request.max_tokens, self.max_model_len, request.agent, prompt_chars=chars,
+                                     chars_per_token=self._max_token_chars)
         ids = self._tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True,
                                                   **({"tools": request.tools} if request.tools else {}))
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):

@@ -14,9 +14,19 @@ class ServingError(Exception):
 class ContextLengthError(ServingError, ValueError):
     """A prompt (plus the tokens asked for) does not fit the model's context; nothing is truncated."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_context: int, agent: str | None = None):
+    def __init__(self, prompt_tokens: int | None, max_tokens: int, max_context: int, agent: str | None = None, *,
+                 prompt_chars: int | None = None, chars_per_token: int | None = None):
         self.prompt_tokens, self.max_tokens, self.max_context = prompt_tokens, max_tokens, max_context
+        self.prompt_chars = prompt_chars
         who = f" for agent {agent!r}" if agent else ""
+        if prompt_tokens is None:  # refused from its length in characters, before tokenizing
+            super().__init__(
+                f"this model's maximum context length is {max_context} tokens, but the request{who} has "
+                f"{prompt_chars} characters of messages: more than the {max_context - max_tokens} prompt tokens left "
+                f"beside max_tokens={max_tokens} can hold (no token is longer than {chars_per_token} characters); "
+                f"shorten the messages or lower max_tokens"
+            )
+            return
         super().__init__(
             f"this model's maximum context length is {max_context} tokens, but the request{who} has "
             f"{prompt_tokens} prompt tokens and asks for {max_tokens} more ({prompt_tokens + max_tokens}); "
@@ -41,3 +51,16 @@ class AdapterMismatchError(ServingError, ValueError):
 
 class RegistryError(ServingError, ValueError):
     """A bad registry request: unknown version or alias, unsafe name, or a corrupt version directory."""
+
+
+class AdapterIntegrityError(AdapterMismatchError):
+    """An adapter whose files are damaged (truncated, altered since it was saved, or not fitting the base
+    model); nothing was loaded. `file` is the offending file, `reason` what is wrong with it."""
+
+    def __init__(self, file: object, reason: str):
+        self.file, self.reason = str(file), reason
+        super().__init__(f"damaged adapter file {self.file}: {reason}")
+
+
+class AliasConflictError(RegistryError):
+    """An alias changed between the moment a command read it and the moment it wrote it (compare-and-swap)."""

@@ -25,7 +25,7 @@ class LoraSettings:
     """
 
     r: int = 8
-    alpha: int = 16
+    alpha: int | float = 16
     dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     bias: str = "none"
@@ -36,22 +36,67 @@ class LoraSettings:
         from peft import LoraConfig
 
         return LoraConfig(
-            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=list(self.target_modules),
+            r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
+            target_modules=self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules),
             bias=self.bias, init_lora_weights=self.init, task_type="CAUSAL_LM", inference_mode=inference_mode,
         )
 
+    def __post_init__(self) -> None:
+        """Types and ranges (`marft_lg._config.ConfigError` naming the key; the YAML loader adds file:line)."""
+        from marft_lg._config import ConfigError, check_int, check_range
+
+        check_int("r", self.r, low=1)
+        if isinstance(self.alpha, bool):
+            raise ConfigError(f"expected a number, got bool {self.alpha!r}", key="alpha")
+        check_range("alpha", self.alpha, low=0, low_open=True)
+        if isinstance(self.dropout, bool):
+            raise ConfigError(f"expected a number, got bool {self.dropout!r}", key="dropout")
+        check_range("dropout", self.dropout, low=0, high=1, high_open=True)
+        t = self.target_modules
+        if not ((isinstance(t, str) and t) or (isinstance(t, list) and t and all(isinstance(x, str) and x for x in t))):
+            raise ConfigError("expected a non-empty list of layer names (e.g. [q_proj, v_proj]) or a regex / "
+                              f"'all-linear' string, got {type(t).__name__} {t!r:.60}", key="target_modules")
+        if self.bias not in _BIAS:
+            raise ConfigError(f"expected one of {list(_BIAS)}, got {self.bias!r}", key="bias")
+        if not (isinstance(self.init, bool) or (isinstance(self.init, str) and self.init)):
+            raise ConfigError("expected true, false or a peft init_lora_weights name (e.g. gaussian), got "
+                              f"{type(self.init).__name__} {self.init!r:.60}", key="init")
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> LoraSettings:
-        """Build from a YAML/JSON mapping; unknown keys are an error naming the valid ones."""
-        data = dict(data or {})
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown LoRA setting(s) {unknown}; valid: {sorted(known)}")
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any] | None, *, source: str = "<dict>") -> LoraSettings:
+        """Build from a YAML/JSON mapping. Unknown keys, wrong types and out-of-range values are
+        `ConfigError`s (a `ValueError`) naming ``source: key``."""
+        from marft_lg._config import YamlDoc
+
+        return cls._from_doc(YamlDoc.of(data, source))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, *, section: str | None = None) -> LoraSettings:
+        """Load a YAML file (or one `section` of it, e.g. ``lora``); errors name ``file:line: key``."""
+        from marft_lg._config import load_yaml
+
+        doc = load_yaml(path, what="LoRA settings file")
+        if section is not None:
+            if not isinstance(doc.data, dict) or section not in doc.data:
+                return cls()
+            doc = doc.at(section)
+        return cls._from_doc(doc)
+
+    @classmethod
+    def _from_doc(cls, doc: Any) -> LoraSettings:
+        from marft_lg._config import ConfigError, check_fields
+
+        values = check_fields(cls, doc.data, doc, what="LoRA", skip=("target_modules", "alpha"))
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            raise doc.locate(exc) from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_BIAS = ("none", "all", "lora_only")
 
 
 def check_adapter_dir(path: str | Path) -> Path:

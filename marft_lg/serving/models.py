@@ -83,10 +83,10 @@ def _gguf_key(gguf: Path) -> str:
         known = {}
     if stamp not in known:
         known[stamp] = _sha256(gguf)[:16]
+        from marft_lg._durable import write_atomic
+
         memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known))
-        tmp.replace(memo)
+        write_atomic(memo, json.dumps(known))
     return known[stamp]
 
 
@@ -119,6 +119,13 @@ def _file_lock(path: Path, timeout_s: float = 600.0):
         path.unlink(missing_ok=True)
 
 
+def _fsync_parent(path: Path) -> None:
+    """Make a directory renamed into place durable (the cache survives a power loss whole or not at all)."""
+    from marft_lg._durable import fsync_dir
+
+    fsync_dir(path.parent)
+
+
 def embedded_tokenizer_dir(name: str = "smollm2-135m-instruct") -> Path:
     """A cached directory holding only the embedded model's tokenizer (fast: no weights converted)."""
     gguf = embedded_gguf(name)
@@ -135,6 +142,7 @@ def embedded_tokenizer_dir(name: str = "smollm2-135m-instruct") -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tok.save_pretrained(tmp)
         tmp.replace(out)
+        _fsync_parent(out)
     return out
 
 
@@ -155,6 +163,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tok.save_pretrained(tmp)
     (tmp / "marft_lg_source.json").write_text(json.dumps({"gguf": str(gguf), "sha256_16": out.name.rsplit("-", 1)[-1]}))
     tmp.replace(out)
+    _fsync_parent(out)
 
 
 def resolve_model(spec: str | os.PathLike = DEFAULT_MODEL) -> Path:
@@ -222,4 +231,5 @@ def build_tiny_model(out_dir: str | os.PathLike, *, hidden_size: int = 64, num_l
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     tmp.replace(out)
+    _fsync_parent(out)
     return out

@@ -5,12 +5,16 @@ Layout::
     <root>/<role>/v<k>/adapter_config.json, adapter_model.safetensors, manifest.json
     <root>/aliases.json     {"aliases": {alias: {role: version}}, "history": {alias: [older maps]}, "log": [...]}
 
-Every write goes to a temporary name, is fsynced and renamed into place, so a crash never leaves a
-half-written version or alias file. Weights are safetensors only; nothing is ever unpickled.
+Every write goes to a temporary name, is fsynced and renamed into place (`marft_lg._durable`), so
+a crash never leaves a half-written version or alias file. Weights are safetensors only; nothing is
+ever unpickled. Each manifest records the version's content hashes and LoRA shape (`integrity`), and
+`verify` checks a version against it before anything loads it. Alias writes are compare-and-swap:
+`set_alias` / `rollback` take the `alias_revision()` a caller read and refuse if the file changed since.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,7 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from marft_lg.serving.errors import AdapterMismatchError, RegistryError
+from marft_lg._durable import fsync_dir, write_atomic
+from marft_lg.serving.errors import (
+    AdapterIntegrityError,
+    AdapterMismatchError,
+    AliasConflictError,
+    RegistryError,
+)
+from marft_lg.serving.integrity import AdapterCheck, BaseShapes, record_adapter, verify_adapter
 from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir, save_adapter
 
 MANIFEST = "manifest.json"
@@ -38,25 +49,44 @@ def _check_name(name: str, what: str) -> str:
     return name
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _check_alias_data(data: Any, p: Path) -> dict[str, Any]:
+    """The alias file's content, type-checked: a wrong type is an error naming the file and the key."""
+    if not isinstance(data, dict):
+        raise RegistryError(f"corrupt alias file {p}: expected a JSON object, got {type(data).__name__}; "
+                            "restore it from backup or delete it")
+    unknown = sorted(set(data) - {"aliases", "history", "log"})
+    if unknown:
+        raise RegistryError(f"corrupt alias file {p}: unknown keys {unknown}; expected aliases, history, log")
 
+    def check_map(m: Any, where: str) -> None:
+        if not isinstance(m, dict):
+            raise RegistryError(f"corrupt alias file {p}: {where} must map roles to versions ({{role: \"v<k>\"}}), "
+                                f"got {type(m).__name__} {m!r:.80}")
+        for role, version in m.items():
+            if not (isinstance(role, str) and _NAME.match(role) and isinstance(version, str) and _VERSION.match(version)):
+                raise RegistryError(f"corrupt alias file {p}: {where} maps {role!r} to {version!r}; expected "
+                                    "role: \"v<k>\"")
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    aliases = data.setdefault("aliases", {})
+    history = data.setdefault("history", {})
+    log = data.setdefault("log", [])
+    if not isinstance(aliases, dict):
+        raise RegistryError(f"corrupt alias file {p}: 'aliases' must be an object {{alias: {{role: version}}}}, "
+                            f"got {type(aliases).__name__}")
+    for name, m in aliases.items():
+        check_map(m, f"aliases.{name}")
+    if not isinstance(history, dict):
+        raise RegistryError(f"corrupt alias file {p}: 'history' must be an object {{alias: [maps]}}, "
+                            f"got {type(history).__name__}")
+    for name, stack in history.items():
+        if not isinstance(stack, list):
+            raise RegistryError(f"corrupt alias file {p}: history.{name} must be a list of maps, got "
+                                f"{type(stack).__name__}")
+        for i, m in enumerate(stack):
+            check_map(m, f"history.{name}[{i}]")
+    if not isinstance(log, list):
+        raise RegistryError(f"corrupt alias file {p}: 'log' must be a list, got {type(log).__name__}")
+    return data
 
 
 def _now() -> str:
@@ -66,9 +96,20 @@ def _now() -> str:
 class AdapterRegistry:
     """Versioned PEFT adapters per role under `root`, with aliases and rollback history."""
 
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: str | os.PathLike, *, create: bool = True):
+        """`create=False` (the CLI's commands) refuses a root that does not exist instead of creating it."""
+        path = Path(root).expanduser()
+        if path.exists() and not path.is_dir():
+            raise RegistryError(f"adapter registry {path} is not a directory")
+        if not path.exists():
+            if not create:
+                raise RegistryError(f"adapter registry {path} does not exist; check the path (a registry is "
+                                    "created when a version is first saved, e.g. by `marft-lg train`)")
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise RegistryError(f"cannot create adapter registry {path}: {e.strerror or e}") from None
+        self.root = path.resolve()
 
     # ---- locking -------------------------------------------------------------------------------
     @contextmanager
@@ -128,12 +169,29 @@ class AdapterRegistry:
         """The manifest of a version (base fingerprint, parent, run id, metrics, created)."""
         p = self.path(role, ref) / MANIFEST
         try:
-            return json.loads(p.read_text())
+            data = json.loads(p.read_text())
         except (OSError, ValueError) as e:
             raise RegistryError(f"corrupt manifest {p}: {e}") from e
+        if not isinstance(data, dict):
+            raise RegistryError(f"corrupt manifest {p}: expected a JSON object, got {type(data).__name__}")
+        return data
 
-    def check_base(self, role: str, ref: str, base_fingerprint: str) -> Path:
-        """The version's path if it was trained for this base model, else `AdapterMismatchError`."""
+    def verify(self, role: str, ref: str, *, base_shapes: BaseShapes | None = None,
+               require_lora: bool = False) -> AdapterCheck:
+        """Check a version's files before anything loads them: the safetensors header, the LoRA shape
+        (against `base_shapes`, the served model's layers, when given) and the content hash recorded at
+        save time (``hash == "unrecorded"`` for versions saved before records existed).
+
+        Raises `AdapterIntegrityError` naming the damaged file and the reason.
+        """
+        path = self.path(role, ref)
+        record = self.manifest(role, ref).get("integrity")
+        return verify_adapter(path, record=record if isinstance(record, dict) else None, base_shapes=base_shapes,
+                              require_lora=require_lora)
+
+    def check_base(self, role: str, ref: str, base_fingerprint: str, *, base_shapes: BaseShapes | None = None) -> Path:
+        """The version's path if it was trained for this base model and its files verify (`verify`), else
+        `AdapterMismatchError` (another base model) or `AdapterIntegrityError` (damaged files)."""
         path = self.path(role, ref)
         made_for = self.manifest(role, ref).get("base_fingerprint")
         if made_for != base_fingerprint:
@@ -141,7 +199,8 @@ class AdapterRegistry:
                 f"adapter {role}/{path.name} in {self.root} was made for base model {made_for}, but the served base "
                 f"model is {base_fingerprint}; train a new adapter for this base model or serve the matching one"
             )
-        return check_adapter_dir(path)
+        self.verify(role, ref, base_shapes=base_shapes, require_lora=base_shapes is not None)
+        return path
 
     def locate(self, path: str | os.PathLike) -> tuple[str, str]:
         """A directory inside the root -> (role, version); anything else (traversal, links out) is refused."""
@@ -186,35 +245,63 @@ class AdapterRegistry:
             for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
                 with (tmp / name).open("rb") as f:
                     os.fsync(f.fileno())
+            try:
+                integrity = record_adapter(tmp)
+            except AdapterIntegrityError as e:  # name the file the caller gave, not the temporary copy
+                source = Path(e.file)
+                if isinstance(peft_model_or_dir, (str, os.PathLike)):
+                    source = Path(peft_model_or_dir) / source.name
+                raise AdapterIntegrityError(source, e.reason) from None
             with self._lock():
                 existing = self.versions(role)
                 k = int(existing[-1][1:]) + 1 if existing else 1
                 version = f"v{k}"
                 manifest = {
                     "role": role, "version": version, "base_fingerprint": base_fingerprint, "parent": parent,
-                    "run_id": run_id, "metrics": dict(metrics or {}), "created": _now(),
+                    "run_id": run_id, "metrics": dict(metrics or {}), "created": _now(), "integrity": integrity,
                 }
-                _write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+                write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
                 os.rename(tmp, role_dir / version)
-                _fsync_dir(role_dir)
+                fsync_dir(role_dir)
             return version
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
     # ---- aliases -------------------------------------------------------------------------------
-    def _read_aliases(self) -> dict[str, Any]:
+    def _alias_state(self) -> tuple[str, dict[str, Any]]:
+        """(revision, content) of the alias file; the revision is a hash of its bytes ("" when absent)."""
         p = self.root / ALIASES
-        if not p.exists():
-            return {"aliases": {}, "history": {}, "log": []}
         try:
-            data = json.loads(p.read_text())
-        except ValueError as e:
-            raise RegistryError(f"corrupt alias file {p}: {e}; restore it from backup or delete it") from e
-        data.setdefault("aliases", {})
-        data.setdefault("history", {})
-        data.setdefault("log", [])
-        return data
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            return "", {"aliases": {}, "history": {}, "log": []}
+        except OSError as e:
+            raise RegistryError(f"cannot read alias file {p}: {e.strerror or e}") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise RegistryError(f"corrupt alias file {p}: {e}; restore it from backup or delete it") from None
+        return hashlib.sha256(raw).hexdigest()[:16], _check_alias_data(data, p)
+
+    def _read_aliases(self) -> dict[str, Any]:
+        return self._alias_state()[1]
+
+    def alias_revision(self) -> str:
+        """A token of the alias file's current content; pass it as `expect_revision` to write only if
+        nothing changed it meanwhile (compare-and-swap)."""
+        return self._alias_state()[0]
+
+    def _check_revision(self, revision: str, expect_revision: str | None, alias: str, current: dict[str, str]) -> None:
+        if expect_revision is not None and revision != expect_revision:
+            raise AliasConflictError(
+                f"alias {alias!r} in {self.root / ALIASES} changed since it was read (another promotion or rollback "
+                f"ran meanwhile; it now maps {current}); nothing was written: read it again and retry")
+
+    def _checked(self, mapping: dict[str, str]) -> None:
+        """Every version of a map lies inside the root and its files verify (before any write)."""
+        for role, version in mapping.items():
+            self.verify(role, version)
 
     def aliases(self) -> dict[str, dict[str, str]]:
         """Every alias and the versions it maps."""
@@ -224,42 +311,66 @@ class AdapterRegistry:
         """``{role: version}`` of an alias (empty if it was never set)."""
         return dict(self._read_aliases()["aliases"].get(alias, {}))
 
-    def set_alias(self, alias: str, mapping: dict[str, str], *, reason: str = "") -> dict[str, str]:
-        """Point `alias` at versions for the given roles (other roles keep theirs); returns the new map."""
+    def set_alias(self, alias: str, mapping: dict[str, str], *, reason: str = "",
+                  expect_revision: str | None = None) -> dict[str, str]:
+        """Point `alias` at versions for the given roles (other roles keep theirs); returns the new map.
+
+        Every version is resolved and verified first (a damaged version or one that escapes the root
+        is refused before anything is written). `expect_revision` (from `alias_revision()`) makes the
+        write a compare-and-swap: `AliasConflictError` if the alias file changed since.
+        """
         _check_name(alias, "alias")
         if _VERSION.match(alias) or alias == "latest":
             raise RegistryError(f"alias name {alias!r} would shadow a version reference; pick another name")
-        resolved = {role: self.resolve(role, ref) for role, ref in mapping.items()}
+        if not isinstance(mapping, dict):
+            raise RegistryError(f"an alias update is a {{role: version}} map, got {type(mapping).__name__} {mapping!r:.80}")
+        resolved = {_check_name(role, "role"): self.resolve(role, ref) for role, ref in mapping.items()}
+        self._checked(resolved)
         with self._lock():
-            data = self._read_aliases()
+            revision, data = self._alias_state()
             old = dict(data["aliases"].get(alias, {}))
+            self._check_revision(revision, expect_revision, alias, old)
             new = {**old, **resolved}
             if new != old:
                 data["history"].setdefault(alias, []).append(old)
                 data["aliases"][alias] = new
                 data["log"].append({"at": _now(), "alias": alias, "from": old, "to": new, "reason": reason})
-                _write_atomic(self.root / ALIASES, json.dumps(data, indent=2, sort_keys=True))
+                write_atomic(self.root / ALIASES, json.dumps(data, indent=2, sort_keys=True))
             return new
 
-    def promote(self, mapping: dict[str, str], *, reason: str = "", alias: str = "live") -> dict[str, str]:
+    def promote(self, mapping: dict[str, str], *, reason: str = "", alias: str = "live",
+                expect_revision: str | None = None) -> dict[str, str]:
         """Make the given versions live (recorded with `reason`; undo with `rollback`)."""
-        return self.set_alias(alias, mapping, reason=reason or "promote")
+        return self.set_alias(alias, mapping, reason=reason or "promote", expect_revision=expect_revision)
 
-    def rollback(self, alias: str = "live", *, reason: str = "rollback") -> dict[str, str]:
-        """Restore the alias's previous map; repeated calls go further back. Returns the restored map."""
+    def peek_rollback(self, alias: str = "live") -> dict[str, str]:
+        """The map `rollback(alias)` would restore (nothing is written)."""
+        stack = self._read_aliases()["history"].get(alias, [])
+        if not stack:
+            raise RegistryError(f"alias {alias!r} has no earlier state to roll back to in {self.root}")
+        return dict(stack[-1])
+
+    def rollback(self, alias: str = "live", *, reason: str = "rollback",
+                 expect_revision: str | None = None) -> dict[str, str]:
+        """Restore the alias's previous map; repeated calls go further back. Returns the restored map.
+
+        The restored versions are verified first; `expect_revision` as in `set_alias`.
+        """
+        self._checked(self.peek_rollback(alias))
         with self._lock():
-            data = self._read_aliases()
+            revision, data = self._alias_state()
+            old = data["aliases"].get(alias, {})
+            self._check_revision(revision, expect_revision, alias, old)
             stack = data["history"].get(alias, [])
             if not stack:
                 raise RegistryError(f"alias {alias!r} has no earlier state to roll back to in {self.root}")
-            old = data["aliases"].get(alias, {})
             new = stack.pop()
             if new:
                 data["aliases"][alias] = new
             else:
                 data["aliases"].pop(alias, None)
             data["log"].append({"at": _now(), "alias": alias, "from": old, "to": new, "reason": reason})
-            _write_atomic(self.root / ALIASES, json.dumps(data, indent=2, sort_keys=True))
+            write_atomic(self.root / ALIASES, json.dumps(data, indent=2, sort_keys=True))
             return dict(new)
 
     def log(self) -> list[dict[str, Any]]:

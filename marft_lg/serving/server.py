@@ -9,22 +9,38 @@ shows the tools through the model's chat template when it renders tools, else in
 `marft_lg.serving.tool_calls` (the one `TeamChatModel` uses); the completion's ``<tool_call>``
 blocks come back as ``message.tool_calls`` with ``finish_reason: "tool_calls"``, malformed ones stay
 in ``content`` and are listed in ``message.invalid_tool_calls``.
+
+Bad input never takes the server down: bodies over `max_body_bytes` get 413 before they are read
+(or as soon as a chunked body passes the limit), JSON is parsed strictly (orjson: no lone
+surrogates, no invalid UTF-8) and refused past `MAX_JSON_DEPTH` levels, a prompt longer than the
+context can hold is refused from its length in characters before it is tokenized (off the event
+loop), and any unexpected exception is a JSON 500 carrying a request id (also the ``x-request-id``
+header of every response) whose traceback is in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import secrets
 import time
 import uuid
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from marft_lg.serving.errors import AdapterMismatchError, ContextLengthError, RegistryError, UnknownAgentError
-from marft_lg.serving.team import Team
+from marft_lg.serving.errors import (
+    AdapterIntegrityError,
+    AdapterMismatchError,
+    ContextLengthError,
+    RegistryError,
+    UnknownAgentError,
+)
+from marft_lg.serving.team import FRESH, SHARED, Team
 from marft_lg.serving.tool_calls import (
     add_system_text,
     choice_name,
@@ -40,13 +56,137 @@ from marft_lg.serving.tool_calls import (
 )
 from marft_lg.serving.types import ChatRequest, Completion
 
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 500: "InternalServerError"}
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "PayloadTooLargeError",
+                500: "InternalServerError"}
 TOOL_FORMATS = ("auto", "template", "text")
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+MAX_JSON_DEPTH = 64
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+log = logging.getLogger(__name__)
+
+
+def _error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}}
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {
-        "message": message, "type": _ERROR_TYPES.get(status, "Error"), "param": param, "code": status}})
+    return JSONResponse(status_code=status, content=_error_body(status, message, param))
+
+
+class _BodyTooLarge(Exception):
+    """Raised from `receive` when a (chunked) body passes the limit."""
+
+
+class RequestGuard:
+    """Pure ASGI middleware around the whole app: request ids, the API key of /v1/*, the body-size
+    limit, and the last-resort handler that turns any unexpected exception into a logged JSON 500.
+
+    Bodies are checked before anything reads them: a Content-Length over the limit is answered 413
+    at once (the body is never read), and a chunked body is counted as it streams in and cut off with
+    413 when it passes the limit, so an oversized request costs no memory.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None):
+        self.app = app
+        self.max_body_bytes = int(max_body_bytes)
+        self.api_key = api_key
+
+    async def _send_json(self, send: Any, status: int, body: dict[str, Any], rid: str) -> None:
+        payload = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"x-request-id", rid.encode())] + ([(b"connection", b"close")] if status == 413 else [])})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        given = headers.get("x-request-id", "")
+        rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+        if self.api_key and scope.get("path", "").startswith("/v1/"):
+            given = headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                await self._send_json(send, 401, _error_body(
+                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'"), rid)
+                return
+        limit = self.max_body_bytes
+        too_large = _error_body(413, f"request body larger than the server's limit of {limit} bytes "
+                                     f"({limit / 2**20:.3g} MB; marft-lg serve --max-body-mb)")
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.strip().isdigit():
+                await self._send_json(send, 400, _error_body(400, f"invalid Content-Length {length[:40]!r}"), rid)
+                return
+            if int(length) > limit:
+                await self._send_json(send, 413, too_large, rid)
+                return
+        started = False
+        received = 0
+
+        async def guarded_receive() -> Any:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _BodyTooLarge
+            return message
+
+        async def tagged_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, tagged_send)
+        except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the last resort: logged with its traceback, answered as JSON
+            too_big = isinstance(e, _BodyTooLarge) or (  # a task group below may re-raise ours wrapped
+                isinstance(e, BaseExceptionGroup) and e.split(_BodyTooLarge)[1] is None)
+            if too_big:
+                if not started:
+                    await self._send_json(send, 413, too_large, rid)
+                return
+            log.error("request %s %s %s failed", rid, scope.get("method"), scope.get("path"), exc_info=e)
+            if not started:
+                body = _error_body(500, f"internal server error ({type(e).__name__}); request id {rid}, whose "
+                                        "traceback is in the server log")
+                body["request_id"] = rid
+                await self._send_json(send, 500, body, rid)
+
+
+def _json_depth_exceeds(obj: Any, limit: int) -> bool:
+    """True if `obj` nests objects/arrays deeper than `limit` (iterative: no recursion on hostile input)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, depth = stack.pop()
+        if isinstance(o, dict):
+            items = o.values()
+        elif isinstance(o, list):
+            items = o
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((v, depth + 1) for v in items)
+    return False
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """Strict JSON (orjson: invalid UTF-8 and lone surrogates are errors) nested at most `MAX_JSON_DEPTH` deep."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _BadRequest(f"the request body is not valid JSON: {e}") from None
+    if _json_depth_exceeds(body, MAX_JSON_DEPTH):
+        raise _BadRequest(f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+    return body
 
 
 class _BadRequest(Exception):
@@ -146,6 +286,8 @@ def parse_chat_body(body: Any, team: Team, tool_format: str = "auto") -> tuple[l
     if top_logprobs and not logprobs:
         raise _BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
     seed = _field(body, "seed", int, None)
+    if seed is not None and not -(2**63) <= seed <= 2**63 - 1 - n:
+        raise _BadRequest(f"seed must be a 64-bit integer, got {seed}", "seed")
     tools = _parse_tools(body)
     tool_choice = _parse_tool_choice(body, tools)
     parallel = bool(_field(body, "parallel_tool_calls", bool, True))
@@ -280,36 +422,34 @@ def _stream_chunks(team: Team, response: dict[str, Any]):
     yield "data: [DONE]\n\n"
 
 
-def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "auto") -> FastAPI:
+def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "auto",
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI app serving `team`. With `api_key`, /v1/* needs ``Authorization: Bearer <key>``.
 
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
     tools, else the text format), "template" or "text" (`marft_lg.serving.tool_calls`).
+    `max_body_bytes`: larger request bodies get 413 without being read.
     """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
+    if int(max_body_bytes) < 1:
+        raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     app = FastAPI(title="marft_lg serving", version="0.1.0")
     app.state.team = team
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
-        return await call_next(request)
-
     async def _json(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _BadRequest(f"the request body is not valid JSON: {e}") from None
+        raw = await request.body()  # bounded by RequestGuard
+        if len(raw) > 2**20:  # parsing megabytes takes milliseconds: keep them off the event loop
+            return await asyncio.to_thread(parse_json_body, raw)
+        return parse_json_body(raw)
 
-    def _handle(e: Exception, registry_status: int = 400):
+    def _handle(e: Exception, registry_status: int = 400, adapter_param: str | None = None):
         if isinstance(e, _BadRequest):
             return _error(400, str(e), e.param)
         if isinstance(e, UnknownAgentError):
             return _error(404, str(e), "model")
+        if isinstance(e, AdapterIntegrityError):
+            return _error(400, str(e), adapter_param)
         if isinstance(e, RegistryError):
             return _error(registry_status, str(e), "model" if registry_status == 404 else None)
         if isinstance(e, (ContextLengthError, AdapterMismatchError, RegistryError, ValueError)):
@@ -319,6 +459,13 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/v1/adapters")
+    async def adapters():
+        """What this server serves now: each role's version, each adapter slot's (what an alias maps),
+        and the registry alias it was started from."""
+        return {"object": "marft.adapters", "versions": team.versions(), "adapters": team.slot_versions(),
+                "follows": team.follows, "registry": None if team.registry is None else str(team.registry.root)}
 
     @app.get("/v1/models")
     async def models():
@@ -337,7 +484,7 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
             reqs, opts = parse_chat_body(await _json(request), team, tool_format)
             completions = await team.achat(reqs)
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
-            return _handle(e, registry_status=404)
+            return _handle(e, registry_status=404, adapter_param="model")
         response = completion_response(team, completions, opts)
         if opts["stream"]:
             return StreamingResponse(_stream_chunks(team, response), media_type="text/event-stream")
@@ -345,28 +492,50 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):
+        """vLLM's call: ``{"lora_name": role, "lora_path": <registry>/<role>/v<k>}`` hot-swaps the role;
+        ``"role@v<k>"`` only loads the pinned version. marft extension: ``{"lora_name": role,
+        "version": "init"}`` (no lora_path) serves the role's initial adapter again.
+
+        The version's files are verified before the engine is touched: a damaged one is a 400 naming the
+        file, and the role keeps serving what it served.
+        """
         try:
             body = await _json(request)
-            if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str) \
-                    or not isinstance(body.get("lora_path"), str):
-                raise _BadRequest("body must be {\"lora_name\": str, \"lora_path\": str}")
-            if team.registry is None:
-                raise _BadRequest("this server has no adapter registry (start it with --registry DIR)")
-            slot, version = team.registry.locate(body["lora_path"])
-            role, _, pinned = body["lora_name"].partition("@")
+            usage = ('body must be {"lora_name": str, "lora_path": "<registry>/<role>/v<k>"} or '
+                     '{"lora_name": str, "version": "init"}')
+            if not isinstance(body, dict) or not isinstance(body.get("lora_name"), str) or not body["lora_name"]:
+                raise _BadRequest(usage, "lora_name")
+            name = body["lora_name"]
+            role, _, pinned = name.partition("@")
+            if team.shared_adapter and role == SHARED:
+                role = team.agents()[0]
             if role not in team.agents():
-                raise UnknownAgentError(body["lora_name"], team.agents(), what="agent")
-            if team.adapter_name(role).split("@")[0] != slot:
-                raise _BadRequest(f"lora_path {body['lora_path']} holds adapters of {slot!r}, not of {role!r}")
-            if pinned and pinned != version:
-                raise _BadRequest(f"lora_name {body['lora_name']!r} does not match the version at lora_path ({version})")
+                raise UnknownAgentError(name, team.agents(), what="agent")
+            slot = team.slot(role)
+            path = body.get("lora_path")
+            if path is None:
+                if body.get("version") != FRESH or pinned:
+                    raise _BadRequest(usage, "lora_path")
+                version = FRESH
+            else:
+                if not isinstance(path, str):
+                    raise _BadRequest(usage, "lora_path")
+                if team.registry is None:
+                    raise _BadRequest("this server has no adapter registry (start it with --registry DIR)")
+                path_slot, version = team.registry.locate(path)
+                if path_slot != slot:
+                    raise _BadRequest(f"lora_path {path} holds adapters of {path_slot!r}, not of {role!r}", "lora_path")
+                if pinned and pinned != version:
+                    raise _BadRequest(f"lora_name {name!r} does not match the version at lora_path ({version})",
+                                      "lora_name")
             if pinned:
                 await asyncio.to_thread(team.adapter_name, role, version)
             else:
                 await asyncio.to_thread(team.load_version, role, version)
         except Exception as e:  # noqa: BLE001
-            return _handle(e)
-        return {"status": "ok", "lora_name": body["lora_name"], "version": version, "versions": team.versions()}
+            return _handle(e, adapter_param="lora_path")
+        return {"status": "ok", "lora_name": name, "version": version, "versions": team.versions(),
+                "adapters": team.slot_versions()}
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request):
@@ -383,4 +552,5 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
             return _handle(e)
         return {"status": "ok", "lora_name": name}
 
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key)  # added last: the outermost layer
     return app

@@ -28,6 +28,17 @@ SHARED = "shared"  # the registry role of the one adapter all roles use with sha
 _UNSET: Any = object()
 
 
+def _check_versions(versions: Any) -> str | dict[str, str] | None:
+    """`versions` must be an alias name, a ``{role: ref}`` map of strings, or None; anything else
+    (``versions: 5`` in a YAML file) is an error rather than a silent "start every role fresh"."""
+    if versions is None or (isinstance(versions, str) and versions):
+        return versions
+    if isinstance(versions, dict) and all(isinstance(k, str) and isinstance(v, str) and v for k, v in versions.items()):
+        return dict(versions)
+    raise ValueError(f"versions must be an alias name (e.g. 'live'), a {{role: version}} map of strings "
+                     f"(e.g. {{planner: v3}}), or null for fresh adapters; got {type(versions).__name__} {versions!r:.80}")
+
+
 class Team:
     """One base model + one LoRA adapter per agent role, behind a batched, thread-safe `chat`.
 
@@ -64,8 +75,12 @@ class Team:
         self._retired: set[str] = set()
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._tokenizer: Any = None
+        self._shapes: dict[str, Any] | None = None
         if versions is _UNSET:
             versions = "live" if self.registry is not None else None
+        versions = _check_versions(versions)
+        self.follows: str | None = versions if isinstance(versions, str) else None
+        """The registry alias this team was started from (``"live"``), None when versions were pinned."""
         try:
             self._load_initial(versions)
         except BaseException:
@@ -91,6 +106,10 @@ class Team:
             raise UnknownAgentError(role, self._agents)
         return SHARED if self.shared_adapter else role
 
+    def slot(self, role: str) -> str:
+        """The adapter slot a role uses: the role itself, or ``"shared"`` with a shared adapter."""
+        return self._slot(role)
+
     def slots(self) -> list[str]:
         """The adapter slots: the roles, or just ``"shared"`` with a shared adapter."""
         return [SHARED] if self.shared_adapter else list(self._agents)
@@ -112,8 +131,11 @@ class Team:
             else:
                 self._current[slot] = self._ensure_loaded(slot, ref)
 
-    def _add_fresh(self, slot: str) -> None:
+    def _make_fresh(self, slot: str) -> str:
+        """The slot's initial adapter (created, deterministically from the seed, if it is not loaded)."""
         name = f"{slot}@{FRESH}"
+        if name in self.engine.loaded_adapters():
+            return name
         seed = self.seed + self.slots().index(slot)
         if hasattr(self.engine, "add_adapter"):
             self.engine.add_adapter(name, self.lora, seed=seed)
@@ -122,21 +144,43 @@ class Team:
                 self._tmp = tempfile.TemporaryDirectory(prefix="marft-fresh-")
             out = write_fresh_adapter(self.model_dir, self.lora, Path(self._tmp.name) / slot, seed=seed)
             self.engine.load_adapter(name, out)
-        self._current[slot] = name
+        return name
+
+    def _add_fresh(self, slot: str) -> None:
+        self._current[slot] = self._make_fresh(slot)
+
+    def base_shapes(self) -> dict[str, Any] | None:
+        """The base model's layer shapes every adapter must fit (from the engine, else the weight headers);
+        None when neither tells (adapters are then checked without them)."""
+        if self._shapes is None:
+            shapes = getattr(self.engine, "module_shapes", None)
+            if not isinstance(shapes, dict):
+                from marft_lg.serving.integrity import base_shapes_from_weights
+
+                try:
+                    shapes = base_shapes_from_weights(self.model_dir)
+                except Exception:  # noqa: BLE001 - unreadable headers: check adapters without the base shapes
+                    shapes = {}
+            self._shapes = shapes
+        return self._shapes or None
 
     def _ensure_loaded(self, slot: str, ref: str) -> str:
-        """Load `slot` at `ref` from the registry if needed; returns its adapter name."""
+        """Load `slot` at `ref` from the registry if needed; returns its adapter name.
+
+        A registry version is verified (base model fingerprint, safetensors header, LoRA shapes against
+        the base model, content hash) before the engine is touched: a damaged one raises
+        `AdapterIntegrityError` and nothing changes. ``"init"`` is the slot's initial adapter, made
+        again if it was unloaded.
+        """
         if ref == FRESH:
-            name = f"{slot}@{FRESH}"
-            if name not in self.engine.loaded_adapters():
-                raise RegistryError(f"the fresh adapter of {slot!r} is no longer loaded; pick a registry version")
-            return name
+            return self._make_fresh(slot)
         if self.registry is None:
             raise RegistryError(f"version {ref!r} of {slot!r} asked for, but this Team has no registry")
         version = self.registry.resolve(slot, ref)
         name = f"{slot}@{version}"
         if name not in self.engine.loaded_adapters():
-            self.engine.load_adapter(name, self.registry.check_base(slot, version, self.fingerprint))
+            path = self.registry.check_base(slot, version, self.fingerprint, base_shapes=self.base_shapes())
+            self.engine.load_adapter(name, path)
         return name
 
     # ---- serving -------------------------------------------------------------------------------
@@ -159,6 +203,12 @@ class Team:
         """The version each role serves now (``"init"`` for a fresh adapter)."""
         with self._lock:
             return {r: self._current[self._slot(r)].split("@", 1)[1] for r in self._agents}
+
+    def slot_versions(self) -> dict[str, str]:
+        """The version each adapter slot serves now: what a registry alias maps (``{"shared": ...}`` with a
+        shared adapter)."""
+        with self._lock:
+            return {slot: name.split("@", 1)[1] for slot, name in self._current.items()}
 
     def adapter_name(self, role: str, version: str | None = None) -> str:
         """The engine's adapter name for `role` (its current one, or `version` loaded on demand)."""
@@ -210,7 +260,9 @@ class Team:
     def load_version(self, role: str, ref: str) -> str:
         """Hot swap: serve `ref` for `role` from now on; in-flight requests finish on the old weights.
 
-        With a shared adapter every role switches. Returns the concrete version served.
+        With a shared adapter every role switches. `ref` may be ``"init"`` (the initial adapter). A load
+        that fails (damaged files, another base model) raises and the role keeps its current version.
+        Returns the concrete version served.
         """
         slot = self._slot(role)
         name = self._ensure_loaded(slot, ref)

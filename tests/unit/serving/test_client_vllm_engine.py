@@ -125,10 +125,16 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def _adapter(tmp_path, name: str, r: int = 8):
+    """A small but well-formed LoRA directory (the engine verifies the files before vLLM sees them)."""
+    import torch
+    from safetensors.torch import save_file
+
     d = tmp_path / name
     d.mkdir()
     (d / "adapter_config.json").write_text(f'{{"r": {r}, "peft_type": "LORA"}}')
-    (d / "adapter_model.safetensors").write_bytes(b"")
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    save_file({f"{key}.lora_A.weight": torch.zeros(r, 64), f"{key}.lora_B.weight": torch.zeros(64, r)},
+              str(d / "adapter_model.safetensors"))
     return d
 
 

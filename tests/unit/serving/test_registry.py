@@ -111,13 +111,11 @@ def test_crash_during_save_leaves_no_version(tmp_path, monkeypatch):
 
 
 def test_crash_during_alias_write_keeps_old_aliases(tmp_path, monkeypatch):
-    from pathlib import Path
-
     reg = AdapterRegistry(tmp_path)
     reg.save("planner", _fake_adapter(tmp_path / "src"), base_fingerprint="fp")
     reg.promote({"planner": "v1"})
     before = (reg.root / "aliases.json").read_text()
-    monkeypatch.setattr(Path, "replace", lambda self, target: (_ for _ in ()).throw(OSError("crash")))
+    monkeypatch.setattr(os, "replace", lambda src, dst: (_ for _ in ()).throw(OSError("crash")))  # the rename
     with pytest.raises(OSError):
         reg.rollback("live")
     assert (reg.root / "aliases.json").read_text() == before

@@ -94,11 +94,19 @@ def _format_versions(versions: dict[str, str]) -> str:
     return ",".join(f"{r}={v}" for r, v in versions.items())
 
 
-def _finish(result: Any, gate_path: Path | None, out: Path, console: Any) -> Any:
+def _load_gate(gate_path: Path | None) -> Any:
+    """The promotion gate of --gate (the default gate without one); a bad file is a usage error naming it."""
     from marft_lg.evaluation.gate import PromotionGate
+
+    try:
+        return PromotionGate.from_yaml(gate_path) if gate_path else PromotionGate()
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gate") from None
+
+
+def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
     from marft_lg.evaluation.report import print_summary, write_report
 
-    gate = PromotionGate.from_yaml(gate_path) if gate_path else PromotionGate()
     decision = gate.evaluate(result, context={"run_dir": str(out)})
     result.save(out)
     decision_path = decision.write(out / "decision.json")
@@ -157,6 +165,7 @@ def compare(
         scorer = CompositeReward.from_yaml(reward)
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--reward") from None
+    gate_spec = _load_gate(gate)  # before any work: a bad gate file fails at once
     scenario_set = None
     if scenarios is not None and scenarios.is_dir():
         from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
@@ -169,13 +178,16 @@ def compare(
         scenario_set.save(out / "scenarios.jsonl")
         console.print(f"{len(scenario_set)} scenarios sampled from {scenarios} -> {out / 'scenarios.jsonl'}")
     elif scenarios is not None:
-        scenario_set = ScenarioSet.load(scenarios)
+        try:
+            scenario_set = ScenarioSet.load(scenarios)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
     if from_traces is not None:
         from marft_lg.evaluation.shadow import compare_mirrored
 
         with console.status(f"mining mirrored pairs from {from_traces}"):
             result = compare_mirrored(from_traces, scorer, scenarios=scenario_set, formats=_formats(format), seed=seed)
-        _finish(result, gate, out, console)
+        _finish(result, gate_spec, out, console)
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
@@ -209,16 +221,22 @@ def compare(
                             max_tokens=max_tokens)
         result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
                                 samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift)
-        decision = _finish(result, gate, out, console)
+        decision = _finish(result, gate_spec, out, console)
         if hasattr(wrapped, "close"):
             wrapped.close()
     finally:
         team.close()
     if promote_if_passed and decision.promote:
+        from marft_lg.evaluation.promotion import PromotionError
         from marft_lg.evaluation.promotion import promote as do_promote
+        from marft_lg.serving.errors import ServingError
 
-        rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
-                         reason=f"gate passed ({out})")
+        try:
+            rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
+                             reason=f"gate passed ({out})")
+        except (PromotionError, ServingError) as exc:
+            console.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
+            raise typer.Exit(1) from None
         console.print(f"promoted: live = {rec.after}" + (f"; {server} now serves {rec.swapped}" if server else ""))
 
 

@@ -104,3 +104,12 @@ def test_a_bad_app_spec_is_a_usage_error_naming_what_is_missing(project):
     args[args.index("--app") + 1] = "missing_dir/app.py:build_graph"
     result = CliRunner().invoke(cli, [*args, "--candidate", "writer=init"])
     assert result.exit_code == 2 and "does not exist" in _flat(result.output)
+
+
+def test_a_bad_gate_file_is_a_usage_error_before_any_work(project):
+    gate = project.root / "gate.yaml"
+    gate.write_text("min_pairs: [1,\n")
+    result = CliRunner().invoke(cli, [*project.args, "--candidate", "writer=init", "--gate", str(gate)])
+    assert result.exit_code == 2, result.output
+    assert "gate.yaml" in _flat(result.output) and "Traceback" not in result.output
+    assert "app" not in project.seen  # failed before the replay

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from marft_lg.serving.errors import (
     AdapterIntegrityError,
@@ -436,6 +437,12 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
     app = FastAPI(title="marft_lg serving", version="0.1.0")
     app.state.team = team
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and wrong methods answer in the OpenAI error shape too, not FastAPI's ``detail``."""
+        return JSONResponse(status_code=exc.status_code, headers=getattr(exc, "headers", None),
+                            content=_error_body(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
     async def _json(request: Request) -> Any:
         raw = await request.body()  # bounded by RequestGuard

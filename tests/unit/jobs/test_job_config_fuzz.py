@@ -9,50 +9,38 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from marft_lg._config import ConfigError
 from marft_lg.evaluation.gate import PromotionGate, SafetyCheck
 from marft_lg.jobs.config import RetrainJob
+from tests.unit.config_fuzz import BYTES, FUZZ, TEXT, check_loads_or_names, damage, edits, values
 
-FUZZ = settings(max_examples=250, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-# text without ':' so no value can name an importable `module:attr`
-_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_characters=":", exclude_categories=("Cs",)),
-                max_size=10)
-_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(), _TEXT,
-                    st.sampled_from(["UTC", "0 2 * * *", "2026-01-01T00:00:00Z", "heldout", "-1", "nan", "reward",
-                                     "format", "planner"]))
-_VALUE = st.recursive(_SCALAR, lambda c: st.lists(c, max_size=3) | st.dictionaries(_TEXT | _SCALAR, c, max_size=3),
-                      max_leaves=8)
+_SCALAR, _VALUE = values(["UTC", "0 2 * * *", "2026-01-01T00:00:00Z", "heldout", "-1", "nan", "reward",
+                                     "format", "planner"])
 _JOB_KEYS = [f.name for f in dataclasses.fields(RetrainJob) if f.init]
 _GATE_KEYS = [f.name for f in dataclasses.fields(PromotionGate)]
 _SAFETY_KEYS = [f.name for f in dataclasses.fields(SafetyCheck)]
 _GATE_VALUE = st.one_of(_VALUE, st.floats(-1, 2), st.integers(0, 10),
                         st.dictionaries(st.sampled_from(["*", "reward", "format_compliance", "tool_accuracy", "vibes"]),
                                         st.floats(-1, 1) | _SCALAR, max_size=3),
-                        st.lists(st.dictionaries(st.sampled_from(_SAFETY_KEYS) | _TEXT, _SCALAR, max_size=5), max_size=2))
-_GATE = st.dictionaries(st.sampled_from(_GATE_KEYS) | _TEXT, _GATE_VALUE, max_size=5)
+                        st.lists(st.dictionaries(st.sampled_from(_SAFETY_KEYS) | TEXT, _SCALAR, max_size=5), max_size=2))
+_GATE = st.dictionaries(st.sampled_from(_GATE_KEYS) | TEXT, _GATE_VALUE, max_size=5)
 
 
 def _job_document():
     known = st.dictionaries(st.sampled_from(_JOB_KEYS), _VALUE, max_size=6)
     one = st.tuples(st.sampled_from(_JOB_KEYS), _VALUE).map(lambda kv: {"name": "n", kv[0]: kv[1]})
     inline = st.fixed_dictionaries({}, optional={
-        "trainer": st.dictionaries(st.sampled_from(["learning_rate", "clip_low", "ppo_epochs", "gamma"]) | _TEXT,
+        "trainer": st.dictionaries(st.sampled_from(["learning_rate", "clip_low", "ppo_epochs", "gamma"]) | TEXT,
                                    _VALUE, max_size=3),
         "gate": _GATE,
-        "reward": st.fixed_dictionaries({"weights": st.dictionaries(_TEXT, _SCALAR, max_size=2)},
+        "reward": st.fixed_dictionaries({"weights": st.dictionaries(TEXT, _SCALAR, max_size=2)},
                                         optional={"credit": _SCALAR})})
     return st.one_of(known, one, inline, _VALUE)
 
 
-def _check(path: Path, load) -> None:
-    try:
-        load()
-    except ConfigError as exc:
-        assert str(path) in str(exc), f"the error does not name {path}: {exc}"
+_check = check_loads_or_names
 
 
 @FUZZ
@@ -80,14 +68,9 @@ _VALID_TEXT = yaml.safe_dump({"name": "nightly", "traces": ["traces"], "min_new_
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(_VALID_TEXT)), st.integers(0, 3), _TEXT | st.sampled_from(
-    ["[", "]", "{", "}", ":", "- ", "\n  ", "&a ", "*a", "!!python/object/apply:os.system ['x']", "!!int x", "'",
-     "\t", "<<: *a\n"])), min_size=1, max_size=4))
-def test_damaged_job_and_gate_text_loads_or_raises_config_error(edits):
-    text = _VALID_TEXT
-    for pos, cut, insert in edits:
-        pos = min(pos, len(text))
-        text = text[:pos] + insert + text[pos + cut:]
+@given(edits(len(_VALID_TEXT)))
+def test_damaged_job_and_gate_text_loads_or_raises_config_error(changes):
+    text = damage(_VALID_TEXT, changes)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
         path.write_text(text)
@@ -95,7 +78,7 @@ def test_damaged_job_and_gate_text_loads_or_raises_config_error(edits):
         _check(path, lambda: PromotionGate.from_yaml(path))
 
 
-@settings(max_examples=60, deadline=None, database=None)
+@BYTES
 @given(st.binary(max_size=300))
 def test_random_bytes_as_job_or_gate_yaml_raise_config_error(data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,35 +9,27 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from marft_lg._config import ConfigError
 from marft_lg.training.commands import TrainFile
 from marft_lg.training.config import MARFTConfig
+from tests.unit.config_fuzz import BYTES, FUZZ, TEXT, check_loads_or_names, damage, edits, values
 
-FUZZ = settings(max_examples=250, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-# text without ':' so no value can name an importable `module:attr`
-_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_characters=":", exclude_categories=("Cs",)),
-                max_size=10)
-_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(), _TEXT,
-                    st.sampled_from(["offline", "online", "live", "5e-5", "-1", "nan", "reasoner", "v1", "1e400"]))
-_VALUE = st.recursive(_SCALAR, lambda c: st.lists(c, max_size=3) | st.dictionaries(_TEXT | _SCALAR, c, max_size=3),
-                      max_leaves=8)
+_SCALAR, _VALUE = values(["offline", "online", "live", "5e-5", "-1", "nan", "reasoner", "v1", "1e400"])
 _MARFT_KEYS = [f.name for f in dataclasses.fields(MARFTConfig)]
 _TRAIN_KEYS = [f.name for f in dataclasses.fields(TrainFile) if f.init]
 _REWARD = st.fixed_dictionaries({"weights": st.dictionaries(
-    st.sampled_from(["step_count", "format_compliance", "task_completion", "cost", "tool_error_rate"]) | _TEXT,
+    st.sampled_from(["step_count", "format_compliance", "task_completion", "cost", "tool_error_rate"]) | TEXT,
     _SCALAR, min_size=1, max_size=3)}, optional={"credit": _SCALAR, "answer_agents": _VALUE,
-                                                  "components": st.dictionaries(_TEXT, _VALUE, max_size=2)})
+                                                  "components": st.dictionaries(TEXT, _VALUE, max_size=2)})
 _VALID = {"model": "m", "agents": ["reasoner", "actor"], "reward": {"weights": {"step_count": -0.1}},
           "phases": ["offline"], "data": "data", "marft": {"learning_rate": 1e-4}}
 
 
 def _document():
     known = st.dictionaries(st.sampled_from(_TRAIN_KEYS), _VALUE, max_size=6)
-    marft = st.dictionaries(st.sampled_from(_MARFT_KEYS) | _TEXT, _VALUE, max_size=4)
+    marft = st.dictionaries(st.sampled_from(_MARFT_KEYS) | TEXT, _VALUE, max_size=4)
     one_bad = st.tuples(st.sampled_from(_TRAIN_KEYS), _VALUE).map(lambda kv: {**_VALID, kv[0]: kv[1]})
     bad_marft = st.tuples(st.sampled_from(_MARFT_KEYS), _VALUE).map(lambda kv: {**_VALID, "marft": {kv[0]: kv[1]}})
     bad_reward = _REWARD.map(lambda r: {**_VALID, "reward": r})
@@ -48,11 +40,7 @@ def _document():
                      plausible.map(lambda m: {**_VALID, "marft": m}))
 
 
-def _check(path: Path, load) -> None:
-    try:
-        load()
-    except ConfigError as exc:
-        assert str(path) in str(exc), f"the error does not name {path}: {exc}"
+_check = check_loads_or_names
 
 
 def _load_train(path: Path) -> None:
@@ -73,7 +61,7 @@ def test_train_yaml_documents_load_or_raise_config_error(doc):
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(_MARFT_KEYS) | _TEXT, _VALUE, max_size=6), st.booleans())
+@given(st.dictionaries(st.sampled_from(_MARFT_KEYS) | TEXT, _VALUE, max_size=6), st.booleans())
 def test_marft_config_values_load_or_raise_config_error(values, in_section):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "marft.yaml"
@@ -85,14 +73,9 @@ _VALID_TEXT = yaml.safe_dump(_VALID, sort_keys=False)
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(_VALID_TEXT)), st.integers(0, 3), _TEXT | st.sampled_from(
-    ["[", "]", "{", "}", ":", "- ", "\n  ", "&a ", "*a", "!!python/object:os.system ''", "!!int x", "'", '"', "\t"])),
-    min_size=1, max_size=4))
-def test_damaged_train_yaml_text_loads_or_raises_config_error(edits):
-    text = _VALID_TEXT
-    for pos, cut, insert in edits:
-        pos = min(pos, len(text))
-        text = text[:pos] + insert + text[pos + cut:]
+@given(edits(len(_VALID_TEXT)))
+def test_damaged_train_yaml_text_loads_or_raises_config_error(changes):
+    text = damage(_VALID_TEXT, changes)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "data").mkdir()
         path = Path(tmp) / "train.yaml"
@@ -100,7 +83,7 @@ def test_damaged_train_yaml_text_loads_or_raises_config_error(edits):
         _check(path, lambda: _load_train(path))
 
 
-@settings(max_examples=60, deadline=None, database=None)
+@BYTES
 @given(st.binary(max_size=300))
 def test_random_bytes_as_train_yaml_raise_config_error(data):
     with tempfile.TemporaryDirectory() as tmp:

@@ -167,14 +167,9 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
                    reward_mean=[r["reward_mean"] for r in offline_rows])
 
         log.stage(f"5/8 on-policy MARFT (up to {budget.online_iterations} iterations / {budget.online_minutes:g} min)")
-        pool, online_rows = list(train), []
-        deadline = time.perf_counter() + budget.online_minutes * 60
-        for it in range(budget.online_iterations):
-            if it > 0 and time.perf_counter() > deadline:
-                break
-            start = (it * budget.scenarios_per_iteration) % len(pool)
-            batch = (pool + pool)[start:start + budget.scenarios_per_iteration]
-            online_rows += trainer.fit_online(sampling, batch, iterations=it + 1)
+        online_rows = trainer.fit_online(sampling, train, budget.online_iterations,
+                                         scenarios_per_iteration=budget.scenarios_per_iteration,
+                                         time_budget_s=budget.online_minutes * 60)
         tuned = team.versions()
         team.registry.set_alias("candidate", tuned, reason="demo: tuned by MARFT")
         log.record("online", iterations=len(online_rows), reward_mean=[r["reward_mean"] for r in online_rows],

@@ -197,23 +197,37 @@ class MARFTTrainer:
         self._finish()
         return rows
 
-    def fit_online(self, app: Any, scenarios: Any, iterations: int, *, resume: bool = False) -> list[dict[str, Any]]:
+    def fit_online(self, app: Any, scenarios: Any, iterations: int, *, resume: bool = False,
+                   scenarios_per_iteration: int | None = None, time_budget_s: float | None = None) -> list[dict[str, Any]]:
         """On-policy MARFT: K episodes per scenario through `app`, mine, score, update, publish.
 
-        `app` is a `WrappedGraph` (traced and mined) or any collector with `collect(...)`.
+        `app` is a `WrappedGraph` (traced and mined) or any collector with `collect(...)`. Each iteration runs every
+        scenario, or with `scenarios_per_iteration=n` the next `n` of them (cycling through the list, so a long list
+        is a stream of fresh problems). With `time_budget_s` no iteration starts that would, at the pace of the
+        previous one, end past the budget. One progress bar shows the iterations, the live team reward and an ETA.
         """
         if resume:
             self.resume()
+        if scenarios_per_iteration is not None and scenarios_per_iteration < 1:
+            raise ValueError(f"scenarios_per_iteration must be >= 1, got {scenarios_per_iteration}")
         collector = app if hasattr(app, "collect") else GraphCollector(
             app, concurrency=self.cfg.rollout_concurrency, run_id=self.run_id)
         items = list(scenarios)
+        if not items:
+            raise ValueError("fit_online needs at least one scenario")
         by_id = {s.scenario_id: s.to_dict() for s in items}
         rows = []
         start_iter = self.online_done
+        deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None
+        last_s = 0.0
         with self._progress(iterations - start_iter, "online MARFT") as advance:
-            for _ in range(start_iter, iterations):
+            for it in range(start_iter, iterations):
+                if deadline is not None and rows and time.perf_counter() + last_s > deadline:
+                    break
                 t0 = time.perf_counter()
-                dataset = collector.collect(items, self.cfg.group_size, self.iteration, self.cfg.seed)
+                batch = items if scenarios_per_iteration is None else [
+                    items[(it * scenarios_per_iteration + j) % len(items)] for j in range(scenarios_per_iteration)]
+                dataset = collector.collect(batch, self.cfg.group_size, self.iteration, self.cfg.seed)
                 rollout_s = time.perf_counter() - t0
                 table, action_rewards = self._scores(dataset, by_id)
                 row = self._iteration(dataset, action_rewards, table, phase="online", extra={"rollout_s": rollout_s})
@@ -221,11 +235,10 @@ class MARFTTrainer:
                 self.online_done += 1
                 rows.append(row)
                 self._maybe_checkpoint()
-                advance()
+                last_s = time.perf_counter() - t0
+                advance(row.get("reward_mean"))
         self._finish()
         return rows
-
-
 
     # ---- one iteration ---------------------------------------------------------------------------
     def _iteration(self, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None, *,
@@ -421,19 +434,33 @@ class MARFTTrainer:
             plot_run(self.run_dir)
 
     def _progress(self, total: int, label: str):
+        """One bar for a phase; `advance(reward)` moves it and shows the latest team reward beside the ETA."""
         from contextlib import contextmanager
 
         @contextmanager
         def bar():
             if not self.progress:
-                yield lambda: None
+                yield lambda reward=None: None
                 return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                           transient=False) as prog:
-                task = prog.add_task(label, total=max(0, total))
-                yield lambda: prog.advance(task)
+                task = prog.add_task(label, total=max(0, total), reward="")
+
+                def advance(reward: float | None = None) -> None:
+                    shown = f"reward {reward:.3f}" if isinstance(reward, int | float) and math.isfinite(reward) else ""
+                    prog.update(task, advance=1, reward=shown)
+
+                yield advance
         return bar()
 
 

@@ -117,19 +117,12 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = MARFTConfig(**settings, group_size=args.k, max_new_tokens=max_tokens, max_context=1024, seed=args.seed,
                       checkpoint_every=5, rollout_concurrency=args.k * args.scenarios_per_iteration)
     trainer = MARFTTrainer(team, reward, cfg, run / "train")
-    deadline = time.perf_counter() + args.minutes * 60
-    rows, it = [], 0
-    pool = list(train)
-    last = 0.0  # an iteration starts only if one as long as the previous still fits the budget
-    while time.perf_counter() + last < deadline:
-        t_it = time.perf_counter()
-        start = (it * args.scenarios_per_iteration) % len(pool)
-        batch = (pool + pool)[start:start + args.scenarios_per_iteration]
-        rows += trainer.fit_online(sample_app, batch, iterations=it + 1)
-        it += 1
-        last = time.perf_counter() - t_it
-        print(f"iteration {it}: train reward {rows[-1]['reward_mean']:.3f} ({(time.perf_counter() - t0) / 60:.1f} min)")
-    train_minutes = (time.perf_counter() - (deadline - args.minutes * 60)) / 60
+    t_train = time.perf_counter()
+    # an iteration starts only if one as long as the previous still fits the budget
+    rows = trainer.fit_online(sample_app, train, 500, scenarios_per_iteration=args.scenarios_per_iteration,
+                              time_budget_s=args.minutes * 60)
+    it = len(rows)
+    train_minutes = (time.perf_counter() - t_train) / 60
     after, after_comps = evaluate(greedy_app, heldout, reward, tag="after", seed=args.seed + 7)
     ci = bootstrap_ci(paired_differences(before, after), confidence=0.95, seed=args.seed)
     result = {

@@ -44,3 +44,23 @@ def test_team_reward_rises_on_tiny_model(tiny_model_dir, tmp_path):
     assert curve[0] < 0.65, curve  # the untrained team is near chance (0.5)
     assert np.mean(curve[-3:]) > curve[0] + 0.15, curve
     assert (tmp_path / "run" / "reward.png").exists() and (tmp_path / "run" / "agents.png").exists()
+
+
+def test_scenarios_per_iteration_streams_through_the_list_and_the_time_budget_stops_it(tiny_model_dir, tmp_path):
+    policy = LocalPolicy(tiny_model_dir, ["A", "B"], seed=0)
+    inner = ChainCollector(policy, ["A", "B"], prompt, max_new_tokens=2)
+    seen: list[list[str]] = []
+
+    class Recording:
+        def collect(self, scenarios, k, iteration, seed):
+            seen.append([s.scenario_id for s in scenarios])
+            return inner.collect(scenarios, k, iteration, seed)
+
+    scenarios = [Scenario(f"s{i}", {"q": f"task {i}"}) for i in range(5)]
+    cfg = MARFTConfig(learning_rate=1e-4, update_scheme="simultaneous", group_size=2, kl_cut=None, plots=False, seed=0)
+    trainer = MARFTTrainer(policy, coordination_reward, cfg, tmp_path / "run", progress=False)
+    rows = trainer.fit_online(Recording(), scenarios, iterations=3, scenarios_per_iteration=2)
+    assert seen == [["s0", "s1"], ["s2", "s3"], ["s4", "s0"]] and len(rows) == 3
+    seen.clear()
+    more = trainer.fit_online(Recording(), scenarios, iterations=10, scenarios_per_iteration=2, time_budget_s=0.0)
+    assert len(more) == 1 and seen == [["s1", "s2"]]  # one iteration always runs; the next would pass the budget

@@ -10,16 +10,13 @@ import typer
 
 
 def _versions(spec: str) -> str | dict[str, str]:
-    """``live`` (an alias) or ``planner=v2,writer=latest`` (a map)."""
-    if "=" not in spec:
-        return spec.strip()
-    out = {}
-    for item in spec.split(","):
-        role, sep, ref = item.partition("=")
-        if not sep or not role.strip() or not ref.strip():
-            raise typer.BadParameter(f"{item!r}: use an alias name or role=ref[,role=ref...]")
-        out[role.strip()] = ref.strip()
-    return out
+    """``live`` (an alias) or ``planner=v2,writer=latest`` (a map), parsed as `marft-lg serve --versions` is."""
+    from marft_lg.serving.commands import parse_versions
+
+    try:
+        return parse_versions(spec) or spec.strip()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _formats(items: list[str] | None) -> dict[str, str]:

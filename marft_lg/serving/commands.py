@@ -41,7 +41,8 @@ def _bind(host: str, port: int):
     return sock
 
 
-def _parse_versions(spec: str | None) -> str | dict[str, str] | None:
+def parse_versions(spec: str | None) -> str | dict[str, str] | None:
+    """``live`` (an alias) or ``planner=v2,writer=latest`` (a map); None for none. A bad item is a ValueError."""
     if not spec:
         return None
     if "=" not in spec:
@@ -91,7 +92,7 @@ def serve(
     if not roles:
         raise fail("--agents is empty; name the roles, e.g. --agents planner,writer")
     try:
-        pinned = _parse_versions(versions)
+        pinned = parse_versions(versions)
     except ValueError as e:
         raise fail(str(e)) from None
     if not _is_loopback(host) and not api_key and not insecure_no_auth:

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv vllm demo test lint bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard marft_lg/trajectories/*.c)
+$(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -34,6 +34,7 @@ test: $(VENV)/.vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check marft_lg tests benchmarks examples integrations
+	$(BIN)/lint-imports
 
 bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/serving.py

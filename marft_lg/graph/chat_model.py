@@ -29,7 +29,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from marft_lg.graph import routing
 from marft_lg.graph.scope import route_of
-from marft_lg.serving.tool_calls import (
+from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.tool_calls import (
     add_system_text,
     choice_name,
     parse_completion,
@@ -37,10 +38,9 @@ from marft_lg.serving.tool_calls import (
     tool_names,
     tools_active,
 )
-from marft_lg.serving.types import ChatRequest, Completion
-from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY
+from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY, agent_from_namespace
 from marft_lg.tracing.messages import content_text, message_to_dict
-from marft_lg.tracing.recorder import UNRESOLVED_MODEL, agent_path
+from marft_lg.tracing.recorder import UNRESOLVED_MODEL
 
 logger = logging.getLogger("marft_lg.graph")
 
@@ -168,7 +168,7 @@ class TeamChatModel(BaseChatModel):
     def _resolve_agent(self, engine: Any, route: routing.EpisodeRoute | None, md: dict[str, Any]) -> tuple[str | None, str | None]:
         """(role of the action, engine agent that answers or None for the base model)."""
         node = md.get("langgraph_node")
-        path = agent_path(md.get("langgraph_checkpoint_ns"), node) if node is not None else None
+        path = agent_from_namespace(md.get("langgraph_checkpoint_ns"), node) if node is not None else None
         table = {**(self.node_roles or {}), **((route.node_roles if route else None) or {})}
         try:
             known = list(engine.agents())
@@ -237,7 +237,7 @@ class TeamChatModel(BaseChatModel):
         seed = kwargs.get("seed")
         episode_seed = route.seed if route is not None and route.seed is not None else self.seed
         if seed is None and episode_seed is not None:
-            place = f"{agent_path(ns, md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
+            place = f"{agent_from_namespace(ns, md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
             seed = routing.derive_seed(episode_seed, place, call_index)
         chat = self._chat_messages(messages, kwargs)
         request = ChatRequest(
@@ -258,7 +258,7 @@ class TeamChatModel(BaseChatModel):
     def _chat_messages(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         """LangChain messages -> the engine's chat messages, in the prompt format `marft-lg serve` uses too.
 
-        Tool calls and tool results are rendered by `marft_lg.serving.tool_calls.render_messages`
+        Tool calls and tool results are rendered by `marft_lg.tool_calls.render_messages`
         (the bound tools' instruction included), so the same conversation gives the same prompt
         in-process and through the server's OpenAI ``tools`` field.
         """
@@ -347,7 +347,7 @@ class TeamChatModel(BaseChatModel):
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
                    tool_choice: str | None = None, **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools; the model is shown their schemas, an example call each and the ``<tool_call>``
-        format (`marft_lg.serving.tool_calls`, the format `marft-lg serve` uses for OpenAI ``tools``).
+        format (`marft_lg.tool_calls`, the format `marft-lg serve` uses for OpenAI ``tools``).
 
         `tool_choice`: None/"auto", "any"/"required", a tool name (or OpenAI's ``{"type": "function",
         "function": {"name": ...}}``), or "none" (the tools are not shown and answers are not parsed);

@@ -6,7 +6,6 @@ Heavy libraries (torch, the Team) are imported and built lazily, once per run, o
 
 from __future__ import annotations
 
-import glob
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,24 +13,8 @@ from typing import Any
 from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.pipeline import Comparison, RunContext
 from marft_lg.loading import load_object
+from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.dataset import TrajectoryDataset
-
-
-def trace_files(sources: list[str]) -> list[Path]:
-    """Expand files, folders (their `*.jsonl`) and glob patterns; missing sources raise with their name."""
-    out: list[Path] = []
-    for src in sources:
-        p = Path(src)
-        if p.is_dir():
-            out.extend(sorted(p.glob("*.jsonl")))
-        elif p.is_file():
-            out.append(p)
-        else:
-            matched = sorted(Path(m) for m in glob.glob(src))
-            if not matched and not glob.has_magic(src):
-                raise FileNotFoundError(f"trace source {src} does not exist (job setting `traces`)")
-            out.extend(matched)
-    return out
 
 
 class LibraryStages:
@@ -137,7 +120,10 @@ class LibraryStages:
     def mine(self, ctx: RunContext, since: datetime | None) -> TrajectoryDataset:
         from marft_lg.trajectories.mining import mine
 
-        files = trace_files(self.job.traces)
+        try:
+            files = trace_files(self.job.traces)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{exc} (job setting `traces`)") from None
         ctx.log(f"  {len(files)} trace file(s)")
         if not files:
             return TrajectoryDataset()

@@ -6,7 +6,7 @@ each choice, as vLLM does, so the same client code reads both servers.
 
 Tools: `tools`, `tool_choice` and `parallel_tool_calls` are honoured as OpenAI/vLLM do. The prompt
 shows the tools through the model's chat template when it renders tools, else in the text format of
-`marft_lg.serving.tool_calls` (the one `TeamChatModel` uses); the completion's ``<tool_call>``
+`marft_lg.tool_calls` (the one `TeamChatModel` uses); the completion's ``<tool_call>``
 blocks come back as ``message.tool_calls`` with ``finish_reason: "tool_calls"``, malformed ones stay
 in ``content`` and are listed in ``message.invalid_tool_calls``.
 
@@ -42,7 +42,8 @@ from marft_lg.serving.errors import (
     UnknownAgentError,
 )
 from marft_lg.serving.team import FRESH, SHARED, Team
-from marft_lg.serving.tool_calls import (
+from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.tool_calls import (
     add_system_text,
     choice_name,
     openai_invalid_tool_calls,
@@ -55,7 +56,6 @@ from marft_lg.serving.tool_calls import (
     tool_names,
     tools_active,
 )
-from marft_lg.serving.types import ChatRequest, Completion
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "PayloadTooLargeError",
                 500: "InternalServerError"}
@@ -250,7 +250,7 @@ def prompt_messages(team: Team, messages: list[Any], tools: list[dict[str, Any]]
 
     Through the chat template (``apply_chat_template(tools=...)``) when `tool_format` is "template",
     or "auto" and the tokenizer's template renders tools; else in the text format of
-    `marft_lg.serving.tool_calls.render_messages`, exactly as `TeamChatModel` renders it.
+    `marft_lg.tool_calls.render_messages`, exactly as `TeamChatModel` renders it.
     """
     active = tools_active(tools, tool_choice)
     if tool_format == "template" or (tool_format == "auto" and template_supports_tools(team.tokenizer)):
@@ -428,7 +428,7 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
     """The FastAPI app serving `team`. With `api_key`, /v1/* needs ``Authorization: Bearer <key>``.
 
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
-    tools, else the text format), "template" or "text" (`marft_lg.serving.tool_calls`).
+    tools, else the text format), "template" or "text" (`marft_lg.tool_calls`).
     `max_body_bytes`: larger request bodies get 413 without being read.
     """
     if tool_format not in TOOL_FORMATS:

@@ -19,7 +19,7 @@ class ChatRequest:
     engine currently serves for that role. `tools` (OpenAI function tools) are handed to the chat
     template (``apply_chat_template(tools=...)``); only `marft-lg serve` sets them, for a model whose
     template renders tools. Everywhere else tools are already rendered into `messages` in the text
-    format of `marft_lg.serving.tool_calls`.
+    format of `marft_lg.tool_calls`.
     """
 
     messages: list[dict[str, Any]]

@@ -185,3 +185,12 @@ def from_genai_messages(text: str | list) -> list[dict[str, Any]]:
             msg["tool_calls"] = tool_calls
         out.append(msg)
     return out
+
+
+def agent_from_namespace(checkpoint_ns: str | None, node: str | None) -> str | None:
+    """The agent a LangGraph call runs as: inside a subgraph, the namespace's node names joined
+    (``"research:<task>|writer:<task>"`` -> ``"research|writer"``); at the top level, the node itself. The one rule
+    for the recorder, the chat model's routing and every trace format."""
+    if checkpoint_ns and "|" in checkpoint_ns:
+        return "|".join(seg.split(":", 1)[0] for seg in checkpoint_ns.split("|") if seg)
+    return node

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
+
+from marft_lg.tracing.files import trace_files
 
 
 def _value(v: dict[str, Any]) -> Any:
@@ -33,21 +35,11 @@ def attributes(kvs: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
     return {kv["key"]: _value(kv.get("value", {})) for kv in kvs or []}
 
 
-def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand files and directories (``*.jsonl`` inside, sorted) into a list of files."""
-    if isinstance(paths, str | os.PathLike):
-        paths = [paths]
-    out: list[Path] = []
-    for p in map(Path, paths):
-        out.extend(sorted(p.glob("*.jsonl")) if p.is_dir() else [p])
-    return out
-
-
 def iter_spans(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterator[dict[str, Any]]:
     """Yield every span as ``{trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, attributes,
     status_code, status_message, events, resource, file, line}``; a bad line raises with file and line."""
     for path in trace_files(paths):
-        with open(path, encoding="utf-8") as fh:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else open(path, encoding="utf-8")) as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

@@ -9,7 +9,6 @@ task > ``chat {model}`` per LLM call / ``execute_tool {tool}`` per tool call.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +18,7 @@ from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-from marft_lg.serving.tool_calls import OPEN, parse_tool_calls
+from marft_lg.tool_calls import OPEN, parse_tool_calls
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
     content_text,
@@ -41,14 +40,6 @@ from marft_lg.tracing.records import (
 )
 
 UNRESOLVED_MODEL = "marft-team"  # TeamChatModel's label before it knows which engine answers
-_TASK_ID = re.compile(r":[^|]*")
-
-
-def agent_path(checkpoint_ns: str | None, node: str | None) -> str | None:
-    """``"research:<task>|writer:<task>"`` -> ``"research|writer"`` (the namespaced agent name)."""
-    if checkpoint_ns:
-        return _TASK_ID.sub("", checkpoint_ns)
-    return node
 
 
 def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None, agent_name: str | None = None) -> str | None:
@@ -210,7 +201,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         if cached is not None:
             return dict(cached.attrs), cached
         attrs: dict[str, Any] = {A.MARFT_EPISODE_ID: self.info.episode_id}
-        path = agent_path(ns, node)
+        path = A.agent_from_namespace(ns, node)
         attrs[A.GEN_AI_AGENT_NAME] = path
         attrs[A.MARFT_AGENT_NODE] = path
         attrs[A.MARFT_AGENT_ROLE] = resolve_role(path, self.info.node_roles, md.get("lc_agent_name"))

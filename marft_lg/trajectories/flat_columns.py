@@ -5,11 +5,6 @@
 flat numpy array plus offsets, which becomes an Arrow list column (parquet) or Python lists (`TrajectoryDataset`). In the lists,
 token ids below `INT_CACHE_SIZE` are shared `int` objects, one per vocabulary entry, instead of a
 new 28-byte object per token: the difference between ~1.5 kB and ~0.4 kB per 40-token prompt.
-
-`StringColumn` (ids, names, completions): the UTF-8 bytes of a batch's strings, which a mining worker ships
-and the parent wraps as an Arrow string array, with no str object per row on the parent's side.
-`NumberColumn` (orders, steps, token counts, latencies): a numpy array and a validity mask, for the same reason.
-Both are built in C (`_columns_c`) when it was compiled at install.
 """
 
 from __future__ import annotations
@@ -24,14 +19,10 @@ from typing import Any
 import numpy as np
 
 from marft_lg.tracing.attributes import decode_floats, decode_ints
-from marft_lg.trajectories.c_extensions import c_module
 
 INT_CACHE_SIZE = 1 << 18  # covers the vocabularies of current open models (SmolLM2 49k, Llama-3 128k, Gemma 256k)
 _PREFIX = {"int": "i32:", "float": "f32:"}
 _DTYPE = {"int": np.dtype("<i4"), "float": np.dtype("<f4")}
-_C = c_module("_columns_c")
-_c_b64_column, _c_number_column, _c_split_lists, _c_utf8_column = (
-    (_C.b64_column, _C.number_column, _C.split_lists, _C.utf8_column) if _C is not None else (None,) * 4)
 
 
 @cache
@@ -46,18 +37,8 @@ def _shared_int_array() -> np.ndarray:
 
 def _decode_uniform(raw: Sequence[Any], prefix: str, dtype: np.dtype,
                     out_dtype: type) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes): one C call
-    (`b64_column`, None values allowed) when built, else one `binascii` step per value; None for anything else (a
-    list, other base64), which the general loop then decodes."""
-    if _c_b64_column is not None:
-        built = _c_b64_column(raw, prefix) if type(raw) is list else None
-        if built is None:
-            return None
-        data, byte_offsets, valid = built
-        offsets = np.frombuffer(byte_offsets, dtype=np.int64)
-        if (offsets & 3).any():
-            return None
-        return np.frombuffer(data, dtype=dtype).astype(out_dtype), offsets >> 2, np.frombuffer(valid, dtype=bool)
+    """`TokenColumn.decode` when every value is prefixed base64 of whole items (what marft_lg writes): one
+    `binascii` step per value; None for anything else (a list, other base64), which the general loop then decodes."""
     try:
         if not raw or not all(map(str.startswith, raw, repeat(prefix))):
             return None
@@ -135,8 +116,6 @@ class TokenColumn:
 
     def to_lists(self) -> list[list[int] | list[float] | None]:
         """Python lists (None where a row has no value)."""
-        if _c_split_lists is not None:
-            return _c_split_lists(self.values, self.offsets, self.valid, _shared_ints() if self.kind == "int" else None)
         if self.kind == "int" and len(self.values) and self.values.min() >= 0 and self.values.max() < INT_CACHE_SIZE:
             flat = _shared_int_array()[self.values].tolist()
         else:
@@ -150,76 +129,3 @@ class TokenColumn:
 
         return pa.ListArray.from_arrays(pa.array(self.offsets.astype(np.int32)), pa.array(self.values), type=type_,
                                         mask=pa.array(~self.valid))
-
-
-@dataclass
-class StringColumn:
-    """A column of strings (None where a row has none) as UTF-8 bytes + int64 offsets + validity."""
-
-    data: bytes
-    offsets: np.ndarray  # int64, len(rows) + 1
-    valid: np.ndarray  # bool per row
-
-    @classmethod
-    def encode(cls, values: list[Any]) -> StringColumn | None:
-        """The column, or None when the C module is not built or a value is not a str or None (the caller then
-        keeps the list, which pandas and pyarrow convert as they always do)."""
-        if _c_utf8_column is None:
-            return None
-        built = _c_utf8_column(values)
-        if built is None:
-            return None
-        data, offsets, valid = built
-        return cls(data, np.frombuffer(offsets, dtype=np.int64), np.frombuffer(valid, dtype=bool))
-
-    def __len__(self) -> int:
-        return len(self.valid)
-
-    def to_arrow(self, type_: Any = None) -> Any:
-        """A pyarrow string (or, with ``type_=pa.large_string()``, large_string) array."""
-        import pyarrow as pa
-
-        mask = None if self.valid.all() else pa.py_buffer(np.packbits(self.valid, bitorder="little"))
-        if type_ is not None and type_ == pa.large_string():
-            return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(self.offsets), pa.py_buffer(self.data), mask)
-        if len(self.data) >= 2**31:  # a string array's offsets are int32
-            return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(self.offsets), pa.py_buffer(self.data),
-                                                    mask).cast(pa.string())
-        return pa.StringArray.from_buffers(len(self), pa.py_buffer(self.offsets.astype(np.int32)),
-                                           pa.py_buffer(self.data), mask)
-
-    def to_list(self) -> list[str | None]:
-        return self.to_arrow().to_pylist()
-
-
-@dataclass
-class NumberColumn:
-    """A column of ints or floats (None where a row has none) as an int64 / float64 array (0 / NaN there) and a
-    validity mask."""
-
-    values: np.ndarray
-    valid: np.ndarray  # bool per row
-
-    @classmethod
-    def encode(cls, values: list[Any], kind: str) -> NumberColumn | None:
-        """`kind` "int" or "float"; None when the C module is not built or a value is not an int (a float) or None,
-        or an int needs more than 64 bits (the caller then keeps the list)."""
-        if _c_number_column is None:
-            return None
-        built = _c_number_column(values, kind == "float")
-        if built is None:
-            return None
-        data, valid = built
-        return cls(np.frombuffer(data, dtype=np.float64 if kind == "float" else np.int64),
-                   np.frombuffer(valid, dtype=bool))
-
-    def __len__(self) -> int:
-        return len(self.valid)
-
-    def to_arrow(self, type_: Any = None) -> Any:
-        import pyarrow as pa
-
-        return pa.array(self.values, type=type_, mask=None if self.valid.all() else ~self.valid)
-
-    def to_list(self) -> list[int | float | None]:
-        return [v if ok else None for v, ok in zip(self.values.tolist(), self.valid.tolist(), strict=True)]

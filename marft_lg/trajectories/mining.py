@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.assembly import group_episodes
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
-from marft_lg.trajectories.flat_columns import NumberColumn, StringColumn, TokenColumn
-from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange, expand_paths
+from marft_lg.trajectories.flat_columns import TokenColumn
+from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
     feedback_index,
@@ -94,7 +95,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
                     values = values.to_lists()
-                elif name in _SHARED_NAMES and type(values) is list:  # one copy per name (not a StringColumn)
+                elif name in _SHARED_NAMES:  # one copy per name
                     values = interned(values)
                 action_chunks[name].append(values)
             del rows, cols
@@ -141,7 +142,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
     as well: the first worker's as they arrive, the others' as parquet parts appended at the end."""
     watermark = _watermark(since)
-    files = expand_paths(paths)
+    files = trace_files(paths)
     n_workers = _worker_count(files, workers)
     groups = []
     if n_workers > 1:
@@ -236,13 +237,7 @@ def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> Tra
     for name in [*ACTION_COLUMNS, "trace_id"]:  # one column at a time: each list is freed once converted
         dtype = _ACTION_DTYPES.get(name)
         chunks = action_chunks.pop(name)
-        kind = type(chunks[0]) if chunks else list
-        flat = (_string_series(chunks) if kind is StringColumn else _number_series(chunks, dtype)
-                if kind is NumberColumn else None)
-        if flat is not None:
-            columns[name] = flat
-            continue
-        values = list(chain.from_iterable(c if type(c) is list else c.to_list() for c in chunks))
+        values = list(chain.from_iterable(chunks))
         del chunks
         columns[name] = pd.Series(values, dtype=None if dtype == "Int64" else dtype)
         del values
@@ -250,39 +245,6 @@ def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> Tra
             columns[name] = columns[name].astype("Int64")
     actions = pd.DataFrame(columns, copy=False)
     return TrajectoryDataset(episodes=episodes, actions=actions)
-
-
-def _string_series(chunks: list) -> pd.Series | None:
-    """The column from its batches' `StringColumn`s, with the dtype pandas gives a list of those strings (its
-    Arrow-backed "str"), sharing their buffers; None when a batch is a list, the column has no string at all
-    (pandas would make it `object`), or this pandas keeps strings as objects."""
-    import pandas as pd
-
-    if not chunks or not all(isinstance(c, StringColumn) for c in chunks) or not any(c.valid.any() for c in chunks):
-        return None
-    dtype = pd.Series(["x"]).dtype
-    if not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
-        return None
-    import pyarrow as pa
-
-    return pd.Series(pa.chunked_array([c.to_arrow(pa.large_string()) for c in chunks], type=pa.large_string()),
-                     dtype=dtype)
-
-
-def _number_series(chunks: list, dtype: Any) -> pd.Series | None:
-    """The column from its batches' `NumberColumn`s, as `dtype` ("int64", "Int64", "float64"); None when a batch
-    is a list, or an "int64" column has a missing value (the list then fails as it always did)."""
-    import numpy as np
-    import pandas as pd
-
-    if not chunks or not all(isinstance(c, NumberColumn) for c in chunks):
-        return None
-    values = np.concatenate([c.values for c in chunks])
-    if dtype == "Int64":
-        return pd.Series(pd.arrays.IntegerArray(values, ~np.concatenate([c.valid for c in chunks])))
-    if dtype == "int64" and not all(c.valid.all() for c in chunks):
-        return None
-    return pd.Series(values)
 
 
 _ACTION_DTYPES = {"order": "int64", "tool_errors": "int64", "step": "Int64", "input_tokens": "Int64",

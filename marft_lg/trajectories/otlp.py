@@ -3,16 +3,14 @@
 Each good span comes out as a `RawSpan` (ids normalised to lower-case hex, attributes as Python
 values, its source `file:line`); each bad line or span goes to the `Quarantine` with its reason.
 Files are read one line at a time, so memory does not grow with the file size. A well-formed line is
-decoded by the C reader (`_otlp_c.spans`, built at install when a compiler is there) or else by
-`otlp_schema.typed_spans` in one typed pass; a line either of them declines goes through the tolerant path,
-which decides every quarantine reason. Set ``MARFT_MINING_C_READER=0`` to read without the C reader.
+decoded by `otlp_schema.typed_spans` in one typed pass (msgspec); a line it declines goes through the tolerant
+path, which decides every quarantine reason.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import glob
 import gzip
 import os
 import re
@@ -21,25 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marft_lg.trajectories.c_extensions import c_module
+from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.otlp_schema import typed_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
-
-_otlp_c: Any = c_module("_otlp_c")
-C_READER: Any = _otlp_c  # the C module for reading and interpreting spans, when built (the formats use it too)
-c_spans: Any = None  # the C reader's `spans(line, source)`
-if C_READER is not None:
-    C_READER.configure(RawSpan)
-    c_spans = C_READER.spans
-
-
-def count_newlines(block: bytes | memoryview, chunk: int = 16 << 20) -> int:
-    """How many newlines `block` holds (memchr in C: ~10x faster than `bytes.count` on long trace lines; without
-    the C module, counted `chunk` bytes at a time)."""
-    if _otlp_c is not None:
-        return _otlp_c.count_newlines(block)
-    return sum(bytes(block[i:i + chunk]).count(b"\n") for i in range(0, len(block), chunk))
 
 try:  # orjson is ~5x faster on long lines; the standard library is the fallback
     import orjson
@@ -60,24 +43,6 @@ _ZERO_SPAN = "0" * 16
 _LOWER_HEX = "0123456789abcdef"
 _MISSING = object()
 _EMPTY: dict[str, Any] = {}
-
-
-def expand_paths(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Files, directories (their ``*.jsonl`` / ``*.jsonl.gz``, recursively) and globs -> sorted unique files."""
-    if isinstance(paths, str | os.PathLike):
-        paths = [paths]
-    found: set[Path] = set()
-    for item in paths:
-        text = str(item)
-        candidates = [Path(p) for p in sorted(glob.glob(text, recursive=True))] if glob.has_magic(text) else [Path(text)]
-        for p in candidates:
-            if p.is_dir():
-                found.update(q for q in p.rglob("*") if q.is_file() and (q.name.endswith(".jsonl") or q.name.endswith(".jsonl.gz")))
-            elif p.is_file():
-                found.add(p)
-            elif not glob.has_magic(text):
-                raise FileNotFoundError(f"trace path {p} does not exist (give files, directories or globs of .jsonl/.jsonl.gz)")
-    return sorted(found)
 
 
 def normalise_id(value: Any, length: int) -> str | None:
@@ -193,7 +158,7 @@ def iter_span_batches(
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     items = list(paths)
-    ranges = items if items and all(isinstance(i, FileRange) for i in items) else [FileRange(p) for p in expand_paths(items)]
+    ranges = items if items and all(isinstance(i, FileRange) for i in items) else [FileRange(p) for p in trace_files(items)]
     for unit in ranges:
         path = unit.path
         if unit.start == 0:
@@ -225,12 +190,7 @@ def iter_span_batches(
                     continue
                 source = f"{path}:{lineno}"
                 # no value can be longer than its line: no size check, the typed decoder may read it
-                if len(line) > max_attribute_bytes:
-                    typed = None
-                else:
-                    typed = c_spans(line, source) if c_spans is not None else None
-                    if typed is None:
-                        typed = typed_spans(line, source)
+                typed = None if len(line) > max_attribute_bytes else typed_spans(line, source)
                 if typed is None:
                     yield tolerant_spans_of_line(line, source, quarantine, max_attribute_bytes, stats)
                 else:
@@ -283,62 +243,13 @@ def tolerant_spans_of_line(line: bytes, source: str, quarantine: Quarantine, lim
             stats["spans_read"] = stats.get("spans_read", 0) + len(spans)
             for span in spans:
                 try:
-                    raw = _fast_raw_span(span, source, limit, trace_ids) if type(span) is dict else None
-                    if raw is None:
-                        raw = _raw_span(span, source, quarantine, limit, trace_ids)
+                    raw = _raw_span(span, source, quarantine, limit, trace_ids)
                 except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:  # a field of the wrong shape
                     quarantine.add("not_otlp", source, span=span,
                                    detail=f"malformed span ({type(exc).__name__}: {exc}); OTLP/JSON field types expected")
                     continue
                 if raw is not None:
                     yield raw
-
-
-def _fast_raw_span(span: dict[str, Any], source: str, limit: int | None,
-                   trace_ids: dict[Any, str | None]) -> RawSpan | None:
-    """`_raw_span` for a well-formed span (camelCase keys, lower-case hex ids, integer times, no size check);
-    None sends anything else through `_raw_span`, which decides and reports."""
-    raw_trace = span.get("traceId")
-    if limit is not None or type(raw_trace) is not str:
-        return None
-    trace_id = trace_ids.get(raw_trace)  # filled by `_raw_span` for the line's first span of a trace
-    span_id = span.get("spanId")
-    parent = span.get("parentSpanId", _MISSING)
-    if (trace_id is None or type(span_id) is not str or len(span_id) != 16 or span_id.strip(_LOWER_HEX)
-            or span_id == _ZERO_SPAN or parent is _MISSING):
-        return None
-    if parent:
-        if type(parent) is not str or len(parent) != 16 or parent.strip(_LOWER_HEX):
-            return None
-        if parent == _ZERO_SPAN:
-            parent = None
-    else:
-        parent = None
-    try:
-        start = int(span["startTimeUnixNano"])
-        end = int(span["endTimeUnixNano"])
-        attributes = {}
-        for kv in span.get("attributes") or ():
-            v = kv["value"]
-            s = v.get("stringValue")
-            attributes[kv["key"]] = any_value(v) if s is None else s
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if end < start:
-        return None
-    status = span.get("status") or _EMPTY
-    if type(status) is not dict:
-        return None
-    code = status.get("code")
-    events = span.get("events")
-    if events:
-        events = [{"name": e.get("name"), "attributes": attribute_dict(e.get("attributes"))} for e in events
-                  if isinstance(e, dict)]
-    else:
-        events = []
-    name = span.get("name")
-    return RawSpan(trace_id, span_id, parent, name if type(name) is str else str(name or ""), start, end, attributes,
-                   code in (2, "2", "STATUS_CODE_ERROR", "ERROR"), str(status.get("message") or ""), events, source)
 
 
 def _raw_span(span: Any, source: str, quarantine: Quarantine, limit: int | None,

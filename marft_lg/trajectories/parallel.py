@@ -35,7 +35,7 @@ from typing import Any
 
 from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-from marft_lg.trajectories.otlp import FileRange, count_newlines
+from marft_lg.trajectories.otlp import FileRange
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
     feedback_index,
@@ -131,7 +131,7 @@ def _count_newlines(path: Path, start: int, end: int) -> int:
             n = fh.readinto(view[:min(_BLOCK, left)])
             if not n:
                 break
-            newlines += count_newlines(view[:n])
+            newlines += buf.count(b"\n", 0, n)
             left -= n
     return newlines
 

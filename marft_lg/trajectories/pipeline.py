@@ -17,7 +17,7 @@ from typing import Any
 
 from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
-from marft_lg.trajectories.flat_columns import NumberColumn, StringColumn, TokenColumn
+from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import SpanInfo
 from marft_lg.trajectories.otlp import iter_span_batches
@@ -25,9 +25,6 @@ from marft_lg.trajectories.quarantine import Quarantine
 
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
-STRING_FIELDS = ("episode_id", "agent", "span_id", "completion", "model", "adapter_version", "trace_id")
-NUMBER_FIELDS = {"order": "int", "step": "int", "tool_errors": "int", "input_tokens": "int", "output_tokens": "int",
-                 "latency_s": "float"}
 _MESSAGES = ACTION_FIELDS.index("messages")
 
 
@@ -115,8 +112,8 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
     """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
     `agents` counts the kept actions per agent. `share_strings`: repeated message texts share one copy (what keeps
-    `mine()`'s tables small; batches headed for parquet are encoded at once and skip it). Names and ids become
-    `StringColumn`s (`flatten`), or are shared by `mine()` when they stay lists."""
+    `mine()`'s tables small; batches headed for parquet are encoded at once and skip it). Names and ids are shared
+    by `mine()`."""
     rows: list[dict] = []
     batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
@@ -160,18 +157,9 @@ def _columns(actions: list[list[Any]], agents: Counter[str]) -> dict[str, list]:
 
 
 def flatten(cols: dict[str, Any]) -> dict[str, Any]:
-    """Replace the encoded token columns of a batch by `TokenColumn`s, and its string and number columns by
-    `StringColumn`s and `NumberColumn`s where those can be built, in place; returns `cols`."""
+    """Replace the encoded token columns of a batch by `TokenColumn`s, in place; returns `cols`."""
     for name, kind in TOKEN_FIELDS.items():
         cols[name] = TokenColumn.decode(cols[name], kind)
-    for name in STRING_FIELDS:
-        encoded = StringColumn.encode(cols[name])
-        if encoded is not None:
-            cols[name] = encoded
-    for name, kind in NUMBER_FIELDS.items():
-        encoded = NumberColumn.encode(cols[name], kind)
-        if encoded is not None:
-            cols[name] = encoded
     return cols
 
 
@@ -211,12 +199,9 @@ def interned(values: Iterable[Any]) -> list[Any]:
 
 def table_columns(episode_rows: list[dict[str, Any]], action_columns: dict[str, Any]) -> tuple[dict, dict]:
     """A batch as the parquet tables' columns: episode rows to columns, `JSON_COLUMNS` to JSON text (in place
-    for the actions; a `StringColumn` where it can be built). No pyarrow, so that mining workers prepare batches
-    without loading it."""
+    for the actions). No pyarrow, so that mining workers prepare batches without loading it."""
     episodes = {name: [row.get(name) for row in episode_rows] for name in EPISODE_FIELDS}
     for cols in (episodes, action_columns):
         for name in JSON_COLUMNS & cols.keys():  # the actions' prompts and tool calls were read from JSON
-            texts = json_texts(cols[name], parsed=cols is action_columns)
-            encoded = StringColumn.encode(texts) if cols is action_columns else None  # a batch's largest texts
-            cols[name] = texts if encoded is None else encoded
+            cols[name] = json_texts(cols[name], parsed=cols is action_columns)
     return episodes, action_columns

@@ -1,34 +1,23 @@
-"""Source formats, auto-detected per span. Each module has `NAME`, `detect(attrs) -> bool` and
-`parse(raw) -> SpanInfo`; the first format whose `detect` accepts a span parses it."""
+"""Trace formats, each a declared mapping (`engine.Format`) that one engine runs. Detected per span: the first format
+whose `detect` accepts a span's attributes interprets it; a span no format knows stays in the tree as `other`."""
 
 from __future__ import annotations
 
 from marft_lg.trajectories.formats import genai, openinference, openllmetry, own
-from marft_lg.trajectories.formats.base import OTHER, SpanInfo, base_info, intern_strings
-from marft_lg.trajectories.otlp import RawSpan
+from marft_lg.trajectories.formats.base import SpanInfo, base_info
+from marft_lg.trajectories.formats.engine import Format
+from marft_lg.trajectories.raw_span import RawSpan
 
-FORMATS = (own, openinference, openllmetry, genai)
+FORMATS: tuple[Format, ...] = (own.FORMAT, openinference.FORMAT, openllmetry.FORMAT, genai.FORMAT)
 
 
-def interpret(raw: RawSpan) -> SpanInfo:
-    """Parse a span with the first format that recognises it; unknown spans stay in the tree as `other`.
-    Short strings repeated on many spans share one copy each (`intern_strings`; the own and OpenInference formats do it themselves)."""
+def interpret(raw: RawSpan, formats: tuple[Format, ...] = FORMATS) -> SpanInfo:
+    """The span as mining understands it, under the first format of `formats` that recognises it."""
     attrs = raw.attributes
-    if own.detect(attrs):
-        return own.parse(raw)
-    if openinference.detect(attrs):
-        return openinference.parse(raw)
-    for fmt in _OTHERS:
+    for fmt in formats:
         if fmt.detect(attrs):
-            info = fmt.parse(raw)
-            break
-    else:
-        info = base_info(raw, "unknown")
-        info.kind = OTHER
-    return intern_strings(info)
+            return fmt.interpret(raw)
+    return base_info(raw, "unknown")
 
 
-_OTHERS = FORMATS[2:]  # own and openinference parse and intern themselves
-
-
-__all__ = ["FORMATS", "SpanInfo", "interpret"]
+__all__ = ["FORMATS", "Format", "SpanInfo", "interpret"]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from marft_lg.trajectories import otlp
 from marft_lg.trajectories.otlp import RawSpan, loads_json
 
 LLM, TOOL, AGENT, WORKFLOW, FEEDBACK, OTHER = "llm", "tool", "agent", "workflow", "feedback", "other"
@@ -30,6 +28,7 @@ class SpanInfo:
     error: bool = False
     error_message: str | None = None
     agent: str | None = None
+    node: str | None = None  # the LangGraph node the span ran in, when the format names it
     episode_id: str | None = None  # explicit episode id (marft_lg's own spans)
     session: str | None = None  # conversation / thread / session id shared across traces
     scenario_id: str | None = None
@@ -58,46 +57,13 @@ class SpanInfo:
     raw_io: tuple[Any, Any, Any] | None = None  # (input, system, output) GenAI JSON, parsed only when assembled
 
 
-def _configure_c() -> bool:
-    """Tell the C module (when built) where SpanInfo's slots are and their defaults, so that its format readers
-    fill SpanInfo directly; False when it cannot (no C module, or a default built per span)."""
-    c = otlp.C_READER
-    if c is None:
-        return False
-    defaults = {}
-    for f in dataclasses.fields(SpanInfo):
-        if f.default_factory is not dataclasses.MISSING:
-            return False
-        defaults[f.name] = None if f.default is dataclasses.MISSING else f.default
-    c.configure_span_info(SpanInfo, defaults)
-    return True
-
-
-C_SPAN_INFO = _configure_c()  # the C module builds SpanInfo objects (formats/own.py, formats/openinference.py)
-
-
 def base_info(raw: RawSpan, fmt: str) -> SpanInfo:
-    """The format-independent part of a span."""
+    """The format-independent part of a span (its name shared with the other spans of that name)."""
     if raw.error:  # positional: SpanInfo(trace_id, span_id, parent_id, name, start_ns, end_ns, source, fmt, kind, error, ...)
-        return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt,
-                        OTHER, True, error_message(raw))
-    return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, raw.name, raw.start_ns, raw.end_ns, raw.source, fmt)
-
-
-def intern_strings(info: SpanInfo) -> SpanInfo:
-    """Short strings repeated on many spans (names, agents, ids of episodes and tasks) share one copy each. The
-    usual own and OpenInference spans are interned as they are built (their one-pass readers, in C when built);
-    this serves the other spans."""
-    intern = sys.intern
-    for field in _INTERNED_FIELDS:
-        value = getattr(info, field)
-        if type(value) is str:
-            setattr(info, field, intern(value))
-    return info
-
-
-_INTERNED_FIELDS = ("name", "agent", "episode_id", "session", "scenario_id", "task", "model", "adapter_version",
-                    "tool_name")
+        return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, sys.intern(raw.name), raw.start_ns, raw.end_ns,
+                        raw.source, fmt, OTHER, True, error_message(raw))
+    return SpanInfo(raw.trace_id, raw.span_id, raw.parent_id, sys.intern(raw.name), raw.start_ns, raw.end_ns, raw.source,
+                    fmt)
 
 
 def error_message(raw: RawSpan) -> str:
@@ -157,13 +123,6 @@ def as_list(value: Any) -> list[str] | None:
     if text.startswith("(") and text.endswith(")"):
         return [p.strip().strip("'\"") for p in text[1:-1].split(",") if p.strip()]
     return [text]
-
-
-def agent_from_checkpoint_ns(ns: str | None, node: str | None) -> str | None:
-    """LangGraph `checkpoint_ns` ('outer:<id>|inner:<id>') -> namespaced agent 'outer|inner'; else the node."""
-    if ns and "|" in ns:
-        return "|".join(seg.split(":", 1)[0] for seg in ns.split("|") if seg)
-    return node
 
 
 def tool_result_text(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Generic OpenTelemetry GenAI semantic conventions (`gen_ai.operation.name`, `gen_ai.input.messages`, ...)."""
+"""Generic OpenTelemetry GenAI semantic conventions (`gen_ai.operation.name`, `gen_ai.input.messages`, ...), declared
+for the engine (`formats/engine.py`). The own and OpenLLMetry formats build on these rules."""
 
 from __future__ import annotations
 
@@ -6,69 +7,48 @@ from typing import Any
 
 import msgspec
 
+from marft_lg.tracing import attributes as A
 from marft_lg.tracing.attributes import from_genai_messages
-from marft_lg.trajectories.formats.base import (
-    AGENT,
-    LLM,
-    OTHER,
-    TOOL,
-    WORKFLOW,
-    SpanInfo,
-    as_int,
-    base_info,
-    json_or,
-)
-from marft_lg.trajectories.otlp import C_READER, RawSpan, loads_json
+from marft_lg.trajectories.formats.base import AGENT, LLM, TOOL, WORKFLOW, SpanInfo, as_int, json_or
+from marft_lg.trajectories.formats.engine import SPAN_NAME, Attr, Derive, Format, Kind, as_name, interned
+from marft_lg.trajectories.otlp import loads_json
 
 NAME = "genai"
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
+OPERATION_KINDS = {**dict.fromkeys(LLM_OPERATIONS, LLM), A.OP_TOOL: TOOL, A.OP_AGENT: AGENT, "create_agent": AGENT,
+                   A.OP_WORKFLOW: WORKFLOW}
+KIND = Kind(A.GEN_AI_OPERATION_NAME, OPERATION_KINDS)
 
 
-def detect(attrs: dict[str, Any]) -> bool:
-    return "gen_ai.operation.name" in attrs
+def model_name(value: Any) -> str | None:
+    """The model that answered; "unknown" (what some emitters write when they do not know) is no model."""
+    return None if value is None or value == "unknown" else as_name(value)
 
 
-def parse(raw: RawSpan) -> SpanInfo:
-    info = base_info(raw, NAME)
-    fill(info, raw.attributes)
-    return info
+def io(info: SpanInfo, a: dict[str, Any], ctx: Any = None) -> tuple[Any, ...]:
+    """(raw_io, messages, completion, tool_calls): GenAI message JSON is kept as text and parsed at assembly
+    (`materialise`, only for the calls that become actions); the legacy indexed attributes are read now."""
+    if A.GEN_AI_INPUT_MESSAGES in a or A.GEN_AI_OUTPUT_MESSAGES in a:
+        return (a.get(A.GEN_AI_INPUT_MESSAGES), a.get(A.GEN_AI_SYSTEM_INSTRUCTIONS), a.get(A.GEN_AI_OUTPUT_MESSAGES)), \
+            None, None, None
+    completion, calls = output_message(a)
+    return None, input_messages(a), completion, calls
 
 
-def fill(info: SpanInfo, a: dict[str, Any]) -> None:
-    """Fill `info` from GenAI semconv attributes (shared with the OpenLLMetry and own formats)."""
-    op = a.get("gen_ai.operation.name")
-    info.session = info.session or a.get("gen_ai.conversation.id")
-    if op in LLM_OPERATIONS:
-        info.kind = LLM
-        if "gen_ai.input.messages" in a or "gen_ai.output.messages" in a:
-            info.raw_io = (a.get("gen_ai.input.messages"), a.get("gen_ai.system_instructions"),
-                           a.get("gen_ai.output.messages"))
-        else:
-            info.messages = input_messages(a)
-            info.completion, info.tool_calls = output_message(a)
-        usage_and_model(info, a)
-        info.agent = info.agent or a.get("gen_ai.agent.name")
-    elif op == "execute_tool":
-        info.kind = TOOL
-        info.tool_name = a.get("gen_ai.tool.name") or info.name
-        info.tool_call_id = a.get("gen_ai.tool.call.id")
-        info.tool_args = json_or(a.get("gen_ai.tool.call.arguments"))
-        info.tool_result = a.get("gen_ai.tool.call.result")
-    elif op in ("invoke_agent", "create_agent"):
-        info.kind = AGENT
-        info.agent = a.get("gen_ai.agent.name") or info.name
-    elif op == "invoke_workflow":
-        info.kind = WORKFLOW
-    else:
-        info.kind = OTHER
+SESSION = Attr("session", A.GEN_AI_CONVERSATION_ID, interned, mode="fill")
+USAGE = (Attr("input_tokens", (A.GEN_AI_USAGE_INPUT_TOKENS, "gen_ai.usage.prompt_tokens"), as_int, pick="present"),
+         Attr("output_tokens", (A.GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai.usage.completion_tokens"), as_int, pick="present"),
+         Attr("model", (A.GEN_AI_RESPONSE_MODEL, A.GEN_AI_REQUEST_MODEL), model_name))
+LLM_FIELDS = (Derive(("raw_io", "messages", "completion", "tool_calls"), io), *USAGE,
+              Attr("agent", A.GEN_AI_AGENT_NAME, as_name, mode="fill"))
+TOOL_FIELDS = (Attr("tool_name", (A.GEN_AI_TOOL_NAME, SPAN_NAME), as_name),
+               Attr("tool_call_id", A.GEN_AI_TOOL_CALL_ID),
+               Attr("tool_args", A.GEN_AI_TOOL_CALL_ARGUMENTS, json_or),
+               Attr("tool_result", A.GEN_AI_TOOL_CALL_RESULT))
+AGENT_FIELDS = (Attr("agent", (A.GEN_AI_AGENT_NAME, SPAN_NAME), as_name, mode="fill"),)
 
-
-def usage_and_model(info: SpanInfo, a: dict[str, Any]) -> None:
-    """Token counts (current and legacy names) and the model that answered."""
-    info.input_tokens = as_int(a.get("gen_ai.usage.input_tokens", a.get("gen_ai.usage.prompt_tokens")))
-    info.output_tokens = as_int(a.get("gen_ai.usage.output_tokens", a.get("gen_ai.usage.completion_tokens")))
-    model = a.get("gen_ai.response.model") or a.get("gen_ai.request.model")
-    info.model = None if model in (None, "unknown") else str(model)
+FORMAT = Format(NAME, detect=lambda a: A.GEN_AI_OPERATION_NAME in a, kind=KIND, fields=(SESSION,),
+                by_kind={LLM: LLM_FIELDS, TOOL: TOOL_FIELDS, AGENT: AGENT_FIELDS})
 
 
 def materialise(info: SpanInfo) -> None:
@@ -109,20 +89,11 @@ class _Message(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 _decode_messages = msgspec.json.Decoder(list[_Message]).decode
-_c_messages = None
-if C_READER is not None:
-    C_READER.configure_genai(loads_json)
-    _c_messages = C_READER.genai_messages
 
 
 def _typed_messages(raw: str) -> list[dict[str, Any]] | None:
-    """What `_genai_messages` gives for messages of text and tool-call parts, decoded in one typed pass (in C when
-    built: `_otlp_c.genai_messages`, which declines the rarer shapes to the msgspec pass); None for anything else
-    (other parts or keys, other types, no messages), which the general path then reads."""
-    if _c_messages is not None:
-        out = _c_messages(raw)
-        if out is not None:
-            return out
+    """What `_genai_messages` gives for messages of text and tool-call parts, decoded in one typed pass; None for
+    anything else (other parts or keys, other types, no messages), which the general path then reads."""
     try:
         data = _decode_messages(raw)
         out = []
@@ -154,29 +125,7 @@ def _genai_messages(raw: Any) -> list[dict[str, Any]]:
     data = loads_json(raw) if isinstance(raw, str | bytes) else raw
     if not isinstance(data, list):
         raise ValueError("not a list of messages")
-    return _text_messages(data) or from_genai_messages(data)
-
-
-def _text_messages(data: list[Any]) -> list[dict[str, Any]] | None:
-    """`from_genai_messages` for messages of at most one text part each (nearly all prompts), without its
-    general loop; None when any message is anything else."""
-    out = []
-    for m in data:
-        if type(m) is not dict:
-            return None
-        parts = m.get("parts")
-        if type(parts) is not list or len(parts) > 1:
-            return None
-        if parts:
-            p = parts[0]
-            if type(p) is not dict or p.get("type") != "text":
-                return None
-            out.append({"role": m.get("role", "user"), "content": str(p.get("content", ""))})
-        elif "content" in m:
-            return None
-        else:
-            out.append({"role": m.get("role", "user"), "content": ""})
-    return out or None
+    return from_genai_messages(data)
 
 
 def input_messages(a: dict[str, Any]) -> list[dict[str, Any]]:

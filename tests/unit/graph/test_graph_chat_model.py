@@ -14,7 +14,7 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 
 from marft_lg.graph import TeamChatModel, UnmappedNodeError, wrap
-from marft_lg.serving.tool_calls import parse_tool_calls
+from marft_lg.tool_calls import parse_tool_calls
 from marft_lg.tracing import attributes as A
 
 

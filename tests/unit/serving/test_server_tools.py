@@ -24,7 +24,8 @@ from marft_lg.serving.engine_hf import HFEngine
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
-from marft_lg.serving.tool_calls import (
+from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.tool_calls import (
     OPEN,
     example_arguments,
     example_call,
@@ -33,7 +34,6 @@ from marft_lg.serving.tool_calls import (
     render_messages,
     tools_instruction,
 )
-from marft_lg.serving.types import ChatRequest, Completion
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",

@@ -12,9 +12,9 @@ import pytest
 from trajectory_spans import feedback_span, line, own_episode, span, write
 
 from marft_lg.tracing import attributes as A
+from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
-from marft_lg.trajectories.otlp import expand_paths
 from marft_lg.trajectories.parallel import number_lines, plan_ranges
 
 SAMPLES = Path(__file__).resolve().parents[3] / "traces" / "samples"
@@ -52,7 +52,7 @@ def _quarantine(path):
 def test_plan_ranges_cover_every_line_once(tmp_path):
     src = _damaged_input(tmp_path)
     other = write(tmp_path / "b.jsonl", ["x", "y", "z"])
-    groups = plan_ranges(expand_paths([src, other]), 3)
+    groups = plan_ranges(trace_files([src, other]), 3)
     assert len(groups) == 3
     seen = []
     for group in groups:
@@ -71,7 +71,7 @@ def test_plan_ranges_cover_every_line_once(tmp_path):
 def test_line_numbers_counted_after_planning_are_the_same(tmp_path):
     src = _damaged_input(tmp_path)
     other = write(tmp_path / "b.jsonl", ["x", "y", "z"] * 50)
-    files = expand_paths([src, other])
+    files = trace_files([src, other])
     for workers in (2, 3, 5):
         lazy = plan_ranges(files, workers, count_lines=False)
         assert all(r.first_line == 1 for r in lazy[0])  # the first worker starts before any counting

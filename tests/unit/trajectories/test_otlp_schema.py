@@ -119,11 +119,11 @@ def test_typed_genai_messages_equal_the_general_path(data):
     import orjson
 
     from marft_lg.tracing.attributes import from_genai_messages
-    from marft_lg.trajectories.formats.genai import _text_messages, _typed_messages
+    from marft_lg.trajectories.formats.genai import _typed_messages
 
     raw = json.dumps(data)
     parsed = orjson.loads(raw)  # what the general path reads them with (big integers become floats)
-    assert _typed_messages(raw) == (_text_messages(parsed) or from_genai_messages(parsed))
+    assert _typed_messages(raw) == from_genai_messages(parsed)
 
 
 @pytest.mark.parametrize("raw", [
@@ -138,26 +138,33 @@ def test_other_genai_messages_are_left_to_the_general_path(raw):
     assert _typed_messages(raw) is None
 
 
-OPENINFERENCE_ATTRIBUTES = [
-    {"llm.input_messages.1.message.content": "q", "llm.input_messages.0.message.role": "system",
-     "llm.input_messages.0.message.content": "be brief", "llm.input_messages.1.message.role": "user",
-     "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": 7, "session.id": "s"},
-    {"llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "lookup",
-     "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c1",
-     "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"t": 1}',
-     "llm.input_messages.0.message.tool_call_id": "c0", "llm.input_messages.0.message.content": "result"},
-    {"llm.input_messages.0.message.role": "user", "llm.input_messages.00.message.role": "system"},  # one field twice
-    {"llm.input_messages.0.message.content": "a", "llm.input_messages.0.message.contents.0.message_content.text": "b"},
-    {"llm.model_name": "m"},
+OPENINFERENCE_MESSAGES = [
+    ({"llm.input_messages.1.message.content": "q", "llm.input_messages.0.message.role": "system",
+      "llm.input_messages.0.message.content": "be brief", "llm.input_messages.1.message.role": "user",
+      "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": 7, "session.id": "s"},
+     ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}],
+      [{"role": "assistant", "content": "7"}])),
+    ({"llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "lookup",
+      "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c1",
+      "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"t": 1}',
+      "llm.input_messages.0.message.tool_call_id": "c0", "llm.input_messages.0.message.content": "result"},
+     ([{"role": "user", "content": "result", "tool_call_id": "c0"}],
+      [{"role": "user", "content": "", "tool_calls": [{"id": "c1", "name": "lookup", "args": {"t": 1}}]}])),
+    ({"llm.input_messages.0.message.role": "user", "llm.input_messages.00.message.role": "system"},  # one field twice
+     ([{"role": "system", "content": ""}], [])),
+    ({"llm.input_messages.0.message.content": "a", "llm.input_messages.0.message.contents.0.message_content.text": "b"},
+     ([{"role": "user", "content": "ab"}], [])),
+    ({"llm.input_messages.2.message.content": "c", "llm.input_messages.10.message.content": "k"},  # numeric order
+     ([{"role": "user", "content": "c"}, {"role": "user", "content": "k"}], [])),
+    ({"llm.model_name": "m"}, ([], [])),
 ]
 
 
-@pytest.mark.parametrize("attrs", OPENINFERENCE_ATTRIBUTES)
-def test_openinference_layouts_give_flat_messages(attrs):
-    from marft_lg.trajectories.formats.openinference import flat_messages, io_messages
+@pytest.mark.parametrize(("attrs", "expected"), OPENINFERENCE_MESSAGES)
+def test_openinference_flattened_messages(attrs, expected):
+    from marft_lg.trajectories.formats.openinference import io_messages
 
-    expected = (flat_messages(attrs, "llm.input_messages."), flat_messages(attrs, "llm.output_messages."))
-    for _ in range(2):  # the second time from the remembered layout
+    for _ in range(2):  # the second time with the keys remembered
         assert io_messages(dict(attrs)) == expected
 
 

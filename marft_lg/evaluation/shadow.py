@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ def shadow_compare(
     `app` is a `WrappedGraph` (its `invoke(..., episode_id=, scenario_id=, seed=, versions=)` pins
     adapter versions per call); `baseline`/`candidate` are alias names (``"live"``) or
     ``{role: ref}`` maps. Paired runs share a seed. `collect(episode_ids)` overrides how the
-    episodes are read back (default: mine the app's trace directory). Up to `concurrency` runs go at
+    episodes are read back (default: the app's own records, `WrappedGraph.capture`; else its trace directory). Up to `concurrency` runs go at
     once so the serving engine batches them.
     """
     if samples_per_scenario < 1:
@@ -171,13 +172,19 @@ def shadow_compare(
 
     # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do
     # not depend on which runs share a batch.
-    with _progress(progress) as bar, ThreadPoolExecutor(max(1, concurrency)) as pool:
+    # The replayed episodes are read back from the app's own records when it can hand them over (no trace file is
+    # read), else mined from its trace directory.
+    capture = getattr(app, "capture", None) if collect is None else None
+    with (capture() if capture is not None else nullcontext()) as captured, _progress(progress) as bar, \
+            ThreadPoolExecutor(max(1, concurrency)) as pool:
         task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
         for fut in as_completed([pool.submit(replay, *r) for r in runs]):
             fut.result()
             if bar is not None:
                 bar.advance(task)
 
+    if captured is not None:
+        collect = captured.dataset
     collect = collect or (lambda ids: mine_app_episodes(app, ids))
     datasets = {}
     for side in ("baseline", "candidate"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from marft_lg.graph.agents import prebuilt_agent_roles
+from marft_lg.graph.capture import EpisodeCapture
 from marft_lg.graph.scope import RUN_KEY, EpisodeTracer, run_options, with_handler
 from marft_lg.graph.shadow import ShadowMirror
 from marft_lg.tracing.sink import RecordSink, make_record_sink
@@ -137,6 +139,13 @@ class WrappedGraph(Runnable):
     def shadow_stats(self) -> dict[str, int]:
         """Mirroring counters: sampled, submitted, completed, failed, timed_out, dropped."""
         return dict(self.mirror.stats) if self.mirror else {}
+
+    @contextmanager
+    def capture(self) -> Iterator[EpisodeCapture]:
+        """``with app.capture() as captured: app.invoke(...)``; then ``captured.dataset()`` holds the episodes run
+        inside the block (shadow runs included), built from the app's own records instead of its trace files."""
+        with self.sink.tap() as spans:
+            yield EpisodeCapture(spans)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Export every finished span now (the exporter also flushes on its own and at exit)."""

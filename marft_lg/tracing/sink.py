@@ -18,7 +18,8 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -42,8 +43,11 @@ class _ToSink(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         sink = self._sink()
-        if sink is not None and sink.file is not None:
-            sink._queue.append(span)
+        if sink is not None:
+            if sink.file is not None:
+                sink._queue.append(span)
+            for tap in sink._taps:
+                tap.append(span)
 
 
 class RecordSink:
@@ -70,6 +74,7 @@ class RecordSink:
             self.provider.add_span_processor(_ToSink(self))
         self._frame = request_frame(self.resource, INSTRUMENTATION_NAME, self.scope.version)
         self._queue: collections.deque[SpanRecord | ReadableSpan] = collections.deque()
+        self._taps: list[list[SpanRecord | ReadableSpan]] = []  # `tap()`: lists that also receive every finished span
         self._drain_lock = threading.Lock()
         self.max_batch = max_batch
         self.schedule_delay_s = schedule_delay_s
@@ -92,6 +97,19 @@ class RecordSink:
     def submit(self, record: SpanRecord) -> None:
         """Queue a finished span (cheap: one deque append); written at the next drain."""
         self._queue.append(record)
+        for tap in self._taps:
+            tap.append(record)
+
+    @contextmanager
+    def tap(self) -> Iterator[list[SpanRecord | ReadableSpan]]:
+        """A list that receives every span finished while the block runs, as it finishes (besides the exporters):
+        how an on-policy collector reads back the episodes it ran without reading files."""
+        received: list[SpanRecord | ReadableSpan] = []
+        self._taps = [*self._taps, received]
+        try:
+            yield received
+        finally:
+            self._taps = [t for t in self._taps if t is not received]
 
     def drain(self) -> None:
         """Encode and write everything queued so far (the background thread calls this every 0.5 s)."""

@@ -31,7 +31,9 @@ def episode_id(run_id: str, iteration: int, scenario_id: str, j: int) -> str:
 
 
 class GraphCollector:
-    """Runs K episodes per scenario through a `WrappedGraph` concurrently, then mines their spans."""
+    """Runs K episodes per scenario through a `WrappedGraph` concurrently and reads them back from the app's own span
+    records (`WrappedGraph.capture`: no file is read, so an iteration costs the same however many came before; the
+    spans still go to the trace files). An app without `capture` is mined from its trace directory instead."""
 
     def __init__(self, app: Any, *, trace_dir: str | Path | None = None, concurrency: int = 8, run_id: str | None = None):
         self.app = app
@@ -41,11 +43,27 @@ class GraphCollector:
         self.errors: list[str] = []
 
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
+        jobs = [(s, j) for s in scenarios for j in range(k)]
+        ids = [episode_id(self.run_id, iteration, s.scenario_id, j) for s, j in jobs]
+        capture = getattr(self.app, "capture", None)
+        if capture is None:
+            return self._collect_from_files(jobs, ids, iteration, seed)
+        with capture() as captured:
+            self._run_all(jobs, ids, iteration, seed)
+        return captured.dataset(ids)
+
+    def _collect_from_files(self, jobs: list[tuple[Scenario, int]], ids: list[str], iteration: int,
+                            seed: int) -> TrajectoryDataset:
         from marft_lg.trajectories.mining import mine
 
         since = datetime.now(UTC)
-        jobs = [(s, j) for s in scenarios for j in range(k)]
-        ids = [episode_id(self.run_id, iteration, s.scenario_id, j) for s, j in jobs]
+        self._run_all(jobs, ids, iteration, seed)
+        if hasattr(self.app, "flush"):
+            self.app.flush()
+        dataset = mine([str(self.trace_dir)], since=since)
+        return dataset.select([i for i in ids if i in set(dataset.episode_ids)])
+
+    def _run_all(self, jobs: list[tuple[Scenario, int]], ids: list[str], iteration: int, seed: int) -> None:
 
         def run(i: int) -> None:
             s, j = jobs[i]
@@ -56,10 +74,6 @@ class GraphCollector:
 
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             list(pool.map(run, range(len(jobs))))
-        if hasattr(self.app, "flush"):
-            self.app.flush()
-        dataset = mine([str(self.trace_dir)], since=since)
-        return dataset.select([i for i in ids if i in set(dataset.episode_ids)])
 
 
 PromptFn = Callable[[str, Scenario, list[dict[str, Any]]], list[dict[str, Any]]]

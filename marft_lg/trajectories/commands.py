@@ -55,6 +55,8 @@ def mine(
         table.add_row("lines with non-UTF-8 bytes (replaced by U+FFFD)", f"{report.non_utf8_lines:,}", style="yellow")
     if report.episodes_before_since:
         table.add_row("episodes before --since (skipped)", f"{report.episodes_before_since:,}")
+    if report.files_before_since:
+        table.add_row("files written before --since (not read)", f"{report.files_before_since:,}")
     table.add_row("spans/lines quarantined", f"{report.quarantined_total:,}")
     for reason, n in report.quarantined.items():
         table.add_row(f"  {reason}", f"{n:,}", style="yellow")

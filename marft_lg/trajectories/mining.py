@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.assembly import group_episodes
@@ -22,6 +22,7 @@ from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
+    RawSpans,
     assemble_batches,
     feedback_index,
     flatten,
@@ -32,6 +33,7 @@ from marft_lg.trajectories.pipeline import (
     read_spans,
 )
 from marft_lg.trajectories.quarantine import Quarantine
+from marft_lg.trajectories.raw_span import RawSpan
 
 if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining workers never need it
     import pandas as pd
@@ -59,6 +61,8 @@ class MiningReport:
     repaired_parents: int = 0
     spans_without_actions: int = 0
     episodes_before_since: int = 0
+    files_before_since: int = 0
+    """Files last written more than `SINCE_FILE_MARGIN_S` before `since`: skipped unread (see `_fresh_files`)."""
     non_utf8_lines: int = 0
     """Lines holding bytes that are not UTF-8 (read with those bytes replaced by U+FFFD, as a text-mode read would)."""
     quarantine_path: str | None = None
@@ -84,7 +88,8 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                      progress: Callable[[int], None] | None = None,
                      workers: int | None = None) -> tuple[TrajectoryDataset, MiningReport]:
-    """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far."""
+    """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far. `paths` may
+    also be a `RawSpans` list of spans already in memory (`mine_spans`)."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     episode_rows: list[dict] = []
     action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or flat columns)
@@ -100,6 +105,12 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
                 action_chunks[name].append(values)
             del rows, cols
         return _to_dataset(episode_rows, action_chunks), report
+
+
+def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None) -> TrajectoryDataset:
+    """`mine` for spans already in memory (a wrapped app's own records): the same interpretation and assembly, no
+    file and no JSON. Mining the files those spans were exported to gives the same tables."""
+    return mine_with_report(RawSpans(spans), since=since)[0]
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
@@ -142,7 +153,11 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
     as well: the first worker's as they arrive, the others' as parquet parts appended at the end."""
     watermark = _watermark(since)
-    files = trace_files(paths)
+    if isinstance(paths, RawSpans):
+        yield from _local_batches(paths, watermark, quarantine, max_attribute_bytes, progress, report,
+                                  chunk_actions=chunk_actions, share_strings=writer is None)
+        return
+    files = _fresh_files(trace_files(paths), watermark, report)
     n_workers = _worker_count(files, workers)
     groups = []
     if n_workers > 1:
@@ -153,19 +168,44 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
                                      chunk_actions=chunk_actions, writer=writer)
         return
+    yield from _local_batches([FileRange(f) for f in files], watermark, quarantine, max_attribute_bytes, progress,
+                              report, chunk_actions=chunk_actions, share_strings=writer is None)
+
+
+SINCE_FILE_MARGIN_S = 3600
+
+
+def _fresh_files(files: list[Path], watermark: int | None, report: MiningReport) -> list[Path]:
+    """The files that may hold a span of an episode that ended after the watermark. A span is written after it
+    ends, so a file last modified more than `SINCE_FILE_MARGIN_S` before the watermark holds only spans of
+    episodes that ended before it (or of an episode that ran longer than the margin, whose early spans it would
+    drop): such files are skipped unread, which keeps each retraining run and on-policy iteration from re-reading
+    the whole trace history."""
+    if watermark is None:
+        return files
+    cutoff = watermark - SINCE_FILE_MARGIN_S * 1_000_000_000
+    fresh = [f for f in files if f.stat().st_mtime_ns >= cutoff]
+    report.files_before_since = len(files) - len(fresh)
+    return fresh
+
+
+def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
+                   progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
+                   share_strings: bool) -> Iterator[tuple[list[dict], dict[str, list]]]:
+    """`_batches` in this process, from `FileRange`s or `RawSpans`."""
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
     agents: Counter[str] = Counter()
     with Quarantine(quarantine) as q:
-        spans = read_spans([FileRange(f) for f in files], q, max_attribute_bytes=max_attribute_bytes, stats=stats,
-                           formats=formats, progress=progress)
+        spans = read_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
+                           progress=progress)
         kept = len(spans)
         episodes, feedback_spans = group_episodes(spans)
         del spans
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,
-                                           share_strings=writer is None):
+                                           share_strings=share_strings):
             yield rows, flatten(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q.counts, agents)

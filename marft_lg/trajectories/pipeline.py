@@ -48,11 +48,16 @@ def gc_paused() -> Iterator[None]:
 
 def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
                progress: Callable[[int], None] | None = None) -> list[SpanInfo]:
-    """Every usable span of `source` (paths or `FileRange`s), in read order; re-exports are quarantined."""
+    """Every usable span of `source` (paths, `FileRange`s, or a `RawSpans` of spans already in memory), in read
+    order; re-exports are quarantined."""
     spans: list[SpanInfo] = []
     _read_first_copies(source, q, {}, spans, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
                        progress=progress)
     return spans
+
+
+class RawSpans(list):
+    """Spans already read (a wrapped app's own records, say): `read_spans` takes them as they are, with no file."""
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
@@ -70,7 +75,11 @@ def _read_first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, S
                        progress: Callable[[int], None] | None) -> None:
     """Interpret every span read into `traces` (trace id -> span id -> span) and, when given, `spans` (read order)."""
     n = 0
-    for batch in iter_span_batches(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats):
+    if isinstance(source, RawSpans):
+        stats["spans_read"] = stats.get("spans_read", 0) + len(source)
+    batches = (source,) if isinstance(source, RawSpans) else iter_span_batches(
+        source, q, max_attribute_bytes=max_attribute_bytes, stats=stats)
+    for batch in batches:
         for raw in batch:
             n += 1
             members = traces.get(raw.trace_id)

@@ -174,3 +174,20 @@ def test_legacy_openllmetry_indexed_prompts_and_subgraph_agents(tmp_path):
     assert acts[0]["tool_calls"] == [{"id": None, "name": "lookup", "args": {"q": 1}, "result": None, "error": None}]
     assert (acts[0]["input_tokens"], acts[0]["output_tokens"], acts[0]["model"], acts[0]["step"]) == (9, 4, "gpt-x", 2)
     assert acts[1]["depends_on"] == [0]
+
+
+def test_since_skips_files_written_well_before_the_watermark_unread(tmp_path):
+    import os
+
+    from marft_lg.trajectories.mining import SINCE_FILE_MARGIN_S
+
+    cut = pd.Timestamp(T0 + 2_000 * 1_000_000, unit="ns", tz="UTC")
+    old = write(tmp_path / "old.jsonl", ["not json: were this file read, it would be quarantined"])
+    near = write(tmp_path / "near.jsonl", [line(own_episode(2, "late", base=10, t=5000))])
+    s = cut.value / 1e9
+    os.utime(old, (s - SINCE_FILE_MARGIN_S - 60, s - SINCE_FILE_MARGIN_S - 60))
+    os.utime(near, (s - SINCE_FILE_MARGIN_S + 60, s - SINCE_FILE_MARGIN_S + 60))  # within the margin: read
+    ds, report = mine_with_report(tmp_path, since=cut.isoformat(), quarantine=tmp_path / "q.jsonl")
+    assert ds.episode_ids == ["late"]
+    assert report.files_before_since == 1 and report.files == 1 and not report.quarantined
+    assert mine_with_report(tmp_path)[1].quarantined == {"invalid_json": 1}  # without `since` every file is read

@@ -13,9 +13,12 @@ train.yaml:
     phases: [offline, online]
     online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
+    ray: {address: local, rollout_workers: 2, worker: {num_cpus: 1, num_gpus: 0}, async: false}  # optional
 
 `online.app` is `module:function` or `file.py:function`, loaded relative to train.yaml's folder (a module or
 file next to it needs no PYTHONPATH); `online.node_roles: {node: role}` maps app nodes to agent roles.
+With a `ray:` section the online phase's episodes run on Ray rollout workers (docs/distributed.md); the learner
+stays in this process.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class TrainFile:
     phases: list[str] = field(default_factory=lambda: ["offline"])
     online: dict[str, Any] = field(default_factory=dict)
     marft: dict[str, Any] = field(default_factory=dict)
+    ray: Any = None
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
     doc: YamlDoc | None = field(default=None, init=False, repr=False)
@@ -110,7 +114,7 @@ class TrainFile:
     def load(cls, path: Path) -> TrainFile:
         doc = load_yaml(path, what="train config")
         data = doc.data if doc.data is not None else {}
-        checked = check_fields(cls, data, doc, what="train.yaml", skip=("versions", "reward"))
+        checked = check_fields(cls, data, doc, what="train.yaml", skip=("versions", "reward", "ray"))
         out = cls(**checked)
         out.path, out.doc = Path(path).resolve(), doc
         base = Path(path).parent
@@ -130,6 +134,10 @@ class TrainFile:
         out.phases = list(dict.fromkeys(out.phases))
         out._check_online(doc)
         out.config()  # the marft section, checked now (line numbers) rather than when training starts
+        if out.ray is not None:
+            from marft_lg.distributed.config import RayConfig
+
+            out.ray = RayConfig.from_doc(doc.at("ray"))
         return out
 
     def _check_agents(self, doc: YamlDoc) -> None:
@@ -268,6 +276,22 @@ def train(
         team.close()
 
 
+def _ray_collector(spec: TrainFile, cfg: Any, team: Any, run_id: str) -> Any:
+    """The online phase's collector on Ray: every worker builds `online.app` and the team's engine itself and loads
+    the versions the learner's `team` serves before each iteration (from the registry folder, which it shares)."""
+    from marft_lg.distributed.rollout import RayCollector
+    from marft_lg.distributed.worker import WorkerSpec
+
+    opts = spec.online
+    worker = WorkerSpec(app=str(opts.get("app", DEFAULT_APP)), agents=list(spec.agents), model=spec.model,
+                        registry=spec.registry, versions=spec.versions, seed=cfg.seed,
+                        base_dir=None if spec.base_dir is None else str(spec.base_dir),
+                        node_roles=opts.get("node_roles"), max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
+                        temperature=float(opts.get("temperature", cfg.temperature)),
+                        concurrency=cfg.rollout_concurrency, trace_dir=str(Path(spec.run_dir) / "traces"))
+    return RayCollector(spec.ray, worker, versions=team.versions, run_id=run_id)
+
+
 def _team(spec: TrainFile, cfg: Any) -> Any:
     from marft_lg.serving.team import Team
 
@@ -300,9 +324,15 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
         iterations = int(opts.get("iterations", 10))
         llm = TeamChatModel(team=team, max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
                             temperature=float(opts.get("temperature", cfg.temperature)))
-        app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces", node_roles=opts.get("node_roles"))
         chosen = scenarios.split(split) if split else scenarios
-        trainer.fit_online(app, list(chosen), iterations)
+        if spec.ray is not None:
+            with _ray_collector(spec, cfg, team, trainer.run_id) as collector:
+                console.print(f"online: {spec.ray.rollout_workers} Ray rollout workers at {spec.ray.address}")
+                trainer.fit_online(collector, list(chosen), iterations)
+        else:
+            app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces",
+                       node_roles=opts.get("node_roles"))
+            trainer.fit_online(app, list(chosen), iterations)
     published = {}
     for role in spec.agents:
         published[role] = team.save_version(role, run_id=trainer.run_id, metrics={"iteration": float(trainer.iteration)})

@@ -201,7 +201,8 @@ class MARFTTrainer:
                    scenarios_per_iteration: int | None = None, time_budget_s: float | None = None) -> list[dict[str, Any]]:
         """On-policy MARFT: K episodes per scenario through `app`, mine, score, update, publish.
 
-        `app` is a `WrappedGraph` (traced and mined) or any collector with `collect(...)`. Each iteration runs every
+        `app` is a `WrappedGraph` (its episodes read back from its own records) or any collector with `collect(...)`
+        (`distributed.RayCollector`: rollout workers on Ray; what it reports in `last_stats` joins the metrics). Each iteration runs every
         scenario, or with `scenarios_per_iteration=n` the next `n` of them (cycling through the list, so a long list
         is a stream of fresh problems). With `time_budget_s` no iteration starts that would, at the pace of the
         previous one, end past the budget. One progress bar shows the iterations, the live team reward and an ETA.
@@ -221,6 +222,8 @@ class MARFTTrainer:
         deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None
         last_s = 0.0
         with self._progress(iterations - start_iter, "online MARFT") as advance:
+            if hasattr(collector, "progress"):  # a collector that reports (episodes per rollout worker) shows it here
+                collector.progress = getattr(advance, "note", None)
             for it in range(start_iter, iterations):
                 if deadline is not None and rows and time.perf_counter() + last_s > deadline:
                     break
@@ -230,7 +233,8 @@ class MARFTTrainer:
                 dataset = collector.collect(batch, self.cfg.group_size, self.iteration, self.cfg.seed)
                 rollout_s = time.perf_counter() - t0
                 table, action_rewards = self._scores(dataset, by_id)
-                row = self._iteration(dataset, action_rewards, table, phase="online", extra={"rollout_s": rollout_s})
+                extra = {"rollout_s": rollout_s, **getattr(collector, "last_stats", {})}  # e.g. episodes per worker
+                row = self._iteration(dataset, action_rewards, table, phase="online", extra=extra)
                 self._publish(row)
                 self.online_done += 1
                 rows.append(row)
@@ -453,13 +457,14 @@ class MARFTTrainer:
 
             with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                          transient=False) as prog:
-                task = prog.add_task(label, total=max(0, total), reward="")
+                          TextColumn("{task.fields[note]}"), transient=False) as prog:
+                task = prog.add_task(label, total=max(0, total), reward="", note="")
 
                 def advance(reward: float | None = None) -> None:
                     shown = f"reward {reward:.3f}" if isinstance(reward, int | float) and math.isfinite(reward) else ""
                     prog.update(task, advance=1, reward=shown)
 
+                advance.note = lambda text: prog.update(task, note=text)  # type: ignore[attr-defined]
                 yield advance
         return bar()
 

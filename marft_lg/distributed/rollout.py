@@ -1,0 +1,192 @@
+"""`RayCollector`: the trainer's collector when the episodes run on Ray rollout workers.
+
+Each iteration: the workers load the versions the learner serves now (by name from a shared registry, or as the
+versions' files through the object store), the planned episodes (`plan_episodes`: the same ids and seeds as in one
+process) are dealt out round-robin, and each worker returns its share's trajectories through the object store. A
+worker that dies mid-iteration is replaced and its unfinished share re-runs on the live workers, so the iteration
+holds every planned episode exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from marft_lg.distributed.config import RayConfig, connect
+from marft_lg.distributed.worker import RolloutWorker, WorkerSpec, version_files
+from marft_lg.graph.collect import EpisodeJob, plan_episodes
+from marft_lg.trajectories.dataset import TrajectoryDataset
+from marft_lg.trajectories.scenarios import Scenario
+
+log = logging.getLogger("marft_lg.distributed")
+WORKER_KEY = "marft.worker"  # episodes.metadata key: the rollout worker that ran the episode
+
+
+class RayCollector:
+    """Runs on-policy episodes on `cfg.rollout_workers` Ray actors (see the module docstring).
+
+    `versions()` returns the {role: version} the learner serves now (the trainer's `Team.versions`); the workers
+    load it before each iteration. `progress(text)`, when set, receives "episodes done per worker" as they finish.
+    """
+
+    def __init__(self, cfg: RayConfig, spec: WorkerSpec, *, versions: Callable[[], dict[str, str]] | None = None,
+                 run_id: str = "ray"):
+        self.cfg, self.spec, self.run_id = cfg, spec, run_id
+        self.versions = versions
+        self.progress: Callable[[str], None] | None = None
+        self.errors: list[str] = []
+        self.replaced = 0
+        self.last_stats: dict[str, Any] = {}
+        self._ray: Any = None
+        self._actor_cls: Any = None
+        self._workers: dict[int, Any] = {}
+        self._next_index = 0
+        self._loaded: dict[str, str] = {}
+        self._files_sent: set[tuple[str, str]] = set()
+        self._owns_cluster = False
+
+    # -- the pool -----------------------------------------------------------------------------------------------
+    def start(self) -> RayCollector:
+        """Connect (a `local` address starts a private cluster) and start the workers; returns self."""
+        if self._ray is not None:
+            return self
+        import ray
+
+        self._owns_cluster = self.cfg.address == "local" and not ray.is_initialized()
+        self._ray = connect(self.cfg)
+        self._actor_cls = ray.remote(RolloutWorker).options(num_cpus=self.cfg.worker.num_cpus,
+                                                            num_gpus=self.cfg.worker.num_gpus, max_restarts=0)
+        for _ in range(self.cfg.rollout_workers):
+            self._spawn()
+        self._ray.get([w.ready.remote() for w in self._workers.values()])
+        return self
+
+    def _spawn(self) -> int:
+        index = self._next_index
+        self._next_index += 1
+        self._workers[index] = self._actor_cls.remote(self.spec, index)
+        return index
+
+    @property
+    def workers(self) -> dict[int, Any]:
+        """The live worker actors by index (a replaced worker gets a new index)."""
+        return dict(self._workers)
+
+    def close(self) -> None:
+        """Stop the workers (and the private cluster a `local` address started)."""
+        if self._ray is None:
+            return
+        for w in self._workers.values():
+            with contextlib.suppress(Exception):  # a dead worker has nothing left to close
+                self._ray.get(w.close.remote(), timeout=30)
+            self._ray.kill(w)
+        self._workers.clear()
+        if self._owns_cluster:
+            self._ray.shutdown()
+        self._ray = None
+
+    def __enter__(self) -> RayCollector:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- versions -----------------------------------------------------------------------------------------------
+    def _sync(self, workers: list[int], *, force: bool = False) -> None:
+        """Make `workers` serve the learner's current versions (all of them when the versions changed)."""
+        if self.versions is None:
+            return
+        current = {r: v for r, v in self.versions().items() if v != "init"}
+        if current == self._loaded and not force:
+            return
+        files = None
+        if not self.spec.shared_registry and self.spec.registry is not None:
+            files = {}
+            for role, version in current.items():
+                files.setdefault(role, {})[version] = version_files(self.spec.registry, role, version)
+        self._ray.get([self._workers[i].load.remote(current, files) for i in workers])
+        self._loaded = current
+
+    # -- one iteration ------------------------------------------------------------------------------------------
+    def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
+        return self.run(plan_episodes(self.run_id, scenarios, k, iteration, seed))
+
+    def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
+        """The jobs' trajectories in job order, each episode run once on some worker (`episodes.metadata`
+        says which)."""
+        from ray.exceptions import RayActorError
+
+        self.start()
+        self._sync(list(self._workers))
+        t0 = time.perf_counter()
+        pending: dict[Any, tuple[int, list[EpisodeJob]]] = {}
+
+        def submit(share: list[EpisodeJob], index: int) -> None:
+            if share:
+                pending[self._workers[index].run.remote(share)] = (index, share)
+
+        indices = list(self._workers)
+        for n, index in enumerate(indices):
+            submit(jobs[n::len(indices)], index)
+        done: dict[int, TrajectoryDataset] = {}
+        per_worker: dict[int, int] = {}
+        errors: list[str] = []
+        while pending:
+            ready, _ = self._ray.wait(list(pending), num_returns=1)
+            ref = ready[0]
+            index, share = pending.pop(ref)
+            try:
+                worker, dataset, failed = self._ray.get(ref)
+            except RayActorError as exc:
+                live = self._replace(index, exc)
+                for n, i in enumerate(live):  # the dead worker's share, dealt out again
+                    submit(share[n::len(live)], i)
+                continue
+            done[worker] = _concat([done[worker], dataset]) if worker in done else dataset
+            per_worker[worker] = per_worker.get(worker, 0) + len(share)
+            errors += failed
+            if self.progress is not None:
+                self.progress("episodes per worker " + " ".join(f"w{i}:{n}" for i, n in sorted(per_worker.items())))
+        self.errors = errors
+        dataset = _ordered(done, [j.episode_id for j in jobs])
+        self.last_stats = {"rollout_workers": len(self._workers), "workers_replaced": self.replaced,
+                           "episodes_per_worker": {str(i): n for i, n in sorted(per_worker.items())},
+                           "ray_rollout_s": round(time.perf_counter() - t0, 3)}
+        return dataset
+
+    def _replace(self, index: int, exc: BaseException) -> list[int]:
+        """Start a worker in place of the dead one; returns the live workers' indices."""
+        log.warning("rollout worker %d died (%s); starting a replacement and re-running its episodes", index,
+                    type(exc).__name__)
+        self._workers.pop(index, None)
+        self.replaced += 1
+        new = self._spawn()
+        self._ray.get(self._workers[new].ready.remote())
+        self._sync([new], force=True) if self._loaded else None
+        return list(self._workers)
+
+
+def _concat(parts: list[TrajectoryDataset]) -> TrajectoryDataset:
+    return TrajectoryDataset.concat([p for p in parts if len(p.episodes)])
+
+
+def _ordered(by_worker: dict[int, TrajectoryDataset], ids: list[str]) -> TrajectoryDataset:
+    """One dataset of the planned episodes, each tagged with the worker that ran it, in the order one process
+    mines them (by episode id)."""
+    tagged = []
+    for index, ds in by_worker.items():
+        if not len(ds.episodes):
+            continue
+        episodes = ds.episodes.copy()
+        episodes["metadata"] = [{**(m if isinstance(m, dict) else {}), WORKER_KEY: index} for m in episodes["metadata"]]
+        tagged.append(TrajectoryDataset(episodes=episodes, actions=ds.actions))
+    merged = _concat(tagged)
+    if not len(merged.episodes):
+        return merged
+    merged = merged.select(ids)
+    return TrajectoryDataset(
+        episodes=merged.episodes.sort_values("episode_id", kind="stable").reset_index(drop=True),
+        actions=merged.actions.sort_values("episode_id", kind="stable").reset_index(drop=True))

@@ -1,0 +1,162 @@
+"""Rollout workers on a real local Ray cluster (started here on 127.0.0.1, stopped at the end): the same seeds give
+the same episodes as one process; a worker killed mid-iteration is replaced and the iteration holds every episode
+exactly once; versions the learner publishes reach the workers, by registry path or as files; `marft-lg train` with
+a `ray:` section runs its online phase on the workers."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from marft_lg.distributed.config import RayConfig  # noqa: E402
+from marft_lg.distributed.rollout import WORKER_KEY, RayCollector  # noqa: E402
+from marft_lg.distributed.worker import RolloutWorker, WorkerSpec, version_files  # noqa: E402
+from marft_lg.graph.collect import GraphCollector, plan_episodes  # noqa: E402
+from marft_lg.trajectories.scenarios import Scenario  # noqa: E402
+
+APPS = Path(__file__).with_name("ray_apps.py")
+AGENTS = ["planner", "writer"]
+SCENARIOS = [Scenario(f"s{i}", {"msgs": [f"question {i}"]}) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             configure_logging=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _fixed_spec(**over) -> WorkerSpec:
+    return WorkerSpec(app=f"{APPS}:two_agents", agents=AGENTS, engine=f"{APPS}:FixedLatencyEngine",
+                      **{"engine_options": {"latency_s": 0.01}, **over})
+
+
+def test_the_same_seeds_give_the_same_episodes_as_one_process(cluster, tiny_model_dir):
+    from marft_lg.graph.chat_model import TeamChatModel
+    from marft_lg.graph.wrap import wrap
+    from marft_lg.loading import load_object
+    from marft_lg.serving.team import Team
+
+    team = Team(tiny_model_dir, AGENTS, seed=0)
+    app = wrap(load_object(f"{APPS}:two_agents")(TeamChatModel(team=team, max_tokens=6, temperature=1.0)), team=team,
+               trace_dir=tempfile.mkdtemp())
+    local = GraphCollector(app, run_id="r").collect(SCENARIOS, 2, 0, seed=7)
+    team.close()
+    spec = WorkerSpec(app=f"{APPS}:two_agents", agents=AGENTS, model=tiny_model_dir, max_tokens=6, temperature=1.0)
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="r") as collector:
+        remote = collector.collect(SCENARIOS, 2, 0, seed=7)
+    assert sorted(remote.episode_ids) == sorted(local.episode_ids) and len(local.episodes) == 8
+
+    def tokens(ds):
+        acts = ds.actions.sort_values(["episode_id", "order"])
+        return [(e, a, list(t)) for e, a, t in zip(acts["episode_id"], acts["agent"], acts["completion_token_ids"],
+                                                   strict=True)]
+
+    assert tokens(remote) == tokens(local)
+    workers = {m[WORKER_KEY] for m in remote.episodes["metadata"]}
+    assert workers == {0, 1}  # both workers ran episodes
+
+
+def test_a_worker_killed_mid_iteration_is_replaced_and_no_episode_is_lost_or_doubled(cluster):
+    spec = _fixed_spec(engine_options={"latency_s": 0.15}, concurrency=1)
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="k") as collector:
+        victim = collector.workers[0]
+        threading.Timer(0.6, lambda: ray.kill(victim)).start()  # mid-iteration: each episode takes ~0.3 s
+        dataset = collector.collect(SCENARIOS, 3, 0, seed=1)
+        assert collector.replaced == 1
+        ids = dataset.episode_ids
+        assert len(ids) == len(set(ids)) == 12
+        assert sorted(ids) == sorted(f"k-it0-s{i}-{j}" for i in range(4) for j in range(3))
+        assert (dataset.actions.groupby("episode_id").size() == 2).all()  # whole episodes, no half-run leftovers
+        assert sum(collector.last_stats["episodes_per_worker"].values()) == 12
+        assert len(collector.workers) == 2 and 0 not in collector.workers
+        again = collector.collect(SCENARIOS[:1], 2, 1, seed=1)  # the pool keeps working after the replacement
+        assert len(again.episodes) == 2
+
+
+def test_workers_serve_the_versions_the_learner_serves(cluster):
+    serving = {"planner": "v3", "writer": "init"}
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), _fixed_spec(), versions=lambda: dict(serving),
+                      run_id="v") as collector:
+        first = collector.collect(SCENARIOS, 1, 0, seed=0)
+        serving["planner"], serving["writer"] = "v4", "v1"  # the learner published new versions
+        second = collector.collect(SCENARIOS, 1, 1, seed=0)
+    by_agent = lambda ds: dict(zip(ds.actions["agent"], ds.actions["adapter_version"], strict=True))  # noqa: E731
+    assert by_agent(first) == {"planner": "v3", "writer": "init"}
+    assert by_agent(second) == {"planner": "v4", "writer": "v1"}
+
+
+def test_a_worker_without_the_registry_loads_a_version_sent_as_files(tmp_path, tiny_model_dir):
+    from marft_lg.serving.team import Team
+
+    registry = tmp_path / "registry"
+    learner = Team(tiny_model_dir, AGENTS, registry=registry, versions=None, seed=0)
+    version = learner.save_version("planner")
+    learner.close()
+    files = version_files(registry, "planner", version)
+    assert any(name.endswith(".safetensors") for name in files)
+    worker = RolloutWorker(WorkerSpec(app=f"{APPS}:two_agents", agents=AGENTS, model=tiny_model_dir,
+                                      registry=str(registry), shared_registry=False), 0)
+    try:
+        assert worker.versions()["planner"] == "init"
+        assert worker.load({"planner": version}, {"planner": {version: files}})["planner"] == version
+        _, dataset, failed = worker.run(plan_episodes("f", SCENARIOS[:1], 1, 0, 0))
+        assert not failed and set(dataset.actions["adapter_version"]) == {version, "init"}
+    finally:
+        worker.close()
+
+
+def test_train_with_a_ray_section_runs_the_online_phase_on_the_workers(cluster, tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from marft_lg.cli import app as cli
+
+    (tmp_path / "scenarios.jsonl").write_text("\n".join(json.dumps(
+        {"scenario_id": s.scenario_id, "inputs": s.inputs, "split": "train"}) for s in SCENARIOS) + "\n")
+    (tmp_path / "train.yaml").write_text(f"""
+model: {tiny_model_dir}
+agents: [planner, writer]
+registry: registry
+versions: null
+run_dir: run
+reward: {{weights: {{step_count: -0.05}}}}
+scenarios: scenarios.jsonl
+phases: [online]
+online: {{app: "{APPS}:two_agents", iterations: 2, max_tokens: 6}}
+marft: {{group_size: 2, ppo_epochs: 1, max_new_tokens: 6}}
+ray: {{address: auto, rollout_workers: 2, worker: {{num_cpus: 1, num_gpus: 0}}, async: false}}
+""")
+    result = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "train.yaml")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    online = [r for r in rows if r.get("phase") == "online"]
+    assert len(online) == 2
+    for row in online:
+        assert row["rollout_workers"] == 2 and sum(row["episodes_per_worker"].values()) == 8
+
+
+def test_the_ray_section_is_checked_with_file_and_line(tmp_path):
+    from marft_lg._config import ConfigError, load_yaml
+
+    path = tmp_path / "t.yaml"
+    path.write_text("ray:\n  address: somewhere\n  rollout_workers: 2\n")
+    with pytest.raises(ConfigError, match=r"t.yaml:2.*local, auto or ray://"):
+        RayConfig.from_doc(load_yaml(path).at("ray"))
+    path.write_text("ray:\n  rollout_workers: 0\n")
+    with pytest.raises(ConfigError, match=r"t.yaml:2.*>= 1"):
+        RayConfig.from_doc(load_yaml(path).at("ray"))
+    path.write_text("ray:\n  worker: {num_gpu: 1}\n")
+    with pytest.raises(ConfigError, match="num_gpus"):
+        RayConfig.from_doc(load_yaml(path).at("ray"))
+    path.write_text("ray: {address: 'ray://head:10001', rollout_workers: 3, async: true}\n")
+    cfg = RayConfig.from_doc(load_yaml(path).at("ray"))
+    assert (cfg.address, cfg.rollout_workers, cfg.async_) == ("ray://head:10001", 3, True)
+    assert RayConfig.from_doc(load_yaml(path).at("missing")) is None

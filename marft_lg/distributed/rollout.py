@@ -4,7 +4,9 @@ Each iteration: the workers load the versions the learner serves now (by name fr
 versions' files through the object store), the planned episodes (`plan_episodes`: the same ids and seeds as in one
 process) are dealt out round-robin, and each worker returns its share's trajectories through the object store. A
 worker that dies mid-iteration is replaced and its unfinished share re-runs on the live workers, so the iteration
-holds every planned episode exactly once.
+holds every planned episode exactly once. With `async: true` the trainer `prefetch`es iteration k+1's episodes on
+the versions it serves before it updates on iteration k's (one step off-policy; PPO ratios stay against the
+behaviour log-probs the workers recorded), and each record carries its staleness.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from marft_lg.trajectories.scenarios import Scenario
 
 log = logging.getLogger("marft_lg.distributed")
 WORKER_KEY = "marft.worker"  # episodes.metadata key: the rollout worker that ran the episode
+STALENESS_KEY = "marft.staleness"  # episodes.metadata key: learner updates between its versions and its use
 
 
 class RayCollector:
@@ -45,8 +48,8 @@ class RayCollector:
         self._workers: dict[int, Any] = {}
         self._next_index = 0
         self._loaded: dict[str, str] = {}
-        self._files_sent: set[tuple[str, str]] = set()
         self._owns_cluster = False
+        self._prefetched: tuple[tuple, _Batch] | None = None
 
     # -- the pool -----------------------------------------------------------------------------------------------
     def start(self) -> RayCollector:
@@ -111,39 +114,58 @@ class RayCollector:
         self._loaded = current
 
     # -- one iteration ------------------------------------------------------------------------------------------
+    @property
+    def async_(self) -> bool:
+        """Whether the trainer should `prefetch` the next iteration's episodes before it updates (`async: true`)."""
+        return self.cfg.async_
+
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
+        """This iteration's episodes: the ones `prefetch` started during the previous update (one step
+        off-policy: staleness 1), else run now (staleness 0)."""
+        key = _key(scenarios, k, iteration, seed)
+        if self._prefetched is not None:
+            prefetched_key, batch = self._prefetched
+            self._prefetched = None
+            if prefetched_key == key:
+                return self._gather(batch, staleness=1)
+            log.warning("prefetched episodes were for another iteration; running this one now")
         return self.run(plan_episodes(self.run_id, scenarios, k, iteration, seed))
 
-    def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
-        """The jobs' trajectories in job order, each episode run once on some worker (`episodes.metadata`
-        says which)."""
-        from ray.exceptions import RayActorError
-
+    def prefetch(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> None:
+        """Start iteration `iteration`'s episodes now, on the versions served now; `collect` picks them up."""
         self.start()
         self._sync(list(self._workers))
-        t0 = time.perf_counter()
-        pending: dict[Any, tuple[int, list[EpisodeJob]]] = {}
+        self._prefetched = (_key(scenarios, k, iteration, seed),
+                            self._submit(plan_episodes(self.run_id, scenarios, k, iteration, seed)))
 
-        def submit(share: list[EpisodeJob], index: int) -> None:
-            if share:
-                pending[self._workers[index].run.remote(share)] = (index, share)
+    def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
+        """The jobs' trajectories, each episode run once on some worker (`episodes.metadata` says which)."""
+        self.start()
+        self._sync(list(self._workers))
+        return self._gather(self._submit(jobs), staleness=0)
 
+    def _submit(self, jobs: list[EpisodeJob]) -> _Batch:
+        batch = _Batch(jobs, time.perf_counter())
         indices = list(self._workers)
         for n, index in enumerate(indices):
-            submit(jobs[n::len(indices)], index)
+            batch.submit(self._workers, jobs[n::len(indices)], index)
+        return batch
+
+    def _gather(self, batch: _Batch, *, staleness: int) -> TrajectoryDataset:
+        from ray.exceptions import RayActorError
+
         done: dict[int, TrajectoryDataset] = {}
         per_worker: dict[int, int] = {}
         errors: list[str] = []
-        while pending:
-            ready, _ = self._ray.wait(list(pending), num_returns=1)
-            ref = ready[0]
-            index, share = pending.pop(ref)
+        while batch.pending:
+            ready, _ = self._ray.wait(list(batch.pending), num_returns=1)
+            index, share = batch.pending.pop(ready[0])
             try:
-                worker, dataset, failed = self._ray.get(ref)
+                worker, dataset, failed = self._ray.get(ready[0])
             except RayActorError as exc:
                 live = self._replace(index, exc)
                 for n, i in enumerate(live):  # the dead worker's share, dealt out again
-                    submit(share[n::len(live)], i)
+                    batch.submit(self._workers, share[n::len(live)], i)
                 continue
             done[worker] = _concat([done[worker], dataset]) if worker in done else dataset
             per_worker[worker] = per_worker.get(worker, 0) + len(share)
@@ -151,10 +173,10 @@ class RayCollector:
             if self.progress is not None:
                 self.progress("episodes per worker " + " ".join(f"w{i}:{n}" for i, n in sorted(per_worker.items())))
         self.errors = errors
-        dataset = _ordered(done, [j.episode_id for j in jobs])
+        dataset = _ordered(done, [j.episode_id for j in batch.jobs], staleness)
         self.last_stats = {"rollout_workers": len(self._workers), "workers_replaced": self.replaced,
                            "episodes_per_worker": {str(i): n for i, n in sorted(per_worker.items())},
-                           "ray_rollout_s": round(time.perf_counter() - t0, 3)}
+                           "staleness_mean": float(staleness), "ray_rollout_s": round(time.perf_counter() - batch.t0, 3)}
         return dataset
 
     def _replace(self, index: int, exc: BaseException) -> list[int]:
@@ -169,19 +191,36 @@ class RayCollector:
         return list(self._workers)
 
 
+class _Batch:
+    """An iteration's episodes in flight: object ref -> (worker index, its share of the jobs)."""
+
+    def __init__(self, jobs: list[EpisodeJob], t0: float):
+        self.jobs, self.t0 = jobs, t0
+        self.pending: dict[Any, tuple[int, list[EpisodeJob]]] = {}
+
+    def submit(self, workers: dict[int, Any], share: list[EpisodeJob], index: int) -> None:
+        if share:
+            self.pending[workers[index].run.remote(share)] = (index, share)
+
+
+def _key(scenarios: list[Scenario], k: int, iteration: int, seed: int) -> tuple:
+    return tuple(s.scenario_id for s in scenarios), k, iteration, seed
+
+
 def _concat(parts: list[TrajectoryDataset]) -> TrajectoryDataset:
     return TrajectoryDataset.concat([p for p in parts if len(p.episodes)])
 
 
-def _ordered(by_worker: dict[int, TrajectoryDataset], ids: list[str]) -> TrajectoryDataset:
-    """One dataset of the planned episodes, each tagged with the worker that ran it, in the order one process
-    mines them (by episode id)."""
+def _ordered(by_worker: dict[int, TrajectoryDataset], ids: list[str], staleness: int) -> TrajectoryDataset:
+    """One dataset of the planned episodes, each tagged with the worker that ran it and its staleness (learner
+    updates between the versions that produced it and the update it feeds), in the order one process mines them."""
     tagged = []
     for index, ds in by_worker.items():
         if not len(ds.episodes):
             continue
         episodes = ds.episodes.copy()
-        episodes["metadata"] = [{**(m if isinstance(m, dict) else {}), WORKER_KEY: index} for m in episodes["metadata"]]
+        episodes["metadata"] = [{**(m if isinstance(m, dict) else {}), WORKER_KEY: index, STALENESS_KEY: staleness}
+                                for m in episodes["metadata"]]
         tagged.append(TrajectoryDataset(episodes=episodes, actions=ds.actions))
     merged = _concat(tagged)
     if not len(merged.episodes):

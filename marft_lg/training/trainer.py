@@ -228,9 +228,11 @@ class MARFTTrainer:
                 if deadline is not None and rows and time.perf_counter() + last_s > deadline:
                     break
                 t0 = time.perf_counter()
-                batch = items if scenarios_per_iteration is None else [
-                    items[(it * scenarios_per_iteration + j) % len(items)] for j in range(scenarios_per_iteration)]
-                dataset = collector.collect(batch, self.cfg.group_size, self.iteration, self.cfg.seed)
+                dataset = collector.collect(self._online_batch(items, it, scenarios_per_iteration), self.cfg.group_size,
+                                            self.iteration, self.cfg.seed)
+                if getattr(collector, "async_", False) and it + 1 < iterations:  # the next rollouts overlap the update
+                    collector.prefetch(self._online_batch(items, it + 1, scenarios_per_iteration), self.cfg.group_size,
+                                       self.iteration + 1, self.cfg.seed)
                 rollout_s = time.perf_counter() - t0
                 table, action_rewards = self._scores(dataset, by_id)
                 extra = {"rollout_s": rollout_s, **getattr(collector, "last_stats", {})}  # e.g. episodes per worker
@@ -243,6 +245,13 @@ class MARFTTrainer:
                 advance(row.get("reward_mean"))
         self._finish()
         return rows
+
+    @staticmethod
+    def _online_batch(items: list[Any], it: int, per_iteration: int | None) -> list[Any]:
+        """Iteration `it`'s scenarios: all of them, or the next `per_iteration` (cycling through the list)."""
+        if per_iteration is None:
+            return items
+        return [items[(it * per_iteration + j) % len(items)] for j in range(per_iteration)]
 
     # ---- one iteration ---------------------------------------------------------------------------
     def _iteration(self, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None, *,

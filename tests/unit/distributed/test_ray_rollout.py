@@ -114,15 +114,12 @@ def test_a_worker_without_the_registry_loads_a_version_sent_as_files(tmp_path, t
         worker.close()
 
 
-def test_train_with_a_ray_section_runs_the_online_phase_on_the_workers(cluster, tmp_path, tiny_model_dir):
-    from typer.testing import CliRunner
-
-    from marft_lg.cli import app as cli
-
+def _train_yaml(tmp_path: Path, model: str, *, iterations: int, asynchronous: bool) -> Path:
     (tmp_path / "scenarios.jsonl").write_text("\n".join(json.dumps(
         {"scenario_id": s.scenario_id, "inputs": s.inputs, "split": "train"}) for s in SCENARIOS) + "\n")
-    (tmp_path / "train.yaml").write_text(f"""
-model: {tiny_model_dir}
+    path = tmp_path / "train.yaml"
+    path.write_text(f"""
+model: {model}
 agents: [planner, writer]
 registry: registry
 versions: null
@@ -130,17 +127,48 @@ run_dir: run
 reward: {{weights: {{step_count: -0.05}}}}
 scenarios: scenarios.jsonl
 phases: [online]
-online: {{app: "{APPS}:two_agents", iterations: 2, max_tokens: 6}}
+online: {{app: "{APPS}:two_agents", iterations: {iterations}, max_tokens: 6}}
 marft: {{group_size: 2, ppo_epochs: 1, max_new_tokens: 6}}
-ray: {{address: auto, rollout_workers: 2, worker: {{num_cpus: 1, num_gpus: 0}}, async: false}}
+ray: {{address: auto, rollout_workers: 2, worker: {{num_cpus: 1, num_gpus: 0}}, async: {str(asynchronous).lower()}}}
 """)
-    result = CliRunner().invoke(cli, ["train", "--config", str(tmp_path / "train.yaml")])
+    return path
+
+
+def _train(path: Path) -> list[dict]:
+    from typer.testing import CliRunner
+
+    from marft_lg.cli import app as cli
+
+    result = CliRunner().invoke(cli, ["train", "--config", str(path)])
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    online = [r for r in rows if r.get("phase") == "online"]
+    rows = [json.loads(line) for line in (path.parent / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("phase") == "online"]
+
+
+def test_train_with_a_ray_section_runs_the_online_phase_on_the_workers(cluster, tmp_path, tiny_model_dir):
+    online = _train(_train_yaml(tmp_path, tiny_model_dir, iterations=2, asynchronous=False))
     assert len(online) == 2
     for row in online:
         assert row["rollout_workers"] == 2 and sum(row["episodes_per_worker"].values()) == 8
+        assert row["staleness_mean"] == 0.0 and row["trained_agents"]
+
+
+def test_async_rollouts_overlap_the_update_and_record_their_staleness(cluster, tmp_path, tiny_model_dir):
+    online = _train(_train_yaml(tmp_path, tiny_model_dir, iterations=3, asynchronous=True))
+    assert [r["staleness_mean"] for r in online] == [0.0, 1.0, 1.0]  # after the first, one step off-policy
+    assert all(r["trained_agents"] for r in online) and all(sum(r["episodes_per_worker"].values()) == 8 for r in online)
+
+
+def test_prefetched_episodes_carry_their_staleness(cluster):
+    with RayCollector(RayConfig(address="auto", rollout_workers=2, async_=True), _fixed_spec(), run_id="a") as c:
+        first = c.collect(SCENARIOS, 1, 0, seed=0)
+        c.prefetch(SCENARIOS, 1, 1, seed=0)
+        second = c.collect(SCENARIOS, 1, 1, seed=0)
+        c.prefetch(SCENARIOS, 1, 2, seed=0)
+        third = c.collect(SCENARIOS[:2], 1, 2, seed=0)  # not what was prefetched: run now, nothing stale
+    staleness = lambda ds: {m["marft.staleness"] for m in ds.episodes["metadata"]}  # noqa: E731
+    assert (staleness(first), staleness(second), staleness(third)) == ({0}, {1}, {0})
+    assert len(third.episodes) == 2
 
 
 def test_the_ray_section_is_checked_with_file_and_line(tmp_path):

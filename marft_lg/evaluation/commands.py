@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,33 @@ def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
     return decision
 
 
+@contextmanager
+def _ray_runner(ray: str | None, workers: int, app: str, roles: list[str], model: str, registry: Any, team: Any,
+                node_roles: Any, temperature: float, max_tokens: int) -> Iterator[Any]:
+    """`compare --ray`: rollout workers that build `--app` and the team's engine and replay there (None without)."""
+    if ray is None:
+        yield None
+        return
+    from marft_lg._config import ConfigError, load_yaml
+    from marft_lg.distributed.config import RayConfig
+    from marft_lg.distributed.rollout import RayCollector
+    from marft_lg.distributed.worker import WorkerSpec
+
+    try:
+        if ray.endswith((".yaml", ".yml")) and Path(ray).is_file():
+            cfg = RayConfig.from_doc(load_yaml(ray).at("ray"))
+            if cfg is None:
+                raise ConfigError(f"{ray} has no ray: section")
+        else:
+            cfg = RayConfig(address=ray, rollout_workers=workers)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--ray") from None
+    spec = WorkerSpec(app=app, agents=list(roles), model=model, registry=None if registry is None else str(registry.root),
+                      versions=None, node_roles=node_roles or None, max_tokens=max_tokens, temperature=temperature)
+    with RayCollector(cfg, spec, versions=team.versions, run_id="compare") as collector:
+        yield collector
+
+
 def compare(
     scenarios: Path | None = typer.Option(None, help="Scenario file (JSONL or parquet) to replay through both teams, "
                                           "or a trace directory to sample real inputs from (see --input-keys)."),
@@ -137,6 +166,8 @@ def compare(
     promote_if_passed: bool = typer.Option(False, "--promote", help="Promote the candidate to live when the gate passes."),
     server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
+    ray: str | None = typer.Option(None, "--ray", help="Replay on Ray rollout workers: an address (local, auto, ray://host:port) or a YAML file with a ray: section; --app must then be a factory f(llm) -> graph."),
+    ray_workers: int = typer.Option(2, "--ray-workers", help="Rollout workers with --ray ADDRESS (a ray: section says its own)."),
 ) -> None:
     """Shadow-compare a candidate team against the baseline, gate it, and write the report.
 
@@ -216,8 +247,11 @@ def compare(
     try:
         wrapped = build_app(app_obj, team, out / "traces", node_roles=roles_of_nodes, temperature=temperature,
                             max_tokens=max_tokens)
-        result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
-                                samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift)
+        with _ray_runner(ray, ray_workers, app, roles, model, reg, team, roles_of_nodes, temperature,
+                         max_tokens) as runner:
+            result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
+                                    samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift,
+                                    runner=runner)
         decision = _finish(result, gate_spec, out, console)
         if hasattr(wrapped, "close"):
             wrapped.close()

@@ -126,8 +126,12 @@ def shadow_compare(
     run_id: str | None = None,
     progress: bool = True,
     concurrency: int = 8,
+    runner: Any = None,
 ) -> ComparisonResult:
     """Replay every scenario `samples_per_scenario` times through both version maps and compare.
+
+    `runner` (an object with `run(jobs) -> TrajectoryDataset`, such as `distributed.RayCollector`) runs the replays
+    instead of `app`, e.g. on Ray rollout workers; `app` then only resolves versions (and measures drift).
 
     `app` is a `WrappedGraph` (its `invoke(..., episode_id=, scenario_id=, seed=, versions=)` pins
     adapter versions per call); `baseline`/`candidate` are alias names (``"live"``) or
@@ -159,32 +163,41 @@ def shadow_compare(
                 expected[side][eid] = scen.scenario_id
                 runs.append((scen, j, s, side, versions, eid))
 
+    def metadata(side: str, j: int) -> dict[str, Any]:
+        return {"marft.compare.run": run_id, "marft.compare.side": side, "marft.compare.sample": j}
+
     def replay(scen: Scenario, j: int, s: int, side: str, versions: dict[str, str], eid: str) -> None:
         try:
             app.invoke(scen.inputs, episode_id=eid, scenario_id=scen.scenario_id, seed=s, versions=dict(versions),
-                       metadata={"marft.compare.run": run_id, "marft.compare.side": side,
-                                 "marft.compare.sample": j})
+                       metadata=metadata(side, j))
         except Exception as exc:  # a crash is a result to count, not a reason to stop
             with failures_lock:
                 failures[side] += 1
             logger.warning("shadow compare: %s run of scenario %s (sample %d) failed: %s: %s",
                            side, scen.scenario_id, j, type(exc).__name__, exc)
 
-    # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do
-    # not depend on which runs share a batch.
-    # The replayed episodes are read back from the app's own records when it can hand them over (no trace file is
-    # read), else mined from its trace directory.
-    capture = getattr(app, "capture", None) if collect is None else None
-    with (capture() if capture is not None else nullcontext()) as captured, _progress(progress) as bar, \
-            ThreadPoolExecutor(max(1, concurrency)) as pool:
-        task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
-        for fut in as_completed([pool.submit(replay, *r) for r in runs]):
-            fut.result()
-            if bar is not None:
-                bar.advance(task)
+    if runner is not None:  # one batch of pinned-version episodes, run elsewhere (Ray rollout workers)
+        from marft_lg.graph.collect import EpisodeJob
 
-    if captured is not None:
-        collect = captured.dataset
+        replayed = runner.run([EpisodeJob(scen, eid, s, dict(versions), metadata(side, j))
+                               for scen, j, s, side, versions, eid in runs])
+        for error in getattr(runner, "errors", []):
+            failures["baseline" if error.split(":", 1)[0] in expected["baseline"] else "candidate"] += 1
+        collect = collect or replayed.select
+    else:
+        # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do not depend
+        # on which runs share a batch. The replayed episodes are read back from the app's own records when it can
+        # hand them over (no trace file is read), else mined from its trace directory.
+        capture = getattr(app, "capture", None) if collect is None else None
+        with (capture() if capture is not None else nullcontext()) as captured, _progress(progress) as bar, \
+                ThreadPoolExecutor(max(1, concurrency)) as pool:
+            task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
+            for fut in as_completed([pool.submit(replay, *r) for r in runs]):
+                fut.result()
+                if bar is not None:
+                    bar.advance(task)
+        if captured is not None:
+            collect = captured.dataset
     collect = collect or (lambda ids: mine_app_episodes(app, ids))
     datasets = {}
     for side in ("baseline", "candidate"):

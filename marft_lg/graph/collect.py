@@ -20,12 +20,14 @@ def episode_id(run_id: str, iteration: int, scenario_id: str, j: int) -> str:
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    """One on-policy episode to run: its scenario, id and seed (and, for replays, pinned adapter versions)."""
+    """One episode to run: its scenario, id and seed; for a comparison's replays also pinned adapter versions and
+    run metadata."""
 
     scenario: Scenario
     episode_id: str
     seed: int
     versions: dict[str, str] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 def plan_episodes(run_id: str, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> list[EpisodeJob]:
@@ -70,7 +72,9 @@ class GraphCollector:
 
     def _run_all(self, jobs: list[EpisodeJob]) -> None:
         def run(job: EpisodeJob) -> None:
-            extra = {} if job.versions is None else {"versions": dict(job.versions)}
+            extra: dict[str, Any] = {} if job.versions is None else {"versions": dict(job.versions)}
+            if job.metadata is not None:
+                extra["metadata"] = dict(job.metadata)
             try:
                 self.app.invoke(job.scenario.inputs, episode_id=job.episode_id, scenario_id=job.scenario.scenario_id,
                                 seed=job.seed, **extra)

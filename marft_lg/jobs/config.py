@@ -83,6 +83,9 @@ class RetrainJob:
     """Single-flight lock file (default `<output_dir>/<name>.lock`); put it on storage every runner shares."""
     lock_stale_after_s: float = 600.0
     """A lock held from another host counts as stale when its heartbeat is older than this."""
+    ray: Any = None
+    """The `ray:` section (as in train.yaml): online training and the comparison's replays run on Ray rollout
+    workers (docs/distributed.md). None: everything in the job's process."""
     stages: str = "marft_lg.jobs.stages:LibraryStages"
     """`module:Class` (or `file.py:Class`) implementing the pipeline stages (swap for custom mining/training/evaluation)."""
     config_path: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -178,8 +181,12 @@ class RetrainJob:
         if not isinstance(data, dict):
             raise doc.error(f"a job must be a mapping of settings, got {type(data).__name__}")
         data = {k: (v.isoformat() if isinstance(v, date) else v) for k, v in data.items()}  # YAML reads bare times
-        values = check_fields(cls, data, doc, what="job")
+        values = check_fields(cls, data, doc, what="job", skip=("ray",))
         _check_inline(values, doc)
+        if values.get("ray") is not None:
+            from marft_lg.distributed.config import RayConfig
+
+            values["ray"] = RayConfig.from_doc(doc.at("ray"))
         if base_dir is not None:
             for key in _PATH_FIELDS:
                 value = values.get(key, _default(key))

@@ -6,6 +6,8 @@ Heavy libraries (torch, the Team) are imported and built lazily, once per run, o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,25 @@ class LibraryStages:
         graph = self.app_factory()(TeamChatModel(team=team, **self.job.chat_model))
         return wrap(graph, team=team, trace_dir=str(ctx.run_dir / name), node_roles=self.job.node_roles)
 
+    @contextmanager
+    def runner(self, ctx: RunContext, team: Any, name: str) -> Iterator[Any]:
+        """Ray rollout workers for this stage when the job has a `ray:` section (None otherwise): they build the
+        job's app and engine themselves and serve the versions `team` serves (the registry is shared)."""
+        if self.job.ray is None:
+            yield None
+            return
+        from marft_lg.distributed.rollout import RayCollector
+        from marft_lg.distributed.worker import WorkerSpec
+
+        chat = dict(self.job.chat_model)
+        spec = WorkerSpec(app=str(self.job.app), agents=self.roles(), model=self.job.model,
+                          registry=str(self.registry.root), versions=team.versions(), seed=self.job.seed,
+                          base_dir=None if self.job.base_dir is None else str(self.job.base_dir),
+                          node_roles=self.job.node_roles, max_tokens=int(chat.get("max_tokens", 256)),
+                          temperature=float(chat.get("temperature", 1.0)), trace_dir=str(ctx.run_dir / name))
+        with RayCollector(self.job.ray, spec, versions=team.versions, run_id=f"{ctx.run_id}-{name}") as collector:
+            yield collector
+
     def scenarios(self, split: str | None):
         from marft_lg.trajectories.scenarios import ScenarioSet
 
@@ -139,8 +160,9 @@ class LibraryStages:
             trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id)
             rows = trainer.fit_offline(dataset, scenarios)
             if self.job.online_iterations:
-                rows += trainer.fit_online(self.app(ctx, team, "online_traces"), self.scenarios("train"),
-                                           iterations=self.job.online_iterations)
+                with self.runner(ctx, team, "online_traces") as runner:
+                    rows += trainer.fit_online(runner or self.app(ctx, team, "online_traces"), self.scenarios("train"),
+                                               iterations=self.job.online_iterations)
             trained = {role for row in rows for role in row.get("trained_agents", [])}
             candidate = dict(baseline)
             for role in sorted(trained):
@@ -162,10 +184,11 @@ class LibraryStages:
         gate = self.gate_config()
         team = self.new_team(baseline)
         try:
-            result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
-                                    self.scenarios(self.job.compare_split), self.reward(),
-                                    samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
-                                    run_id=f"{ctx.run_id}-cmp")
+            with self.runner(ctx, team, "shadow_traces") as runner:
+                result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
+                                        self.scenarios(self.job.compare_split), self.reward(),
+                                        samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
+                                        run_id=f"{ctx.run_id}-cmp", runner=runner)
         finally:
             team.close()
         decision = gate.evaluate(result, context={"retrain_run": ctx.run_id})

@@ -188,3 +188,67 @@ def test_the_ray_section_is_checked_with_file_and_line(tmp_path):
     cfg = RayConfig.from_doc(load_yaml(path).at("ray"))
     assert (cfg.address, cfg.rollout_workers, cfg.async_) == ("ray://head:10001", 3, True)
     assert RayConfig.from_doc(load_yaml(path).at("missing")) is None
+
+
+def test_compare_over_ray_equals_the_in_process_compare(cluster):
+    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.graph.chat_model import TeamChatModel
+    from marft_lg.graph.wrap import wrap
+    from marft_lg.loading import load_object
+    from marft_lg.rewards.composite import CompositeReward
+
+    spec = _fixed_spec()
+    engine = load_object(spec.engine)(spec)
+    app = wrap(load_object(spec.app)(TeamChatModel(team=engine)), team=engine, trace_dir=tempfile.mkdtemp())
+    reward = CompositeReward.from_yaml({"weights": {"task_completion": 1.0},
+                                        "components": {"task_completion": {"match": "contains"}}})
+    scenarios = [Scenario(f"s{i}", {"msgs": [f"question {i}"]}, reference=c) for i, c in enumerate("abcdef")]
+    kwargs = dict(baseline={"planner": "v1", "writer": "v1"}, candidate={"planner": "v2"}, scenarios=scenarios,
+                  reward=reward, samples_per_scenario=2, seed=3, drift=False, progress=False, run_id="cmp")
+    local = shadow_compare(app, **kwargs)
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="unused") as runner:
+        remote = shadow_compare(app, runner=runner, **kwargs)
+    assert remote.n_pairs == local.n_pairs == 6  # a unit per scenario (its samples averaged)
+    assert (remote.team.mean, remote.team.low, remote.team.high) == (local.team.mean, local.team.low, local.team.high)
+    for side in ("baseline", "candidate"):
+        a = getattr(local, side).episodes.sort_values("episode_id").reset_index(drop=True)
+        b = getattr(remote, side).episodes.sort_values("episode_id").reset_index(drop=True)
+        assert a["episode_id"].tolist() == b["episode_id"].tolist()
+        assert a["reward"].tolist() == b["reward"].tolist()
+    versions = set(remote.candidate.episodes["episode_id"])
+    assert versions and remote.meta["candidate"] == {"planner": "v2", "writer": "v1"}
+
+
+def test_compare_cli_replays_on_ray_workers(cluster, tmp_path, tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from marft_lg.cli import app as cli
+
+    (tmp_path / "scenarios.jsonl").write_text("\n".join(json.dumps(
+        {"scenario_id": s.scenario_id, "inputs": s.inputs, "reference": "a"}) for s in SCENARIOS) + "\n")
+    (tmp_path / "reward.yaml").write_text("weights: {task_completion: 1.0}\ncomponents: {task_completion: {match: contains}}\n")
+    (tmp_path / "ray.yaml").write_text("ray: {address: auto, rollout_workers: 2}\n")
+    result = CliRunner().invoke(cli, [
+        "compare", "--scenarios", str(tmp_path / "scenarios.jsonl"), "--app", f"{APPS}:two_agents",
+        "--reward", str(tmp_path / "reward.yaml"), "--model", tiny_model_dir, "--agents", "planner,writer",
+        "--baseline", "planner=init,writer=init", "--candidate", "planner=init", "--max-tokens", "4", "--no-drift",
+        "--ray", str(tmp_path / "ray.yaml"), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    units = json.loads((tmp_path / "cmp" / "decision.json").read_text())
+    assert units  # the gate decided on the replays the workers ran
+    assert (tmp_path / "cmp" / "report.md").exists()
+
+
+def test_a_job_yaml_takes_the_same_ray_section(tmp_path):
+    from marft_lg._config import ConfigError
+    from marft_lg.jobs.config import RetrainJob
+
+    job = tmp_path / "job.yaml"
+    job.write_text("app: app.py:build\nray: {address: auto, rollout_workers: 3, async: true}\n")
+    cfg = RetrainJob.from_yaml(job).ray
+    assert isinstance(cfg, RayConfig) and (cfg.rollout_workers, cfg.async_) == (3, True)
+    job.write_text("app: app.py:build\nray:\n  rollout_workers: -1\n")
+    with pytest.raises(ConfigError, match=r"job.yaml:3"):
+        RetrainJob.from_yaml(job)
+    job.write_text("app: app.py:build\n")
+    assert RetrainJob.from_yaml(job).ray is None

@@ -1,0 +1,84 @@
+"""`marft-lg mine` (registered in marft_lg/cli.py): trajectories' mining, here or on a Ray cluster (`--ray`), which
+is why it lives in the layer that may import both. Keep top-level imports light."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def mine(
+    paths: list[str] = typer.Argument(..., help="Trace files (.jsonl, .jsonl.gz), directories or globs."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for episodes.parquet and actions.parquet."),
+    since: str | None = typer.Option(None, "--since", help="Only episodes that ended after this ISO-8601 time."),
+    quarantine: Path | None = typer.Option(
+        None, "--quarantine", help="JSONL file receiving every unusable line/span with its reason and file:line."),
+    max_attribute_mb: float = typer.Option(8.0, "--max-attribute-mb", help="Larger attribute values quarantine their span."),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1,
+        help="Worker processes, or Ray actors with --ray (default: one per usable core for inputs over 64 MB, else 1;"
+             " with --ray the cluster's CPUs, at most 8)."),
+    ray: str | None = typer.Option(
+        None, "--ray", metavar="ADDRESS",
+        help="Mine on a Ray cluster: local, auto or ray://host:port. The files must be readable at the same paths on"
+             " every node (a shared filesystem)."),
+) -> None:
+    """Mine OpenTelemetry traces (marft_lg, OpenInference, OpenLLMetry, GenAI semconv) into trajectories."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from marft_lg.distributed.mining import mine_to_parquet
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+    from marft_lg.trajectories.quarantine import REASONS
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        with Progress(TextColumn("mining"), BarColumn(), TextColumn("{task.completed:,} spans"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("mine", total=None)
+            report = mine_to_parquet(
+                paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
+                progress=lambda n: bar.update(task, completed=n), workers=workers, ray=ray)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]marft-lg mine: {exc}[/red]")
+        raise typer.Exit(2) from exc
+
+    out_console = Console()
+    table = Table(title=f"mined {report.files} file(s), {report.spans_read:,} spans")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("episodes", f"{report.episodes:,}")
+    table.add_row("actions", f"{report.actions:,}")
+    for agent, n in report.actions_per_agent.items():
+        table.add_row(f"  actions by {agent}", f"{n:,}")
+    table.add_row("spans kept", f"{report.spans_kept:,}")
+    for fmt, n in report.formats.items():
+        table.add_row(f"  format {fmt}", f"{n:,}")
+    if report.repaired_parents:
+        table.add_row("parents repaired (orphans re-attached)", f"{report.repaired_parents:,}")
+    if report.non_utf8_lines:
+        table.add_row("lines with non-UTF-8 bytes (replaced by U+FFFD)", f"{report.non_utf8_lines:,}", style="yellow")
+    if report.episodes_before_since:
+        table.add_row("episodes before --since (skipped)", f"{report.episodes_before_since:,}")
+    if report.files_before_since:
+        table.add_row("files written before --since (not read)", f"{report.files_before_since:,}")
+    table.add_row("spans/lines quarantined", f"{report.quarantined_total:,}")
+    for reason, n in report.quarantined.items():
+        table.add_row(f"  {reason}", f"{n:,}", style="yellow")
+    out_console.print(table)
+    for reason in report.quarantined:
+        out_console.print(f"  [yellow]{reason}[/yellow]: {REASONS.get(reason, '')}")
+    if report.quarantined_total and quarantine is None:
+        out_console.print("[yellow]pass --quarantine FILE to keep the quarantined input for inspection[/yellow]")
+
+    if report.episodes == 0 and (report.episodes_before_since or report.files_before_since):
+        out_console.print(f"no episode ended after --since {since}; writing empty tables")
+        TrajectoryDataset().to_parquet(out)
+    elif report.episodes == 0:
+        console.print(f"[red]marft-lg mine: nothing usable in {', '.join(paths)}: no episode with an LLM call"
+                      f" ({report.spans_read:,} spans read, {report.quarantined_total:,} quarantined)."
+                      " Are these OTLP/JSON trace lines from an instrumented LangGraph/LangChain app?[/red]")
+        raise typer.Exit(1)
+    out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")

@@ -14,10 +14,12 @@ _ADDRESS = re.compile(r"^(local|auto|ray://[^\s:/]+(:\d+)?|[^\s:/]+:\d+)$")
 
 @dataclass
 class WorkerResources:
-    """What one rollout worker reserves on the cluster (its engine runs inside it)."""
+    """What one rollout worker reserves on the cluster, and its engine: `hf` (the embedded transformers engine, in
+    the worker) or `vllm` (a vLLM server the worker starts and stops)."""
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    engine: str = "hf"
 
 
 @dataclass
@@ -45,6 +47,8 @@ class RayConfig:
             self.worker = WorkerResources(**self.worker)
         if self.worker.num_cpus < 0 or self.worker.num_gpus < 0:
             raise ConfigError("worker num_cpus and num_gpus must be >= 0", key=("worker",))
+        if self.worker.engine not in ("hf", "vllm"):
+            raise ConfigError(f"worker engine {self.worker.engine!r}: use hf or vllm", key=("worker", "engine"))
 
     @classmethod
     def from_doc(cls, doc: YamlDoc) -> RayConfig | None:

@@ -12,6 +12,7 @@ behaviour log-probs the workers recorded), and each record carries its staleness
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ class RayCollector:
 
     def __init__(self, cfg: RayConfig, spec: WorkerSpec, *, versions: Callable[[], dict[str, str]] | None = None,
                  run_id: str = "ray"):
+        if spec.engine is None and cfg.worker.engine != spec.serving:  # the ray: section names the workers' engine
+            spec = dataclasses.replace(spec, serving=cfg.worker.engine)
         self.cfg, self.spec, self.run_id = cfg, spec, run_id
         self.versions = versions
         self.progress: Callable[[str], None] | None = None

@@ -41,6 +41,8 @@ class WorkerSpec:
     concurrency: int = 8
     trace_dir: str | None = None
     engine: str | None = None
+    serving: str = "hf"
+    """The `Team` engine: `hf` (embedded transformers) or `vllm` (a vLLM server the worker starts)."""
     engine_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,8 +66,8 @@ class RolloutWorker:
             from marft_lg.serving.team import Team
 
             versions = spec.versions if spec.shared_registry else None  # a private registry starts empty
-            self.team = Team(spec.model, spec.agents, registry=registry, versions=versions, seed=spec.seed,
-                             engine_options=spec.engine_options or None)
+            self.team = Team(spec.model, spec.agents, engine=spec.serving, registry=registry, versions=versions,
+                             seed=spec.seed, engine_options=spec.engine_options or None)
         llm = TeamChatModel(team=self.team, max_tokens=spec.max_tokens, temperature=spec.temperature)
         trace_dir = Path(spec.trace_dir) / f"worker-{index}" if spec.trace_dir else self._scratch / "traces"
         self.app = wrap(build(llm), team=self.team, trace_dir=trace_dir, node_roles=spec.node_roles)

@@ -184,6 +184,13 @@ def test_the_ray_section_is_checked_with_file_and_line(tmp_path):
     path.write_text("ray:\n  worker: {num_gpu: 1}\n")
     with pytest.raises(ConfigError, match="num_gpus"):
         RayConfig.from_doc(load_yaml(path).at("ray"))
+    path.write_text("ray:\n  worker: {engine: sglang}\n")
+    with pytest.raises(ConfigError, match=r"t.yaml:2.*hf or vllm"):
+        RayConfig.from_doc(load_yaml(path).at("ray"))
+    path.write_text("ray: {worker: {num_gpus: 1, engine: vllm}}\n")
+    cfg = RayConfig.from_doc(load_yaml(path).at("ray"))
+    spec = RayCollector(cfg, WorkerSpec(app="a.py:f", agents=AGENTS)).spec
+    assert (cfg.worker.engine, spec.serving) == ("vllm", "vllm")  # the workers start a vLLM server each
     path.write_text("ray: {address: 'ray://head:10001', rollout_workers: 3, async: true}\n")
     cfg = RayConfig.from_doc(load_yaml(path).at("ray"))
     assert (cfg.address, cfg.rollout_workers, cfg.async_) == ("ray://head:10001", 3, True)

@@ -20,7 +20,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("serve", "marft_lg.serving.commands", "serve"),
     ("adapters", "marft_lg.serving.commands", "adapters"),
     ("run", "marft_lg.graph.commands", "run"),
-    ("mine", "marft_lg.trajectories.commands", "mine"),
+    ("mine", "marft_lg.distributed.commands", "mine"),
     ("score", "marft_lg.rewards.commands", "score"),
     ("train", "marft_lg.training.commands", "train"),
     ("compare", "marft_lg.evaluation.commands", "compare"),

@@ -26,6 +26,7 @@ def mine(
 ) -> None:
     """Mine OpenTelemetry traces (marft_lg, OpenInference, OpenLLMetry, GenAI semconv) into trajectories."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -42,7 +43,7 @@ def mine(
                 paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
                 progress=lambda n: bar.update(task, completed=n), workers=workers, ray=ray)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]marft-lg mine: {exc}[/red]")
+        console.print(f"[red]marft-lg mine: {escape(str(exc))}[/red]")  # "marft_lg[ray]" is not markup
         raise typer.Exit(2) from exc
 
     out_console = Console()

@@ -15,7 +15,10 @@ filesystem): the driver plans the ranges and numbers their lines, the actors rea
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -74,7 +77,8 @@ def on_ray(ray: RayLike, workers: int | None) -> Iterator[dict[str, Any]]:
     try:
         cpus = int(rt.cluster_resources().get("CPU", 1))
         n = workers or max(1, min(MAX_RAY_WORKERS, cpus))
-        yield {"workers": n, "executor": RayExecutor(rt, num_cpus=min(1.0, max(cpus, 1) / n))}
+        share = math.floor(max(cpus, 1) / n * 10_000) / 10_000  # Ray counts CPUs to 4 decimals: n shares fit
+        yield {"workers": n, "executor": RayExecutor(rt, num_cpus=min(1.0, share))}
     finally:
         if owned:
             rt.shutdown()
@@ -113,7 +117,17 @@ class _MiningActor:
         self._read = n
 
     def handle(self, cmd: str, arg: Any = None) -> Iterator[Any]:
+        if cmd == "parse":
+            self._check_files()
         yield from self._worker.handle(cmd, arg)
+
+    def _check_files(self) -> None:
+        """Fail loudly when a file is not where the driver saw it (one process would quarantine it as unreadable,
+        which here would quietly drop this node's share of the input)."""
+        for path in dict.fromkeys(r.path for r in self._worker.ranges):
+            if not os.access(path, os.R_OK):
+                raise FileNotFoundError(f"{path} is not readable on the Ray node {socket.gethostname()}: mining over Ray"
+                                        " needs the files at the same paths on every node (a shared filesystem)")
 
     def spans_read(self) -> int:
         return self._read

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining wo
     import pandas as pd
 
     from marft_lg.trajectories.dataset import TrajectoryDataset
+    from marft_lg.trajectories.parallel import RangeExecutor
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
@@ -73,21 +74,24 @@ class MiningReport:
 
 
 def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
-         max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES, workers: int | None = None) -> TrajectoryDataset:
+         max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES, workers: int | None = None,
+         executor: RangeExecutor | None = None) -> TrajectoryDataset:
     """Mine trace files, directories or globs into a `TrajectoryDataset`.
 
     `since` keeps only episodes that ended after it (a watermark); `quarantine` is a JSONL file
     that receives every line or span that could not be used, with its reason and `file:line`.
     `workers` processes share the work (default: one per core for inputs over 64 MB, else 1).
+    `executor` runs those workers elsewhere (see `parallel.RangeExecutor`; `marft_lg.distributed.mining.mine` passes
+    Ray actors): then the input is always cut into `workers` ranges, whatever its size.
     """
     return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes,
-                            workers=workers)[0]
+                            workers=workers, executor=executor)[0]
 
 
 def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
-                     progress: Callable[[int], None] | None = None,
-                     workers: int | None = None) -> tuple[TrajectoryDataset, MiningReport]:
+                     progress: Callable[[int], None] | None = None, workers: int | None = None,
+                     executor: RangeExecutor | None = None) -> tuple[TrajectoryDataset, MiningReport]:
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far. `paths` may
     also be a `RawSpans` list of spans already in memory (`mine_spans`)."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
@@ -95,7 +99,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or flat columns)
     with gc_paused():
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=20_000):
+                                   chunk_actions=20_000, executor=executor):
             episode_rows.extend(rows)
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
@@ -116,16 +120,16 @@ def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None)
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
                     quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                     progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000,
-                    workers: int | None = None) -> MiningReport:
+                    workers: int | None = None, executor: RangeExecutor | None = None) -> MiningReport:
     """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
     dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
-    Nothing is written when no episode was mined."""
+    Nothing is written when no episode was mined. `workers` and `executor` as in `mine`."""
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     with gc_paused(), DatasetParquetWriter(out) as writer:
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=chunk_actions, writer=writer):
+                                   chunk_actions=chunk_actions, writer=writer, executor=executor):
             writer.write(rows, cols)
         if report.episodes == 0:
             writer.abort()
@@ -148,10 +152,12 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
 
 def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None, max_attribute_bytes: int,
              progress: Callable[[int], None] | None, report: MiningReport, *, workers: int | None, chunk_actions: int,
-             writer: DatasetParquetWriter | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+             writer: DatasetParquetWriter | None = None,
+             executor: RangeExecutor | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """(episode rows, action columns) batches, token columns as `TokenColumn`s; fills `report` at the end.
     With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
-    as well: the first worker's as they arrive, the others' as parquet parts appended at the end."""
+    as well: the first worker's as they arrive, the others' as parquet parts appended at the end. With `executor`
+    the ranges are mined by its workers, also when there is only one."""
     watermark = _watermark(since)
     if isinstance(paths, RawSpans):
         yield from _local_batches(paths, watermark, quarantine, max_attribute_bytes, progress, report,
@@ -160,13 +166,13 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     files = _fresh_files(trace_files(paths), watermark, report)
     n_workers = _worker_count(files, workers)
     groups = []
-    if n_workers > 1:
+    if n_workers > 1 or executor is not None:
         from marft_lg.trajectories.parallel import plan_ranges
 
         groups = plan_ranges(files, n_workers, count_lines=False)  # counted once the first worker runs
-    if len(groups) > 1:
+    if len(groups) > 1 or (groups and executor is not None):
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
-                                     chunk_actions=chunk_actions, writer=writer)
+                                     chunk_actions=chunk_actions, writer=writer, executor=executor)
         return
     yield from _local_batches([FileRange(f) for f in files], watermark, quarantine, max_attribute_bytes, progress,
                               report, chunk_actions=chunk_actions, share_strings=writer is None)
@@ -213,11 +219,12 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
 
 def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                       progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
-                      writer: DatasetParquetWriter | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                      writer: DatasetParquetWriter | None,
+                      executor: RangeExecutor | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
     from marft_lg.trajectories.parallel import ParallelRun
 
     run = ParallelRun(groups, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes, watermark=watermark,
-                      chunk_actions=chunk_actions, progress=progress, writer=writer)
+                      chunk_actions=chunk_actions, progress=progress, writer=writer, executor=executor)
     try:
         run.start()
         if writer is None:  # mine() builds DataFrames at the end: pandas loads now, beside the reading workers

@@ -15,6 +15,10 @@
 The tables are the same as a one-process run's: same spans, same episode keys, same assembly code.
 Quarantine records are the same too; only their order in the file differs (workers' in input order, then
 the parent's). Workers are forked from a single-threaded caller, spawned otherwise (see `_start_method`).
+
+The worker role is `RangeWorker` (commands in, replies out) and the parent's is `ParallelRun`; what carries the
+messages is a `RangeExecutor`: worker processes and pipes here (`ProcessExecutor`), Ray actors and the object store
+in `marft_lg.distributed.mining`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
@@ -149,67 +153,110 @@ def _start_method() -> str:
 # --- worker side ---------------------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, qpath: str | None,
-                 counter: Any) -> None:
-    try:
-        with gc_paused():  # a spawned worker does not inherit the caller's paused collector
-            _work(conn, ranges, max_attribute_bytes, qpath, counter)
-    except BaseException:  # report, do not hang the parent
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
+def rows_file(index: int) -> str:
+    """The name of worker `index`'s rows file (`mine`), in its `tmp` directory."""
+    return f"worker-{index}.rows"
 
 
-def _work(conn: Connection, ranges: list[FileRange], max_attribute_bytes: int, qpath: str | None, counter: Any) -> None:
-    def progress(n: int) -> None:
-        counter.value = n
+def quarantine_file(index: int) -> str:
+    """The name of worker `index`'s quarantine records, in its `tmp` directory."""
+    return f"quarantine-{index}.jsonl"
 
-    with Quarantine(qpath) as q:
+
+class RangeWorker:
+    """The worker role of a run, whatever carries its messages (a pipe from a worker process here, Ray's object
+    store from an actor in `marft_lg.distributed.mining`): `handle(cmd, arg)` yields the replies to one command.
+
+    - ``parse``: read and interpret the ranges; one reply ("parsed", episode key per trace, feedback spans per
+      trace, stats, spans per format, spans kept). The spans stay here.
+    - ``ship`` (trace ids): one reply, the spans of those traces in read order (they leave this worker).
+    - ``assemble`` (episodes as trace ids, their feedback, watermark, chunk_actions, to_file): assemble the episodes;
+      with `to_file` the batches go to `tmp`/`rows_file(index)` (for `mine`), else each is a reply ("batch",
+      episode columns, action columns) ready for parquet; then ("done", stats, episodes seen, quarantine counts,
+      actions per agent). The last command.
+
+    Quarantine records go to `tmp`/`quarantine_file(index)` when `quarantine` is set.
+    """
+
+    def __init__(self, index: int, ranges: list[FileRange], max_attribute_bytes: int, tmp: str | Path,
+                 quarantine: bool, progress: Callable[[int], None] | None = None):
+        self.index, self.ranges, self.max_attribute_bytes = index, ranges, max_attribute_bytes
+        self.tmp, self.progress = Path(tmp), progress
+        self.q = Quarantine(self.tmp / quarantine_file(index) if quarantine else None)
+        self.by_trace: dict[str, list[SpanInfo]] = {}
+        self.feedback: dict[str, list[SpanInfo]] = defaultdict(list)
+
+    def handle(self, cmd: str, arg: Any = None) -> Iterator[Any]:
+        if cmd == "parse":
+            yield self._parse()
+        elif cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them
+            yield [s for t in arg for s in (*self.by_trace.pop(t, ()), *self.feedback.pop(t, ()))]
+        elif cmd == "assemble":
+            yield from self._assemble(*arg)
+        else:
+            raise ValueError(f"unknown mining command {cmd!r}")
+
+    def _parse(self) -> tuple:
         stats: dict[str, int] = {}
         formats: Counter[str] = Counter()
-        traces = read_traces(ranges, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                             progress=progress)
+        traces = read_traces(self.ranges, self.q, max_attribute_bytes=self.max_attribute_bytes, stats=stats,
+                             formats=formats, progress=self.progress)
         kept = 0
-        by_trace: dict[str, list[SpanInfo]] = {}
-        feedback: dict[str, list[SpanInfo]] = defaultdict(list)
         for t in list(traces):
             members = traces.pop(t)
             kept += len(members)
             spans = [s for s in members.values() if s.kind != FEEDBACK]
             if len(spans) < len(members):
-                feedback[t] = [s for s in members.values() if s.kind == FEEDBACK]
+                self.feedback[t] = [s for s in members.values() if s.kind == FEEDBACK]
             if spans:
-                by_trace[t] = spans
+                self.by_trace[t] = spans
         del traces
         # the episode key of each trace (no feedback span here); used for the traces no other worker read
-        keys = {t: episode_key(spans) for t, spans in by_trace.items()}
-        conn.send(("parsed", keys, feedback, stats, dict(formats), kept))
-        del keys
-        while True:
-            cmd, arg = conn.recv()
-            if cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them
-                conn.send([s for t in arg for s in (*by_trace.pop(t, ()), *feedback.pop(t, ()))])
-            elif cmd == "assemble":
-                episode_traces, fb_index, watermark, chunk_actions, part_dir = arg
-                episodes = {key: [s for t in tids for s in by_trace.pop(t)] for key, tids in episode_traces.items()}
-                by_trace.clear()
-                feedback.clear()
-                st: dict[str, int] = {}
-                seen: set[str] = set()
-                agents: Counter[str] = Counter()
-                batches = assemble_batches(episodes, q, st, fb_index, watermark, seen, chunk_actions, agents,
-                                           share_strings=part_dir.endswith(".rows"))
-                if part_dir.endswith(".rows"):  # mine(): rows wait on disk until every worker has exited
-                    with open(part_dir, "wb") as fh:
-                        for rows, cols in batches:
-                            _dump_batch(fh, rows, flatten(cols))
-                else:  # mine_to_parquet(): the parent writes the parquet part, so no worker loads pyarrow
-                    for rows, cols in batches:
-                        conn.send(("batch", *table_columns(rows, flatten(cols))))
-                        del rows, cols
-                q.close()
-                conn.send(("done", st, seen, dict(q.counts), dict(agents)))
-                return
+        keys = {t: episode_key(spans) for t, spans in self.by_trace.items()}
+        return "parsed", keys, dict(self.feedback), stats, dict(formats), kept
+
+    def _assemble(self, episode_traces: dict[str, list[str]], fb_index: dict[str, dict[str, Any]],
+                  watermark: int | None, chunk_actions: int, to_file: bool) -> Iterator[tuple]:
+        episodes = {key: [s for t in tids for s in self.by_trace.pop(t)] for key, tids in episode_traces.items()}
+        self.by_trace.clear()
+        self.feedback.clear()
+        st: dict[str, int] = {}
+        seen: set[str] = set()
+        agents: Counter[str] = Counter()
+        batches = assemble_batches(episodes, self.q, st, fb_index, watermark, seen, chunk_actions, agents,
+                                   share_strings=to_file)
+        if to_file:  # mine(): rows wait on disk until the worker's spans are gone
+            with (self.tmp / rows_file(self.index)).open("wb") as fh:
+                for rows, cols in batches:
+                    _dump_batch(fh, rows, flatten(cols))
+        else:  # mine_to_parquet(): the parent writes the parquet part, so no worker loads pyarrow
+            for rows, cols in batches:
+                yield ("batch", *table_columns(rows, flatten(cols)))
+                del rows, cols
+        self.q.close()
+        yield "done", st, seen, dict(self.q.counts), dict(agents)
+
+
+def _worker_main(conn: Connection, index: int, ranges: list[FileRange], max_attribute_bytes: int, tmp: str,
+                 quarantine: bool, counter: Any) -> None:
+    """A worker process: answers the parent's commands on `conn` until it has assembled (see `RangeWorker`)."""
+    def progress(n: int) -> None:
+        counter.value = n
+
+    try:
+        with gc_paused():  # a spawned worker does not inherit the caller's paused collector
+            worker = RangeWorker(index, ranges, max_attribute_bytes, tmp, quarantine, progress)
+            cmd = ""
+            while cmd != "assemble":
+                cmd, arg = conn.recv()
+                for msg in worker.handle(cmd, arg):
+                    conn.send(msg)
+                    del msg  # the parsed keys or a batch: not kept while waiting for the next command
+                del arg
+    except BaseException:  # report, do not hang the parent
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
 
 
 def _dump_batch(fh: Any, rows: list[dict], cols: dict[str, Any]) -> None:
@@ -238,15 +285,105 @@ def _load_batch(fh: Any) -> tuple[list[dict], dict[str, Any]]:
 # --- parent side ---------------------------------------------------------------------------------
 
 
+class Channel(Protocol):
+    """The parent's end of one worker (a `RangeWorker`, wherever it runs)."""
+
+    def send(self, cmd: str, arg: Any = None) -> None:
+        """Give the worker its next command."""
+
+    def recv(self) -> Any:
+        """The next reply to the current command; RuntimeError when the worker failed or is gone."""
+
+    def spans_read(self) -> int:
+        """Spans the worker has read so far (progress; may lag)."""
+
+    def release(self, names: list[str], tmp: Path) -> None:
+        """The worker has answered its last command: put its files `names` (those that exist) into `tmp`, then let
+        it go (its memory is free before the parent loads the rows)."""
+
+    def close(self) -> None:
+        """Stop the worker if it still runs (also after an error)."""
+
+
+class RangeExecutor(Protocol):
+    """Where the workers of a run live: worker processes on this machine (`ProcessExecutor`, the default) or, from
+    `marft_lg.distributed.mining`, Ray actors. Every worker reads the files at the paths this process sees."""
+
+    def start(self, index: int, ranges: list[FileRange], *, max_attribute_bytes: int, tmp: Path,
+              quarantine: bool) -> Channel:
+        """Start worker `index` on `ranges`; it writes its files (see `RangeWorker`) to `tmp` or to its own
+        directory, which `Channel.release` copies into `tmp`."""
+
+    def wait(self, channels: list[Channel], timeout: float | None) -> list[Channel]:
+        """Those of `channels` with a reply ready (none after `timeout` seconds; None waits for one)."""
+
+
+class ProcessExecutor:
+    """One worker process per range group with a pipe each, forked from a single-threaded caller and spawned
+    otherwise (see `_start_method`); workers write their files straight into the parent's `tmp`."""
+
+    def __init__(self) -> None:
+        self._ctx: Any = None
+
+    def start(self, index: int, ranges: list[FileRange], *, max_attribute_bytes: int, tmp: Path,
+              quarantine: bool) -> _ProcessChannel:
+        if self._ctx is None:
+            self._ctx = mp.get_context(_start_method())
+        counter = self._ctx.Value("q", 0, lock=False)
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, name=f"marft-mine-{index}", daemon=True,
+                                 args=(child, index, ranges, max_attribute_bytes, str(tmp), quarantine, counter))
+        proc.start()
+        child.close()
+        return _ProcessChannel(index, proc, parent, counter)
+
+    def wait(self, channels: list[Channel], timeout: float | None) -> list[Channel]:
+        ready = wait([c.conn for c in channels], timeout=timeout)  # type: ignore[attr-defined]
+        return [c for c in channels if c.conn in ready]  # type: ignore[attr-defined]
+
+
+class _ProcessChannel:
+    def __init__(self, index: int, proc: Any, conn: Connection, counter: Any):
+        self.index, self.proc, self.conn, self.counter = index, proc, conn, counter
+
+    def send(self, cmd: str, arg: Any = None) -> None:
+        self.conn.send((cmd, arg))
+
+    def recv(self) -> Any:
+        try:
+            msg = self.conn.recv()
+        except EOFError as exc:
+            raise RuntimeError(f"mining worker {self.index} exited unexpectedly (exit code {self.proc.exitcode}); "
+                               "out of memory? try workers=1") from exc
+        if isinstance(msg, tuple) and msg and msg[0] == "error":
+            raise RuntimeError(f"mining worker {self.index} failed:\n{msg[1]}")
+        return msg
+
+    def spans_read(self) -> int:
+        return self.counter.value
+
+    def release(self, names: list[str], tmp: Path) -> None:
+        self.proc.join()  # its files are in `tmp` already
+
+    def close(self) -> None:
+        self.conn.close()  # a worker waiting for a command sees the end of the pipe and exits
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+
+
 class ParallelRun:
-    """One multi-process mining run; `batches()` yields what `assemble_batches` would, and fills the tallies."""
+    """One mining run over range workers (`executor`: processes by default); `batches()` yields what
+    `assemble_batches` would, and fills the tallies."""
 
     def __init__(self, groups: list[list[FileRange]], *, quarantine: str | Path | None, max_attribute_bytes: int,
                  watermark: int | None, chunk_actions: int, progress: Callable[[int], None] | None,
-                 writer: Any = None):
+                 writer: Any = None, executor: RangeExecutor | None = None):
         self.groups, self.max_attribute_bytes = groups, max_attribute_bytes
         self.writer, self.parquet = writer, writer is not None
         self.watermark, self.chunk_actions, self.progress = watermark, chunk_actions, progress
+        self.executor: RangeExecutor = executor if executor is not None else ProcessExecutor()
         self.quarantine_path = Path(quarantine) if quarantine is not None else None
         self._tmp = Path(tempfile.mkdtemp(prefix="marft-mine-"))
         # the parent's own records (cross-worker duplicates, feedback, cross-worker episodes) go after the workers'
@@ -257,66 +394,42 @@ class ParallelRun:
         self.seen: set[str] = set()
         self.agents: Counter[str] = Counter()
         self.feedback_spans: list[SpanInfo] = []
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
+        self._workers: list[Channel] = []
 
     # lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start one worker per group; the line numbers of the later groups (when planned without counting) are
         counted while the first worker already reads."""
-        ctx = mp.get_context(_start_method())
-        self._counters = [ctx.Value("q", 0, lock=False) for _ in self.groups]
         for i in range(len(self.groups)):
             if i == 1:
                 self.groups = number_lines(self.groups)
-            group = self.groups[i]
-            parent, child = ctx.Pipe()
-            qpath = str(self._tmp / f"quarantine-{i}.jsonl") if self.quarantine_path is not None else None
-            p = ctx.Process(target=_worker_main, args=(child, group, self.max_attribute_bytes, qpath, self._counters[i]),
-                            name=f"marft-mine-{i}", daemon=True)
-            p.start()
-            child.close()
-            self._procs.append(p)
-            self._conns.append(parent)
+            worker = self.executor.start(i, self.groups[i], max_attribute_bytes=self.max_attribute_bytes,
+                                         tmp=self._tmp, quarantine=self.quarantine_path is not None)
+            self._workers.append(worker)
+            worker.send("parse")
 
     def close(self) -> None:
         self.q.close()
-        for c in self._conns:
-            c.close()
-        for p in self._procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        for w in self._workers:
+            w.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def _recv(self, i: int) -> Any:
-        try:
-            msg = self._conns[i].recv()
-        except EOFError as exc:
-            raise RuntimeError(f"mining worker {i} exited unexpectedly (exit code {self._procs[i].exitcode}); "
-                               "out of memory? try workers=1") from exc
-        if isinstance(msg, tuple) and msg and msg[0] == "error":
-            raise RuntimeError(f"mining worker {i} failed:\n{msg[1]}")
-        return msg
 
     # the run --------------------------------------------------------------------------------------
     def parse(self) -> None:
         """Phases 1-2: workers read; the parent merges shared traces and decides every trace's episode."""
-        pending = set(range(len(self._conns)))
+        pending = list(self._workers)
         parsed: dict[int, tuple] = {}
         while pending:
-            ready = wait([self._conns[i] for i in pending], timeout=0.5)
+            ready = self.executor.wait(pending, 0.5)
             if self.progress is not None:
-                self.progress(sum(c.value for c in self._counters))
-            for conn in ready:
-                i = self._conns.index(conn)
-                parsed[i] = self._recv(i)
-                pending.discard(i)
+                self.progress(sum(w.spans_read() for w in self._workers))
+            for w in ready:
+                parsed[self._workers.index(w)] = w.recv()
+                pending.remove(w)
         keys_by_worker: list[dict[str, str]] = []
         fb_by_worker: list[dict[str, list[SpanInfo]]] = []
         readers: Counter[str] = Counter()  # trace id -> how many workers read it
-        for i in range(len(self._conns)):
+        for i in range(len(self._workers)):
             _, keys, feedback, stats, formats, kept = parsed.pop(i)
             keys_by_worker.append(keys)
             readers.update(keys.keys() | feedback.keys())
@@ -346,7 +459,7 @@ class ParallelRun:
         episodes: dict[str, list[str]] = defaultdict(list)
         for t in sorted(trace_key):
             episodes[trace_key[t]].append(t)
-        self._local: list[dict[str, list[str]]] = [{} for _ in self._conns]
+        self._local: list[dict[str, list[str]]] = [{} for _ in self._workers]
         self._global: dict[str, list[str]] = {}
         for key, tids in episodes.items():
             if len(tids) == 1:  # the usual episode: one trace
@@ -361,15 +474,15 @@ class ParallelRun:
                 self._local[owners.pop()][key] = tids
             else:
                 self._global[key] = tids
-        wanted: list[list[str]] = [[] for _ in self._conns]
+        wanted: list[list[str]] = [[] for _ in self._workers]
         for tids in self._global.values():
             for t in tids:
                 if t in home:
                     wanted[home[t]].append(t)
         for i, tids in enumerate(wanted):
             if tids:
-                self._conns[i].send(("ship", tids))
-                for s in self._recv(i):
+                self._workers[i].send("ship", tids)
+                for s in self._workers[i].recv():
                     self._parent_traces.setdefault(s.trace_id, []).append(s)
 
     def _merge_shared(self, shared: list[str]) -> tuple[dict[str, list[SpanInfo]], list[SpanInfo]]:
@@ -379,9 +492,9 @@ class ParallelRun:
         if not shared:
             return traces, feedback
         first: dict[tuple[str, str], SpanInfo] = {}
-        for i, conn in enumerate(self._conns):
-            conn.send(("ship", shared))
-            for s in self._recv(i):
+        for w in self._workers:
+            w.send("ship", shared)
+            for s in w.recv():
                 key = (s.trace_id, s.span_id)
                 if key in first:
                     self.q.add("duplicate", s.source, trace_id=s.trace_id, span_id=s.span_id,
@@ -396,32 +509,32 @@ class ParallelRun:
     def batches(self) -> Iterator[tuple[list[dict], dict[str, Any]]]:
         """Phase 3: workers and the parent assemble; yields (episode rows, action columns) with token columns
         as `TokenColumn`s: the parent's, then (`mine`) the workers', which they write to disk and which are
-        loaded only once the workers have exited, so that their span memory and the rows never add up.
+        loaded only once the workers are gone, so that their span memory and the rows never add up.
         In parquet mode the workers stream their batches here (see `_write_parts`)."""
         fb_index = feedback_index(self.feedback_spans, self.q)
-        for i, conn in enumerate(self._conns):
+        for i, w in enumerate(self._workers):
             local = self._local[i]
             fb = {k: fb_index[k] for k in local if k in fb_index}
-            part = str(self._tmp / (f"part-{i}" if self.parquet else f"worker-{i}.rows"))
-            conn.send(("assemble", (local, fb, self.watermark, self.chunk_actions, part)))
+            w.send("assemble", (local, fb, self.watermark, self.chunk_actions, not self.parquet))
         episodes = {key: [s for t in tids for s in self._parent_traces.pop(t, ())] for key, tids in self._global.items()}
         self._parent_traces = {}
         fb = {k: fb_index[k] for k in episodes if k in fb_index}
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
                                            self.agents, share_strings=not self.parquet):
             yield rows, flatten(cols)
-        done = self._write_parts() if self.parquet else [self._recv(i) for i in range(len(self._conns))]
+        done = self._write_parts() if self.parquet else [w.recv() for w in self._workers]
         for _, st, seen, qcounts, agents in done:
             self.agents.update(agents)
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
             self.seen |= seen
             self.q.counts.update(qcounts)
-        for p in self._procs:  # their memory is free before the rows are loaded here
-            p.join()
+        for i, w in enumerate(self._workers):  # their memory is free before the rows are loaded here
+            files = [] if self.parquet else [rows_file(i)]
+            w.release([*files, quarantine_file(i)] if self.quarantine_path is not None else files, self._tmp)
         if not self.parquet:
-            for i in range(len(self._conns)):
-                path = self._tmp / f"worker-{i}.rows"
+            for i in range(len(self._workers)):
+                path = self._tmp / rows_file(i)
                 with path.open("rb") as fh:
                     while True:
                         try:
@@ -441,10 +554,10 @@ class ParallelRun:
         done: dict[int, tuple] = {}
         writers = [self.writer, *(ArrowPartWriter(d) for d in self.part_dirs())]
         try:
-            while len(done) < len(self._conns):
-                for conn in wait([c for i, c in enumerate(self._conns) if i not in done]):
-                    i = self._conns.index(conn)
-                    msg = self._recv(i)
+            while len(done) < len(self._workers):
+                for w in self.executor.wait([w for i, w in enumerate(self._workers) if i not in done], None):
+                    i = self._workers.index(w)
+                    msg = w.recv()
                     if msg[0] == "batch":
                         writers[i].write_columns(msg[1], msg[2])
                     else:
@@ -453,18 +566,18 @@ class ParallelRun:
         finally:
             for w in writers[1:]:
                 w.close()
-        return [done[i] for i in range(len(self._conns))]
+        return [done[i] for i in range(len(self._workers))]
 
     def part_dirs(self) -> list[Path]:
         """Arrow parts staged for the workers after the first, in input order."""
-        return [self._tmp / f"part-{i}" for i in range(1, len(self._conns))]
+        return [self._tmp / f"part-{i}" for i in range(1, len(self._workers))]
 
     def finish_quarantine(self) -> None:
         """Append the workers' quarantine records (in input order), then the parent's, to the quarantine file."""
         self.q.close()
         if self.quarantine_path is None:
             return
-        parts = [self._tmp / f"quarantine-{i}.jsonl" for i in range(len(self._conns))] + [self.q.path]
+        parts = [self._tmp / quarantine_file(i) for i in range(len(self._workers))] + [self.q.path]
         if not any(p.exists() for p in parts):
             return
         self.quarantine_path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,7 @@ def _line(draw, first_id: int):
     spans = [draw(_span(first_id + i)) for i in range(draw(st.integers(1, 4)))]
     body = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"scope": {"name": "t"}, "spans": []}]}]}
     if kind == "garbage":
-        return ("#" + draw(_TEXT)).encode(), [], 1, False
+        return ("#" + draw(_TEXT).replace("\n", " ")).encode(), [], 1, False  # one line: a newline would make two
     if kind == "json_not_otlp":
         return json.dumps(draw(st.one_of(st.integers(), st.lists(st.integers(), max_size=3),
                                          st.just({"spans": []})))).encode(), [], 1, False
@@ -72,13 +72,22 @@ def _line(draw, first_id: int):
             s = _mutate(s, mutation)
         body["resourceSpans"][0]["scopeSpans"][0]["spans"].append(s)
     raw = json.dumps(body, ensure_ascii=draw(st.booleans())).encode()
-    if kind == "truncated":
-        return raw[:draw(st.integers(1, len(raw) - 1))], [], 1, False
+    if kind == "truncated":  # a cut inside a multi-byte character leaves bytes that are not UTF-8: counted as such
+        cut = raw[:draw(st.integers(1, len(raw) - 1))]
+        return cut, [], 1, not _is_utf8(cut)
     non_utf8 = False
     if kept and draw(st.booleans()) and b'"name": "' in raw:  # a stray Latin-1 byte inside a span name
         raw = raw.replace(b'"name": "', b'"name": "\xe9', 1)
         non_utf8 = True
     return raw, kept, bad, non_utf8
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _mutate(span: dict, how: str):

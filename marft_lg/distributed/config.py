@@ -30,12 +30,15 @@ class RayConfig:
     ``auto`` joins the cluster this machine belongs to (``ray start``); ``ray://host:port`` a remote one through Ray
     Client. `rollout_workers` actors run the on-policy episodes (each builds the app and its own engine);
     `async_` (``async:`` in YAML) overlaps the rollouts of iteration k+1 with the update of k (one step off-policy).
+    `shared_registry`: the workers read adapter versions from the registry's folder (a filesystem every node
+    mounts); false sends each version's files to them through the object store.
     """
 
     address: str = "local"
     rollout_workers: int = 2
     worker: WorkerResources = field(default_factory=WorkerResources)
     async_: bool = False
+    shared_registry: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.address, str) or not _ADDRESS.match(self.address):

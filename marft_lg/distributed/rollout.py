@@ -40,6 +40,8 @@ class RayCollector:
                  run_id: str = "ray"):
         if spec.engine is None and cfg.worker.engine != spec.serving:  # the ray: section names the workers' engine
             spec = dataclasses.replace(spec, serving=cfg.worker.engine)
+        if not cfg.shared_registry:  # and how versions reach them
+            spec = dataclasses.replace(spec, shared_registry=False)
         self.cfg, self.spec, self.run_id = cfg, spec, run_id
         self.versions = versions
         self.progress: Callable[[str], None] | None = None

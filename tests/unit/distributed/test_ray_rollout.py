@@ -259,3 +259,22 @@ def test_a_job_yaml_takes_the_same_ray_section(tmp_path):
         RetrainJob.from_yaml(job)
     job.write_text("app: app.py:build\n")
     assert RetrainJob.from_yaml(job).ray is None
+
+
+def test_versions_travel_as_files_when_the_workers_share_no_registry(cluster, tmp_path, tiny_model_dir):
+    from marft_lg.serving.team import Team
+
+    registry = tmp_path / "registry"
+    learner = Team(tiny_model_dir, AGENTS, registry=registry, versions=None, seed=0)
+    learner.load_version("planner", learner.save_version("planner"))
+    cfg = RayConfig(address="auto", rollout_workers=2, shared_registry=False)
+    spec = WorkerSpec(app=f"{APPS}:two_agents", agents=AGENTS, model=tiny_model_dir, registry=str(registry),
+                      max_tokens=4)
+    try:
+        with RayCollector(cfg, spec, versions=learner.versions, run_id="f") as collector:
+            assert collector.spec.shared_registry is False
+            dataset = collector.collect(SCENARIOS, 1, 0, seed=0)
+    finally:
+        learner.close()
+    served = dict(zip(dataset.actions["agent"], dataset.actions["adapter_version"], strict=True))
+    assert served == {"planner": "v1", "writer": "init"}

@@ -334,8 +334,13 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
                        node_roles=opts.get("node_roles"))
             trainer.fit_online(app, list(chosen), iterations)
     published = {}
-    for role in spec.agents:
-        published[role] = team.save_version(role, run_id=trainer.run_id, metrics={"iteration": float(trainer.iteration)})
+    serving = team.versions()
+    for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
+        if role in trainer.unpublished or serving.get(role, "init") == "init":
+            published[role] = team.save_version(role, run_id=trainer.run_id,
+                                                metrics={"iteration": float(trainer.iteration)})
+        else:
+            published[role] = serving[role]
     team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
     console.print(f"[green]trained[/] {trainer.iteration} iterations; adapters {published} saved as alias "
                   f"'candidate' in {spec.registry}; metrics and plots in {spec.run_dir}")

@@ -165,6 +165,8 @@ class MARFTTrainer:
         self.update_count = 0
         self.offline_cursor = 0
         self.online_done = 0
+        self.unpublished: set[str] = set()
+        """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
 
     # ---- public phases ---------------------------------------------------------------------------
@@ -294,6 +296,7 @@ class MARFTTrainer:
         row = self._row(phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed)
         row["post_update"] = post
         row.update(extra or {})
+        self.unpublished.update(row.get("trained_agents", []))
         self.metrics.log(row)
         self.iteration += 1
         return row
@@ -302,8 +305,14 @@ class MARFTTrainer:
         present = [r for r in self.roles if any(rec.agent == r for rec in records)]
         if self.cfg.update_scheme == "simultaneous":
             return present
-        turn = self.roles[(self.update_count // self.cfg.agent_iteration_interval) % len(self.roles)]
-        return [turn] if turn in present else []
+        # agent by agent: the role whose turn it is, or, when it has no actions in this batch (a worker the supervisor
+        # did not call), the next role in turn that has some: a turn is never spent on a role with nothing to learn
+        start = (self.update_count // self.cfg.agent_iteration_interval) % len(self.roles)
+        for k in range(len(self.roles)):
+            role = self.roles[(start + k) % len(self.roles)]
+            if role in present:
+                return [role]
+        return []
 
     def _adapter_for(self, record: ActionRecord) -> str:
         """The adapter a span names (for recomputing behaviour log-probs), or the role's current one."""
@@ -345,6 +354,7 @@ class MARFTTrainer:
             self.team.load_version(role, version)
             self._rebind(role, self.team.adapter_name(role))
             published[role] = version
+            self.unpublished.discard(role)
         row["published"] = published
 
     def _rebind(self, role: str, adapter: str) -> None:
@@ -366,6 +376,7 @@ class MARFTTrainer:
     def _state(self) -> dict[str, Any]:
         return {"iteration": self.iteration, "update_count": self.update_count, "offline_cursor": self.offline_cursor,
                 "online_done": self.online_done, "config": self.cfg.to_dict(), "run_id": self.run_id,
+                "unpublished": sorted(self.unpublished),
                 "value_head": None if self.value_head is None else self.value_head.state_dict(),
                 "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
                 "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
@@ -407,6 +418,7 @@ class MARFTTrainer:
         apply_adapters(ckpt, model=self.model, adapter_names=self.adapter_names)
         self.iteration, self.update_count = state["iteration"], state["update_count"]
         self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
+        self.unpublished = set(state.get("unpublished", self.roles))  # older checkpoints: assume every role changed
         self.run_id = state.get("run_id", self.run_id)
         if self.value_head is not None and state["value_head"] is not None:
             self.value_head.load_state_dict(state["value_head"])

@@ -151,6 +151,14 @@ def test_train_with_a_ray_section_runs_the_online_phase_on_the_workers(cluster, 
     for row in online:
         assert row["rollout_workers"] == 2 and sum(row["episodes_per_worker"].values()) == 8
         assert row["staleness_mean"] == 0.0 and row["trained_agents"]
+    from marft_lg.serving.registry import AdapterRegistry
+
+    registry = AdapterRegistry(tmp_path / "registry")
+    for role in AGENTS:  # one version per update of the role (the end of the run saves no copy of the last one)
+        updates = sum(role in r["trained_agents"] for r in online)
+        assert len(registry.versions(role)) == max(updates, 1), (role, registry.versions(role))
+    candidate = registry.alias("candidate")
+    assert all(candidate[role] == registry.versions(role)[-1] for role in AGENTS)
 
 
 def test_async_rollouts_overlap_the_update_and_record_their_staleness(cluster, tmp_path, tiny_model_dir):

@@ -108,7 +108,10 @@ def test_dockerfile_builds_from_repository_files():
             for src in sources:
                 assert (REPO / src).exists(), f"Dockerfile copies {src}, which is not in the repository"
     run = " ".join(v for k, v in instructions if k == "RUN")
-    assert "download.pytorch.org/whl/cpu" in run and "pip install ." in run
+    args = dict(v.split("=", 1) for k, v in instructions if k == "ARG" and "=" in v)
+    assert args.get("TORCH_INDEX", "").endswith("download.pytorch.org/whl/cpu")  # CPU torch unless built otherwise
+    assert "--index-url ${TORCH_INDEX}" in run
+    assert 'pip install ".[ray,otlp]"' in run and "ray[default]" in run  # a RayJob submits through the dashboard
 
 
 def test_collector_writes_otlp_json_lines_where_the_job_mines(docs):

@@ -117,3 +117,12 @@ def test_resume_equals_uninterrupted(chain_dataset, tiny_model_dir, tmp_path):
     assert [r["iteration"] for r in b] == [0, 1, 2, 3]
     assert [r["agents"]["reasoner"]["policy_loss"] if "reasoner" in r["agents"] else None for r in a] == \
            [r["agents"]["reasoner"]["policy_loss"] if "reasoner" in r["agents"] else None for r in b]
+
+
+def test_sequential_turn_goes_to_the_next_role_with_actions(chain_dataset, two_agent_policy, tmp_path):
+    ds, scenarios = chain_dataset
+    only_actor = type(ds)(episodes=ds.episodes, actions=ds.actions[ds.actions["agent"] == "actor"].copy())
+    trainer = MARFTTrainer(two_agent_policy, lambda ep: 1.0, _cfg(), tmp_path / "run", progress=False)
+    assert trainer.roles[0] == "reasoner"  # its turn first, but it did not act in these episodes
+    rows = trainer.fit_offline(only_actor, scenarios, iterations=1)
+    assert rows[0]["trained_agents"] == ["actor"]

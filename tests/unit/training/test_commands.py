@@ -104,11 +104,14 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
         def save_version(self, role, **kw):
             return "v1"
 
+        def versions(self):
+            return {}
+
         def close(self):
             pass
 
     class FakeTrainer:
-        run_id, iteration = "run", 1
+        run_id, iteration, unpublished = "run", 1, set()
 
         def __init__(self, *a, **kw):
             pass

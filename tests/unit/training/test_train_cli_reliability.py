@@ -134,11 +134,14 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
         def save_version(self, role, **kw):
             return "v1"
 
+        def versions(self):
+            return {}
+
         def close(self):
             pass
 
     class FakeTrainer:
-        run_id, iteration = "run", 1
+        run_id, iteration, unpublished = "run", 1, set()
 
         def __init__(self, team, reward, cfg, run_dir):
             seen["run_dir_files"] = sorted(p.name for p in Path(run_dir).iterdir())

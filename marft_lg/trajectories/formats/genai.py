@@ -52,7 +52,7 @@ FORMAT = Format(NAME, detect=lambda a: A.GEN_AI_OPERATION_NAME in a, kind=KIND, 
 
 
 def materialise(info: SpanInfo) -> None:
-    """Parse the prompt and completion kept as raw JSON text by `fill` (done once, at assembly)."""
+    """Parse the prompt and completion kept as raw JSON text by `io` (done once, at assembly)."""
     if info.raw_io is None:
         return
     raw_in, raw_system, raw_out = info.raw_io

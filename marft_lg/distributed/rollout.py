@@ -192,7 +192,8 @@ class RayCollector:
         self.replaced += 1
         new = self._spawn()
         self._ray.get(self._workers[new].ready.remote())
-        self._sync([new], force=True) if self._loaded else None
+        if self._loaded:
+            self._sync([new], force=True)
         return list(self._workers)
 
 

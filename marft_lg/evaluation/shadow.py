@@ -181,8 +181,8 @@ def shadow_compare(
 
         replayed = runner.run([EpisodeJob(scen, eid, s, dict(versions), metadata(side, j))
                                for scen, j, s, side, versions, eid in runs])
-        for error in getattr(runner, "errors", []):
-            failures["baseline" if error.split(":", 1)[0] in expected["baseline"] else "candidate"] += 1
+        for error in getattr(runner, "errors", []):  # "<episode id>: <exception>" (an id may hold a colon too)
+            failures["baseline" if any(error.startswith(f"{e}: ") for e in expected["baseline"]) else "candidate"] += 1
         collect = collect or replayed.select
     else:
         # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do not depend

@@ -16,12 +16,9 @@ class EpisodeCapture:
         self.spans = spans
 
     def dataset(self, episode_ids: Iterable[str] | None = None) -> TrajectoryDataset:
-        """The captured episodes (only `episode_ids`, in that order, when given)."""
+        """The captured episodes (only those of `episode_ids`, when given), in mining order."""
         from marft_lg.trajectories.in_memory import raw_spans
         from marft_lg.trajectories.mining import mine_spans
 
         dataset = mine_spans(raw_spans(list(self.spans)))
-        if episode_ids is None:
-            return dataset
-        have = set(dataset.episode_ids)
-        return dataset.select([i for i in episode_ids if i in have])
+        return dataset if episode_ids is None else dataset.select(list(episode_ids))

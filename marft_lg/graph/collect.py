@@ -54,7 +54,7 @@ class GraphCollector:
         return self.run(plan_episodes(self.run_id, scenarios, k, iteration, seed))
 
     def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
-        """Run the planned episodes (up to `concurrency` at once) and return their trajectories, in plan order."""
+        """Run the planned episodes (up to `concurrency` at once) and return their trajectories (in mining order: by episode)."""
         ids = [j.episode_id for j in jobs]
         capture = getattr(self.app, "capture", None)
         if capture is None:
@@ -64,8 +64,7 @@ class GraphCollector:
             self._run_all(jobs)
             if hasattr(self.app, "flush"):
                 self.app.flush()
-            dataset = mine([str(self.trace_dir)], since=since)
-            return dataset.select([i for i in ids if i in set(dataset.episode_ids)])
+            return mine([str(self.trace_dir)], since=since).select(ids)
         with capture() as captured:
             self._run_all(jobs)
         return captured.dataset(ids)

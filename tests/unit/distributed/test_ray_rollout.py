@@ -286,3 +286,22 @@ def test_versions_travel_as_files_when_the_workers_share_no_registry(cluster, tm
         learner.close()
     served = dict(zip(dataset.actions["agent"], dataset.actions["adapter_version"], strict=True))
     assert served == {"planner": "v1", "writer": "init"}
+
+
+def test_replays_that_fail_on_a_runner_count_against_their_own_side():
+    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.rewards.composite import CompositeReward
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+
+    class FailingRunner:  # every baseline replay raises, as a worker reports it
+        errors: list[str] = []
+
+        def run(self, jobs):
+            self.errors = [f"{j.episode_id}: RuntimeError: boom" for j in jobs if "-baseline-" in j.episode_id]
+            return TrajectoryDataset()
+
+    reward = CompositeReward.from_yaml({"weights": {"step_count": -0.05}})
+    scenarios = [Scenario("a:1", {"msgs": ["x"]}), Scenario("b:2", {"msgs": ["y"]})]  # ids holding a colon
+    result = shadow_compare(object(), {"planner": "v1"}, {"planner": "v2"}, scenarios, reward, drift=False,
+                            progress=False, runner=FailingRunner(), run_id="c")
+    assert result.meta["invoke_failures"] == {"baseline": 2, "candidate": 0}

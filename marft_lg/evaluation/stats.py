@@ -1,4 +1,5 @@
-"""Paired bootstrap confidence intervals for "candidate minus baseline" differences.
+"""Paired bootstrap confidence intervals for "candidate minus baseline" differences, and the
+smallest difference a comparison of that size could detect.
 
 The unit of resampling is the scenario (or mirrored pair): each contributes one paired difference,
 so run-to-run noise shared by both sides cancels and the interval reflects scenario variety.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -88,3 +90,47 @@ def paired_bootstrap(
     """Bootstrap CI of mean(candidate - baseline) over aligned pairs."""
     return bootstrap_ci(paired_differences(baseline, candidate), confidence=confidence,
                         n_resamples=n_resamples, seed=seed)
+
+
+@dataclass(frozen=True)
+class DetectableEffect:
+    """The minimum detectable effect (`mde`) of a paired comparison over `n` pairs whose differences have
+    sample SD `sd`, for a two-sided test at level `alpha` with the given `power`.
+
+    `mde` is NaN when it cannot be estimated: fewer than two pairs, or no spread in the differences.
+    """
+
+    mde: float
+    n: int
+    sd: float
+    alpha: float
+    power: float
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+def detectable_effect(differences: Sequence[float], *, alpha: float = 0.05, power: float = 0.8) -> DetectableEffect:
+    """The smallest mean paired difference a two-sided test over these pairs would detect with `power`:
+    (z_{1-alpha/2} + z_{power}) * sd / sqrt(n), sd the sample SD (ddof 1) of the differences (NaNs dropped).
+
+    Fewer than two pairs leave the SD unknown, and a sample with no spread (e.g. every pair tied, common
+    with few pairs of a 0/1 metric) does not show the noise is zero: both give an NaN `mde`, not 0.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1); got {alpha}")
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be in (0, 1); got {power}")
+    d = np.asarray(differences, dtype=float).ravel()
+    finite = d[~np.isnan(d)]
+    n = int(finite.size)
+    sd = float(finite.std(ddof=1)) if n >= 2 else math.nan
+    if n < 2 or sd == 0.0:
+        return DetectableEffect(math.nan, n, sd, alpha, power)
+    z = NormalDist().inv_cdf(1.0 - alpha / 2.0) + NormalDist().inv_cdf(power)
+    return DetectableEffect(z * sd / math.sqrt(n), n, sd, alpha, power)
+
+
+def minimum_detectable_effect(differences: Sequence[float], *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """`detectable_effect(...).mde`: the smallest mean difference these pairs would detect (NaN if unknown)."""
+    return detectable_effect(differences, alpha=alpha, power=power).mde

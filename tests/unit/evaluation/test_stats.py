@@ -3,7 +3,13 @@ import math
 import numpy as np
 import pytest
 
-from marft_lg.evaluation.stats import bootstrap_ci, paired_bootstrap, paired_differences
+from marft_lg.evaluation.stats import (
+    bootstrap_ci,
+    detectable_effect,
+    minimum_detectable_effect,
+    paired_bootstrap,
+    paired_differences,
+)
 
 
 def test_ci_covers_true_mean_at_roughly_nominal_rate():
@@ -56,3 +62,48 @@ def test_same_seed_same_interval_and_validation():
         paired_differences([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_ci([1.0, 2.0], confidence=1.5)
+
+
+def test_mde_matches_a_hand_computation():
+    # d = [1, -1, 1, -1]: sample SD sqrt(4/3); z_0.975 = 1.959964, z_0.8 = 0.841621
+    expected = (1.959964 + 0.841621) * math.sqrt(4 / 3) / math.sqrt(4)
+    assert minimum_detectable_effect([1.0, -1.0, 1.0, -1.0]) == pytest.approx(expected, rel=1e-5)
+    assert expected == pytest.approx(1.6175, abs=1e-4)
+    # a stricter test at higher power needs a larger effect
+    assert minimum_detectable_effect([1.0, -1.0, 1.0, -1.0], alpha=0.01, power=0.9) == pytest.approx(
+        (2.575829 + 1.281552) * math.sqrt(4 / 3) / 2, rel=1e-5)
+
+
+def test_mde_shrinks_as_one_over_sqrt_n():
+    rng = np.random.default_rng(7)
+    mdes = {}
+    for n in (25, 100, 400):
+        x = rng.normal(size=n)
+        mdes[n] = minimum_detectable_effect((x - x.mean()) / x.std(ddof=1) * 0.7)  # sample SD exactly 0.7
+    assert mdes[25] / mdes[100] == pytest.approx(2.0) and mdes[100] / mdes[400] == pytest.approx(2.0)
+    assert detectable_effect(rng.normal(size=9)).n == 9
+
+
+def test_a_true_effect_of_one_mde_is_detected_at_about_the_stated_power():
+    rng = np.random.default_rng(11)
+    n, sd = 64, 1.0
+    effect = (1.959964 + 0.841621) * sd / math.sqrt(n)
+    rejected = 0
+    for _ in range(1000):
+        d = rng.normal(effect, sd, size=n)
+        rejected += abs(d.mean()) / (d.std(ddof=1) / math.sqrt(n)) > 1.959964
+    assert 0.74 <= rejected / 1000 <= 0.86
+
+
+def test_mde_is_undefined_without_two_pairs_or_without_spread():
+    one = detectable_effect([0.3])
+    assert one.n == 1 and math.isnan(one.mde) and math.isnan(one.sd)
+    assert one.to_dict()["mde"] is None and one.to_dict()["sd"] is None
+    tied = detectable_effect([0.0] * 6)
+    assert tied.n == 6 and tied.sd == 0.0 and math.isnan(tied.mde)
+    dropped = detectable_effect([1.0, float("nan"), -1.0])
+    assert dropped.n == 2 and dropped.mde == pytest.approx(2.801585 * math.sqrt(2) / math.sqrt(2), rel=1e-5)
+    with pytest.raises(ValueError, match="power"):
+        minimum_detectable_effect([1.0, 2.0], power=1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        minimum_detectable_effect([1.0, 2.0], alpha=0.0)

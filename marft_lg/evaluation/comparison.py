@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, agent_metrics, episode_metrics
-from marft_lg.evaluation.stats import PairedCI, bootstrap_ci
+from marft_lg.evaluation.stats import DetectableEffect, PairedCI, bootstrap_ci, detectable_effect
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 _NON_COMPONENT_COLUMNS = frozenset({"episode_id", "reward", "scored", "error", "vetoed", "scenario_id"})
@@ -66,6 +66,12 @@ class ComparisonResult:
         frame = (self.baseline if side == "baseline" else self.candidate).episodes
         return float(frame[column].mean()) if column in frame and len(frame) else math.nan
 
+    def team_detectable_effect(self, *, alpha: float = 0.05, power: float = 0.8) -> DetectableEffect:
+        """The smallest team-reward gain these pairs could detect (from the per-unit differences `team` bootstraps),
+        so a CI that spans 0 can be read as "no gain" or "too few pairs to tell"."""
+        deltas = self.units.get("delta_reward", [])
+        return detectable_effect(deltas, alpha=alpha, power=power)
+
     def cost_ratio(self, metric: str = "tokens") -> float:
         """Candidate mean cost over baseline mean cost (NaN when the baseline cost is 0)."""
         b, c = self.side_mean("baseline", metric), self.side_mean("candidate", metric)
@@ -76,6 +82,7 @@ class ComparisonResult:
             "meta": self.meta,
             "n_pairs": self.n_pairs,
             "team_reward": self.team.to_dict(),
+            "team_reward_mde": self.team_detectable_effect().to_dict(),
             "baseline_reward_mean": self.side_mean("baseline", "reward"),
             "candidate_reward_mean": self.side_mean("candidate", "reward"),
             "components": {k: v.to_dict() for k, v in self.components.items()},

@@ -150,13 +150,21 @@ def _tables(result: ComparisonResult, decision: GateDecision | None) -> list[tup
 def _header(result: ComparisonResult, decision: GateDecision | None) -> list[str]:
     meta = result.meta
     lines = [f"baseline: {meta.get('baseline', 'baseline')}", f"candidate: {meta.get('candidate', 'candidate')}",
-             f"paired units: {result.n_pairs}"]
+             f"paired units: {result.n_pairs}", _mde_line(result)]
     if any(result.unmatched.values()):
         lines.append(f"unmatched units: {result.unmatched}")
     if decision is not None:
         verdict = "PROMOTE" if decision.promote else "REJECT"
         lines.append(f"gate decision: {verdict}" + ("" if decision.promote else f" ({len(decision.reasons)} failed checks)"))
     return lines
+
+
+def _mde_line(result: ComparisonResult) -> str:
+    """One line: the smallest team-reward gain this many pairs detects (80% power, two-sided 5%), from the
+    SD of the paired differences, so a CI spanning 0 reads as "no gain" or "too few pairs to tell"."""
+    e = result.team_detectable_effect()
+    return (f"minimum detectable gain: {_f(e.mde, '.3f')} (80% power, 5% two-sided; "
+            f"n={e.n}, SD {_f(e.sd, '.3f')})")
 
 
 def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDecision | None = None) -> dict[str, Path]:

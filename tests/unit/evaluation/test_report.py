@@ -1,11 +1,13 @@
 import io
+import math
 
+import pytest
 from eval_factory import FormatAndAnswerReward, team_run
 from rich.console import Console
 
 from marft_lg.evaluation.comparison import compare_datasets
 from marft_lg.evaluation.gate import PromotionGate
-from marft_lg.evaluation.report import print_summary, write_report
+from marft_lg.evaluation.report import _header, print_summary, write_report
 
 SIDS = [f"s{i}" for i in range(6)]
 SCEN = {s: {"scenario_id": s, "reference": "1"} for s in SIDS}
@@ -47,3 +49,23 @@ def test_terminal_summary_lists_decision():
     # readable at 80 columns: no line is wider, and a gate check's detail stays on its own line, not in columns
     assert max(len(line) for line in out.splitlines()) <= 80
     assert any(line.lstrip().startswith(("ok   ", "FAIL ")) for line in out.splitlines())
+
+
+def test_reports_show_the_minimum_detectable_gain_from_the_paired_differences(tmp_path):
+    base = team_run("b", SIDS, {s: "ANSWER: 1" if i % 2 else "nope" for i, s in enumerate(SIDS)})
+    cand = team_run("c", SIDS, {s: "ANSWER: 1" for s in SIDS})
+    res = compare_datasets(base, cand, FormatAndAnswerReward(), scenarios=SCEN)
+    # deltas: 1 on s0, s2, s4 (nope -> right), 0 elsewhere: SD = sqrt(0.3), n = 6
+    mde = (1.959964 + 0.841621) * math.sqrt(0.3) / math.sqrt(6)
+    effect = res.team_detectable_effect()
+    assert effect.n == 6 and effect.sd == pytest.approx(math.sqrt(0.3)) and effect.mde == pytest.approx(mde, rel=1e-5)
+    assert res.to_dict()["team_reward_mde"]["mde"] == pytest.approx(mde, rel=1e-5)
+    line = f"minimum detectable gain: {mde:.3f} (80% power, 5% two-sided; n=6, SD {math.sqrt(0.3):.3f})"
+    assert len(line) + 2 <= 80
+    assert f"- {line}" in write_report(res, tmp_path)["markdown"].read_text()
+    buf = io.StringIO()
+    print_summary(res, console=Console(file=buf, width=80))
+    assert line in buf.getvalue()
+    # every pair tied: no spread, so the report says n/a rather than "any gain is detectable"
+    tied = compare_datasets(cand, cand, FormatAndAnswerReward(), scenarios=SCEN)
+    assert "minimum detectable gain: n/a" in " ".join(_header(tied, None))

@@ -1,0 +1,59 @@
+"""The math team's strict (\\boxed{}) and lenient (last number) accuracy on hand-made actor answers."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from marft_lg.examples.math_team.accuracy import answer_accuracy, answer_checks
+from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, TrajectoryDataset
+from marft_lg.trajectories.scenarios import Scenario
+
+
+@pytest.mark.parametrize(("text", "reference", "strict", "lenient"), [
+    ("3 + 4 = 7. The answer is \\boxed{7}.", "7", True, True),
+    ("The answer is \\boxed{8}, or maybe 7", "7", False, True),  # boxed wrong, last number right
+    ("\\boxed{7} is wrong, it is 8", "7", True, False),  # the last number need not be the boxed one
+    ("I cannot tell.", "7", False, False),  # no number at all
+    ("", "7", False, False),
+    ("2 - 5 = \\boxed{-3}", "-3", True, True),  # negative numbers
+    ("The answer is -3", "3", False, False),
+    ("5 - 3 leaves 2", "-2", False, False),
+    ("The answer is \\boxed{ 7 }", "7", True, True),  # spaces inside the box
+    ("\\boxed{7.0}", "7", True, True),  # equal as numbers
+    ("\\boxed{seven}", "7", False, False),
+    ("3 + 4 = 7", "7", False, True),  # right, not in the taught format
+])
+def test_answer_checks(text, reference, strict, lenient):
+    assert answer_checks(text, reference) == (strict, lenient)
+
+
+def _dataset(episodes: dict[str, tuple[str, list[tuple[str, str]]]]) -> TrajectoryDataset:
+    """{episode id: (scenario id, [(agent, completion), ...])} as a dataset."""
+    t0 = pd.Timestamp("2026-01-01", tz="UTC")
+    eps, acts = [], []
+    for i, (eid, (sid, actions)) in enumerate(episodes.items()):
+        eps.append({"episode_id": eid, "scenario_id": sid, "start_time": t0 + pd.Timedelta(seconds=i),
+                    "end_time": t0, "n_actions": len(actions), "agents": [a for a, _ in actions],
+                    "status": "ok" if actions else "error", "outcome": None, "feedback": {}, "metadata": {}})
+        acts += [{**dict.fromkeys(ACTION_COLUMNS), "episode_id": eid, "order": k, "agent": agent, "completion": text}
+                 for k, (agent, text) in enumerate(actions)]
+    return TrajectoryDataset(pd.DataFrame(eps, columns=list(EPISODE_COLUMNS)),
+                             pd.DataFrame(acts, columns=list(ACTION_COLUMNS)))
+
+
+def test_answer_accuracy_reads_the_actors_last_answer_and_counts_failed_runs_as_wrong():
+    scenarios = [Scenario("p1", {"question": "?"}, reference="7"), Scenario("p2", {"question": "?"}, reference="12"),
+                 Scenario("p3", {"question": "?"}, reference="-4"), Scenario("p4", {"question": "?"}, reference="5")]
+    ds = _dataset({
+        "e1": ("p1", [("reasoner", "add: 3 + 4"), ("actor", "\\boxed{7}")]),  # strict and lenient
+        "e2": ("p2", [("reasoner", "the answer is \\boxed{12}"), ("actor", "it is 12")]),  # the reasoner's box is not the actor's
+        "e3": ("p3", [("actor", "\\boxed{4}"), ("actor", "so \\boxed{-4}")]),  # the actor's last action counts
+        "e4": ("p4", []),  # failed before acting: wrong on both
+        "e5": ("unknown", [("actor", "\\boxed{1}")]),  # no reference: not counted
+    })
+    acc = answer_accuracy(ds, scenarios)
+    assert acc == {"strict": 2 / 4, "lenient": 3 / 4, "n": 4}
+    # a {id: scenario dict} map works too (what comparisons pass around)
+    assert answer_accuracy(ds, {s.scenario_id: s.to_dict() for s in scenarios}) == acc
+    assert answer_accuracy(ds, []) == {"strict": None, "lenient": None, "n": 0}

@@ -57,3 +57,25 @@ def test_answer_accuracy_reads_the_actors_last_answer_and_counts_failed_runs_as_
     # a {id: scenario dict} map works too (what comparisons pass around)
     assert answer_accuracy(ds, {s.scenario_id: s.to_dict() for s in scenarios}) == acc
     assert answer_accuracy(ds, []) == {"strict": None, "lenient": None, "n": 0}
+
+
+def test_learn_evaluate_returns_the_accuracy_of_the_episodes_it_ran(monkeypatch):
+    from marft_lg.examples.math_team import learn
+    from marft_lg.examples.math_team.reward import math_reward
+
+    scenarios = [Scenario("p1", {"question": "?"}, reference="7"), Scenario("p2", {"question": "?"}, reference="6")]
+    ds = _dataset({"e1": ("p1", [("reasoner", "3 + 4"), ("actor", "3 + 4 = \\boxed{7}")]),
+                   "e2": ("p2", [("reasoner", "9 - 3"), ("actor", "9 - 3 = 6")])})
+
+    class FakeCollector:
+        def __init__(self, app, **kw):
+            pass
+
+        def collect(self, scenarios, k, iteration, seed):
+            return ds
+
+    monkeypatch.setattr("marft_lg.training.rollout.GraphCollector", FakeCollector)
+    scores, comps, acc = learn.evaluate(None, scenarios, math_reward(), tag="t", seed=0)
+    assert acc == {"strict": 0.5, "lenient": 1.0, "n": 2}
+    assert scores[0] > scores[1] > 0  # both right, only the first in the \boxed{} format
+    assert comps["format_compliance"] == 0.5

@@ -4,8 +4,9 @@
 
 Steps: untuned team on held-out problems (greedy) -> on-policy MARFT on the train split until the
 time budget is spent -> tuned team on the same held-out problems -> paired bootstrap 95% CI of
-the per-problem reward difference. Writes `benchmarks/results/math_team_learning.json` and a PNG
-next to it (train curve; held-out before/after per component with the CI).
+the per-problem reward difference, and strict / lenient answer accuracy before and after. Writes
+`benchmarks/results/math_team_learning.json` and a PNG next to it (train curve; held-out
+before/after per component with the CI).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
+from marft_lg.examples.math_team.accuracy import answer_accuracy
 from marft_lg.examples.math_team.graph import ROLES, build_graph
 from marft_lg.examples.math_team.problems import make_problems
 from marft_lg.examples.math_team.reward import math_reward
 from marft_lg.examples.math_team.settings import MARFT_SETTINGS, REPLY_TOKENS
 
 
-def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float], dict[str, float]]:
-    """Per-scenario reward of one greedy episode each, plus component means."""
+def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float], dict[str, float], dict]:
+    """Per-scenario reward of one greedy episode each, component means, and answer accuracy
+    (`answer_accuracy`: strict and lenient, over the episodes that came back)."""
     from marft_lg.training.rollout import GraphCollector
 
     collector = GraphCollector(app, concurrency=len(scenarios), run_id=tag)
@@ -36,7 +39,7 @@ def evaluate(app, scenarios, reward, *, tag: str, seed: int) -> tuple[list[float
     by_sid = dict(zip(table["scenario_id"], table["reward"].astype(float), strict=True))
     scores = [by_sid.get(s.scenario_id, 0.0) for s in scenarios]  # an episode that failed scores 0
     comps = {c: float(table[c].astype(float).mean()) for c in ("task_completion", "format_compliance", "goal_progress") if c in table}
-    return scores, comps
+    return scores, comps, answer_accuracy(ds, scenarios)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -108,9 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     greedy_app = wrap(build_graph(TeamChatModel(team=team, max_tokens=max_tokens, temperature=0.0), **caps),
                       team=team, trace_dir=run / "eval_traces")
     t0 = time.perf_counter()
-    before, before_comps = evaluate(greedy_app, heldout, reward, tag="before", seed=args.seed + 7)
+    before, before_comps, before_acc = evaluate(greedy_app, heldout, reward, tag="before", seed=args.seed + 7)
     eval_s = time.perf_counter() - t0
-    print(f"untuned held-out reward {np.mean(before):.3f} {before_comps} ({eval_s:.0f}s)")
+    print(f"untuned held-out reward {np.mean(before):.3f} {before_comps} accuracy {before_acc} ({eval_s:.0f}s)")
 
     settings = {**MARFT_SETTINGS, "learning_rate": args.lr, "ppo_epochs": args.ppo_epochs,
                 "num_minibatches": args.minibatches, "temperature": args.temperature}
@@ -123,13 +126,14 @@ def main(argv: list[str] | None = None) -> dict:
                               time_budget_s=args.minutes * 60)
     it = len(rows)
     train_minutes = (time.perf_counter() - t_train) / 60
-    after, after_comps = evaluate(greedy_app, heldout, reward, tag="after", seed=args.seed + 7)
+    after, after_comps, after_acc = evaluate(greedy_app, heldout, reward, tag="after", seed=args.seed + 7)
     ci = bootstrap_ci(paired_differences(before, after), confidence=0.95, seed=args.seed)
     result = {
         "model": args.model, "iterations": it, "train_minutes": round(train_minutes, 2), "cpu_threads": torch.get_num_threads(),
         "heldout_problems": len(heldout), "before": {"reward_mean": float(np.mean(before)), **before_comps},
         "after": {"reward_mean": float(np.mean(after)), **after_comps}, "paired_difference_ci95": ci.to_dict(),
         "ci_excludes_zero": bool(ci.defined and ci.low > 0),
+        "accuracy": {"before": before_acc, "after": after_acc},  # strict: \boxed{} right; lenient: last number right
         "train_curve": [r["reward_mean"] for r in rows], "eval_seconds": round(eval_s, 1),
         "args": vars(args), "config": cfg.to_dict(),
         "versions": team.versions(),
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     plot(result, out.with_suffix(".png"))
-    print(json.dumps({k: result[k] for k in ("iterations", "before", "after", "paired_difference_ci95")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("iterations", "before", "after", "paired_difference_ci95", "accuracy")},
+                     indent=2))
     team.close()
     return result
 

@@ -1,9 +1,10 @@
 """`marft-lg demo`: the main job, end to end on the embedded 135M model.
 
 serve the math team (reasoner -> actor, one LoRA each on one base model) -> run the untuned team on
-training problems with tracing -> mine the traces -> offline MARFT from them -> on-policy MARFT
-through the live graph -> shadow-compare untuned vs tuned on held-out problems -> promote if the
-gate passes -> write a report (Markdown + PNG plots) into the run directory.
+a few training problems with tracing -> mine the traces -> offline MARFT from them -> on-policy MARFT
+through the live graph on a stream of fresh problems (new ones every iteration, so the team cannot
+memorise them) -> shadow-compare untuned vs tuned on held-out problems -> promote if the gate passes
+-> write a report (Markdown + PNG plots) into the run directory.
 """
 
 from __future__ import annotations
@@ -12,39 +13,60 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
+
+if TYPE_CHECKING:
+    from marft_lg.trajectories.scenarios import ScenarioSet
 
 
 @dataclass(frozen=True)
 class DemoBudget:
-    """How much work each stage does; `minutes` is the rough wall time on 2 CPU cores."""
+    """How much work each stage does; `minutes` is the rough wall time on 2 CPU cores.
+
+    The training problems are `n_traced` (run untuned and traced: the offline stage's data) followed
+    by `n_stream` fresh ones for on-policy MARFT, `scenarios_per_iteration` new ones per iteration.
+    """
 
     name: str
     minutes: float
-    n_train: int  # training problems
+    n_traced: int  # training problems the untuned team runs on, traced (the offline data)
     n_heldout: int  # held-out problems for the comparison
-    traces_per_problem: int  # untuned episodes per training problem (the offline data)
+    traces_per_problem: int  # untuned episodes per traced problem
     offline_passes: int
     online_iterations: int
     online_minutes: float  # online MARFT stops at whichever comes first
-    scenarios_per_iteration: int
+    scenarios_per_iteration: int  # fresh problems per on-policy iteration (none seen before)
     group_size: int  # K episodes per scenario per online iteration (group-relative baseline)
     max_tokens: int
+
+    @property
+    def n_stream(self) -> int:
+        """On-policy problems: enough for every iteration to get new ones, so none repeats."""
+        return self.online_iterations * self.scenarios_per_iteration
+
+    @property
+    def n_train(self) -> int:
+        """The whole training split: the traced problems, then the on-policy stream."""
+        return self.n_traced + self.n_stream
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields plus the derived split sizes (what summary.json and the log record)."""
+        return {**asdict(self), "n_stream": self.n_stream, "n_train": self.n_train}
 
 
 # Timed on 2 CPU cores (2026-11-22): full 15.6 min (offline 2.4, on-policy 8.7, comparison 3.4),
 # quick 3.2 min; an on-policy iteration over 16 episodes takes ~50 s of rollouts + ~60 s of update.
 BUDGETS: dict[str, DemoBudget] = {
-    "full": DemoBudget("full", 15, n_train=16, n_heldout=48, traces_per_problem=2, offline_passes=1,
+    "full": DemoBudget("full", 15, n_traced=16, n_heldout=48, traces_per_problem=2, offline_passes=1,
                        online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,
                        max_tokens=32),
-    "quick": DemoBudget("quick", 3, n_train=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
+    "quick": DemoBudget("quick", 3, n_traced=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
                         online_iterations=2, online_minutes=0.5, scenarios_per_iteration=2, group_size=2,
                         max_tokens=32),
     # CI's end-to-end test: every stage runs, on as little work as still exercises it.
-    "smoke": DemoBudget("smoke", 2, n_train=2, n_heldout=5, traces_per_problem=2, offline_passes=1,
+    "smoke": DemoBudget("smoke", 2, n_traced=2, n_heldout=5, traces_per_problem=2, offline_passes=1,
                         online_iterations=1, online_minutes=0.2, scenarios_per_iteration=1, group_size=2,
                         max_tokens=16),
 }
@@ -56,6 +78,28 @@ DEMO_GATE = {
     "component_tolerance": {"*": 0.05},
     "max_cost_ratio": 1.5,
 }
+
+
+class DemoProblems(NamedTuple):
+    """The demo's problems: `traced` (offline data), `stream` (on-policy, in order), `heldout` (comparison)."""
+
+    all: ScenarioSet
+    traced: ScenarioSet
+    stream: ScenarioSet
+    heldout: ScenarioSet
+
+
+def demo_problems(budget: DemoBudget, seed: int) -> DemoProblems:
+    """Split `make_problems(budget.n_train, budget.n_heldout, seed)`: the first `n_traced` training problems
+    are traced, the rest are the on-policy stream, one batch per iteration, never repeated (fit_online takes
+    the next `scenarios_per_iteration` of the list each iteration), and none of them was traced."""
+    from marft_lg.examples.math_team.problems import make_problems
+    from marft_lg.trajectories.scenarios import ScenarioSet
+
+    problems = make_problems(budget.n_train, budget.n_heldout, seed)
+    train = list(problems.split("train"))
+    return DemoProblems(problems, ScenarioSet(train[:budget.n_traced]), ScenarioSet(train[budget.n_traced:]),
+                        problems.split("heldout"))
 
 
 def _examples() -> Any:
@@ -116,13 +160,13 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     log = _Log(run_dir, console)
-    log.record("start", budget=asdict(budget), model=model, seed=seed, node_roles=node_roles)
+    log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=node_roles)
     torch.manual_seed(seed)
 
     log.stage(f"1/8 serve the math team on {model}")
-    problems = math_team.problems.make_problems(budget.n_train, budget.n_heldout, seed)
-    train, heldout = problems.split("train"), problems.split("heldout")
-    problems.save(run_dir / "scenarios.jsonl")
+    problems = demo_problems(budget, seed)
+    traced, stream, heldout = problems.traced, problems.stream, problems.heldout
+    problems.all.save(run_dir / "scenarios.jsonl")
     reward = math_team.reward.math_reward()
     roles = list(math_team.graph.ROLES)
     team = Team(model, roles, registry=run_dir / "registry", versions=None, seed=seed)
@@ -141,8 +185,8 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
                                                     **caps),
                         team=team, trace_dir=trace_dir, node_roles=node_roles)
 
-        log.stage(f"2/8 run the untuned team on {len(train)} training problems (traced to {trace_dir})")
-        jobs = [(s, k) for k in range(budget.traces_per_problem) for s in train]
+        log.stage(f"2/8 run the untuned team on {len(traced)} training problems (traced to {trace_dir})")
+        jobs = [(s, k) for k in range(budget.traces_per_problem) for s in traced]
         n = _run_episodes(sampling, jobs, seed=seed, console=console, concurrency=min(len(jobs), 32))
         log.record("traced", episodes=n, trace_dir=str(trace_dir))
 
@@ -150,7 +194,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         dataset = mine([trace_dir], quarantine=run_dir / "quarantine.jsonl")
         dataset.to_parquet(run_dir / "trajectories")
         per_agent = dataset.actions["agent"].value_counts().to_dict()
-        scored = reward.score(dataset, train)
+        scored = reward.score(dataset, traced)
         untuned_reward = float(scored.episodes["reward"].mean())
         log.record("mined", episodes=len(dataset), actions_per_agent=per_agent, untuned_train_reward=untuned_reward)
         console.print(f"{len(dataset)} episodes, actions per agent {per_agent}; untuned train reward {untuned_reward:.3f}")
@@ -162,18 +206,20 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
                           checkpoint_every=1000,
                           rollout_concurrency=budget.scenarios_per_iteration * budget.group_size)
         trainer = MARFTTrainer(team, reward, cfg, run_dir / "train", run_id="demo")
-        offline_rows = trainer.fit_offline(dataset, train)
+        offline_rows = trainer.fit_offline(dataset, traced)
         log.record("offline", iterations=len(offline_rows),
                    reward_mean=[r["reward_mean"] for r in offline_rows])
 
-        log.stage(f"5/8 on-policy MARFT (up to {budget.online_iterations} iterations / {budget.online_minutes:g} min)")
-        online_rows = trainer.fit_online(sampling, train, budget.online_iterations,
+        log.stage(f"5/8 on-policy MARFT, {budget.scenarios_per_iteration} fresh problems per iteration (up to "
+                  f"{budget.online_iterations} iterations / {budget.online_minutes:g} min)")
+        online_rows = trainer.fit_online(sampling, stream, budget.online_iterations,
                                          scenarios_per_iteration=budget.scenarios_per_iteration,
                                          time_budget_s=budget.online_minutes * 60)
+        online_seen = min(len(online_rows) * budget.scenarios_per_iteration, len(stream))
         tuned = team.versions()
         team.registry.set_alias("candidate", tuned, reason="demo: tuned by MARFT")
         log.record("online", iterations=len(online_rows), reward_mean=[r["reward_mean"] for r in online_rows],
-                   candidate=tuned)
+                   problems_seen=online_seen, candidate=tuned)
 
         log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
         greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
@@ -182,6 +228,9 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
                                 run_id=f"demo-{run_dir.name}", concurrency=min(2 * len(heldout), 48))
         log.record("compare", **result.to_dict())
+        accuracy = _side_accuracy(greedy, result, heldout)
+        effect = result.team_detectable_effect()
+        log.record("accuracy", **accuracy)
 
         log.stage("7/8 promotion gate")
         gate = PromotionGate.from_dict(DEMO_GATE, source="marft_lg.demo.DEMO_GATE")
@@ -196,14 +245,16 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         compare_files = write_report(result, run_dir / "compare", decision)
         train_rows = read_metrics(run_dir / "train" / "metrics.jsonl")
         summary = {
-            "budget": asdict(budget), "model": model, "seed": seed, "run_dir": str(run_dir),
+            "budget": budget.to_dict(), "model": model, "seed": seed, "run_dir": str(run_dir),
             "trace_dir": str(trace_dir), "episodes_traced": n, "episodes_mined": len(dataset),
             "actions_per_agent": per_agent, "untuned_train_reward": untuned_reward,
+            "problems": {"traced": len(traced), "stream": len(stream), "online_seen": online_seen,
+                         "heldout": len(heldout)},
             "train_iterations": len(train_rows),
             "train_reward_curve": [r.get("reward_mean") for r in train_rows],
             "heldout": {"pairs": result.n_pairs, "baseline_reward": result.side_mean("baseline", "reward"),
                         "candidate_reward": result.side_mean("candidate", "reward"),
-                        "difference": result.team.to_dict()},
+                        "difference": result.team.to_dict(), "mde": effect.to_dict(), "accuracy": accuracy},
             "gate": {"promote": decision.promote, "reasons": decision.reasons},
             "versions": {"untuned": untuned, "tuned": tuned, "live": live_now},
             "minutes": round((time.perf_counter() - log.t0) / 60, 2),
@@ -212,6 +263,8 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         report = _write_report(run_dir, summary, compare_files)
         log.record("done", report=str(report), minutes=summary["minutes"])
         print_summary(result, decision, console=console)
+        for line in _summary_lines(summary):
+            console.print(line, markup=False, highlight=False)
         why = ("the tuned team's held-out reward is higher, paired 95% CI "
                f"[{_fmt(result.team.to_dict().get('low'))}, {_fmt(result.team.to_dict().get('high'))}]"
                if decision.promote else (decision.reasons[0] if decision.reasons else "the gate rejected it"))
@@ -245,20 +298,66 @@ def _run_episodes(app: Any, jobs: list[tuple[Any, int]], *, seed: int, console: 
     return len(jobs)
 
 
+def _side_accuracy(app: Any, result: Any, scenarios: ScenarioSet) -> dict[str, dict[str, Any]]:
+    """Strict / lenient answer accuracy of each side of the comparison, over the episodes it scored (read back
+    from the app's traces; a run that left no trace counts as wrong, as it does in the comparison)."""
+    from marft_lg.evaluation.shadow import mine_app_episodes, with_missing_as_errors
+    from marft_lg.examples.math_team.accuracy import answer_accuracy
+
+    sides = {side: getattr(result, side).episodes for side in ("baseline", "candidate")}
+    mined = mine_app_episodes(app, [e for frame in sides.values() for e in frame["episode_id"]])
+    out = {}
+    for side, frame in sides.items():
+        units = dict(zip(frame["episode_id"], frame["unit"], strict=True))
+        out[side] = answer_accuracy(with_missing_as_errors(mined.select(list(units)), units), scenarios)
+    return out
+
+
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _summary_lines(s: dict[str, Any]) -> list[str]:
+    """The demo's closing numbers, each under 80 columns: held-out accuracy before/after, and the observed
+    team-reward gain next to the smallest gain this many held-out pairs could detect."""
+    acc, d, e = s["heldout"]["accuracy"], s["heldout"]["difference"], s["heldout"]["mde"]
+    b, c = acc["baseline"], acc["candidate"]
+    return [
+        "",
+        f"held-out answer accuracy ({b['n']} problems)      untuned    tuned",
+        f"  strict  (\\boxed{{N}} = reference)         {_fmt(b['strict']):>7}  {_fmt(c['strict']):>7}",
+        f"  lenient (last number = reference)       {_fmt(b['lenient']):>7}  {_fmt(c['lenient']):>7}",
+        f"team reward gain {_signed(d.get('mean'))}, 95% CI [{_signed(d.get('low'))}, {_signed(d.get('high'))}]",
+        f"smallest gain detectable at n={e['n']} (80% power, 5% two-sided): {_fmt(e['mde'])} "
+        f"(SD {_fmt(e['sd'])})",
+    ]
+
+
+def _signed(value: Any) -> str:
+    return "n/a" if value is None else f"{value:+.3f}"
+
+
 def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Path]) -> Path:
-    """`report.md` at the top of the run: what ran, the curves, before/after with CIs, the decision."""
-    d = s["heldout"]["difference"]
+    """`report.md` at the top of the run: what ran, the curves, before/after with CIs, the decision.
+
+    Lines stay near 80 columns (long facts are split into sub-items) so the Markdown reads in a terminal.
+    """
+    d, e, acc, p = s["heldout"]["difference"], s["heldout"]["mde"], s["heldout"]["accuracy"], s["problems"]
+    b, c, v = acc["baseline"], acc["candidate"], s["versions"]
     lines = [
         "# marft_lg demo run", "",
         f"- budget **{s['budget']['name']}** (about {s['budget']['minutes']:g} min on 2 CPU cores), "
-        f"model `{s['model']}`, seed {s['seed']}, took {s['minutes']} min",
-        f"- traced {s['episodes_traced']} untuned episodes into `{s['trace_dir']}`; mined {s['episodes_mined']} "
-        f"episodes, actions per agent {s['actions_per_agent']}",
-        f"- untuned team reward on the training problems: {_fmt(s['untuned_train_reward'])}",
+        f"seed {s['seed']}, took {s['minutes']} min",
+        f"- model `{s['model']}`",
+        f"- traced {s['episodes_traced']} untuned episodes, mined {s['episodes_mined']}",
+        f"  - actions per agent {s['actions_per_agent']}",
+        f"  - traces in `{s['trace_dir']}`",
+        "- problems, all distinct (no held-out question is a training one):",
+        f"  - {p['traced']} traced: the offline stage's data",
+        f"  - {p['stream']} fresh for on-policy MARFT, {s['budget']['scenarios_per_iteration']} new per "
+        f"iteration ({p['online_seen']} used, none twice)",
+        f"  - {p['heldout']} held out for the comparison",
+        f"- untuned team reward on the traced problems: {_fmt(s['untuned_train_reward'])}",
         f"- MARFT iterations (offline + on-policy): {s['train_iterations']}",
         "", "## Training", "",
         "| iteration | team reward |", "|---|---|",
@@ -269,18 +368,25 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
         f"- team reward: baseline {_fmt(s['heldout']['baseline_reward'])}, candidate "
         f"{_fmt(s['heldout']['candidate_reward'])}",
         f"- paired difference {_fmt(d.get('mean'))}, 95% CI [{_fmt(d.get('low'))}, {_fmt(d.get('high'))}]",
+        f"- minimum detectable gain at n={e['n']} (80% power, 5% two-sided): {_fmt(e['mde'])}",
+        f"  - paired SD {_fmt(e['sd'])}; a smaller true gain would likely be missed",
+        "",
+        f"| answer accuracy (n={b['n']}) | untuned | tuned |", "|---|---|---|",
+        f"| strict: `\\boxed{{N}}` = reference | {_fmt(b['strict'])} | {_fmt(c['strict'])} |",
+        f"| lenient: last number = reference | {_fmt(b['lenient'])} | {_fmt(c['lenient'])} |",
         "", "![per-component deltas with CIs](compare/plots/component_deltas.png)", "",
         "![per-agent deltas](compare/plots/agent_deltas.png)", "",
-        "Full comparison: [compare/report.md](compare/report.md) ([HTML](compare/report.html)).", "",
+        "Full comparison: [report.md](compare/report.md), [HTML](compare/report.html).", "",
         "## Promotion", "",
         f"- gate: **{'promote' if s['gate']['promote'] else 'reject'}**",
         *[f"  - {r}" for r in s["gate"]["reasons"]],
-        f"- live versions now: {s['versions']['live']} (untuned {s['versions']['untuned']}, "
-        f"tuned {s['versions']['tuned']})", "",
+        f"- live versions now: {v['live']}",
+        f"  - untuned {v['untuned']}",
+        f"  - tuned {v['tuned']}", "",
     ]
     if s["budget"]["name"] != "full":
-        lines.insert(2, f"> This is the reduced `{s['budget']['name']}` budget: too little training to expect a "
-                        "significant gain. Run `marft-lg demo` for the full budget.\n")
+        lines[2:2] = [f"> Reduced `{s['budget']['name']}` budget: too little training to expect a significant "
+                      "gain.", "> Run `marft-lg demo` for the full budget.", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     from marft_lg.evaluation.report import markdown_to_html

@@ -74,6 +74,8 @@ def test_report_and_plots_exist_and_say_where(demo_run):
     assert (run_dir / "compare" / "report.html").exists()
     page = (run_dir / "report.html").read_text()
     assert '<img src="train/reward.png"' in page and "<table>" in page
+    assert "answer accuracy" in text and "minimum detectable gain" in text
+    assert "held-out answer accuracy" in stdout and "smallest gain detectable" in stdout
     # printed last: the decision with its reason, then where the report is
     last = stdout[stdout.rindex("decision: "):]
     assert ("PROMOTE" in last or "REJECT" in last) and "report:" in last and last.rstrip().endswith("beside it)")
@@ -97,6 +99,15 @@ def test_report_numbers_match_the_logs(demo_run):
     assert summary["heldout"]["pairs"] == log["compare"]["n_pairs"] == summary["budget"]["n_heldout"]
     assert summary["heldout"]["difference"] == log["compare"]["team_reward"]
     assert summary["heldout"]["baseline_reward"] == pytest.approx(log["compare"]["baseline_reward_mean"])
+    # traced problems only for the offline stage; on-policy drew fresh ones; both sides' accuracy and the MDE
+    # cover every held-out pair
+    assert summary["problems"]["traced"] == summary["budget"]["n_traced"]
+    assert summary["episodes_traced"] == summary["budget"]["n_traced"] * summary["budget"]["traces_per_problem"]
+    assert summary["problems"]["online_seen"] == log["online"]["problems_seen"] <= summary["problems"]["stream"]
+    for side in ("baseline", "candidate"):
+        acc = summary["heldout"]["accuracy"][side]
+        assert acc["n"] == summary["heldout"]["pairs"] and 0 <= acc["strict"] <= 1 and 0 <= acc["lenient"] <= 1
+    assert summary["heldout"]["mde"]["n"] == summary["heldout"]["pairs"]
     # every reported iteration reward appears in the report table
     text = (run_dir / "report.md").read_text()
     for i, r in enumerate(summary["train_reward_curve"]):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
+from math_team_factory import math_dataset
 
 from marft_lg.examples.math_team.accuracy import answer_accuracy, answer_checks
-from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
 
 
@@ -28,24 +27,10 @@ def test_answer_checks(text, reference, strict, lenient):
     assert answer_checks(text, reference) == (strict, lenient)
 
 
-def _dataset(episodes: dict[str, tuple[str, list[tuple[str, str]]]]) -> TrajectoryDataset:
-    """{episode id: (scenario id, [(agent, completion), ...])} as a dataset."""
-    t0 = pd.Timestamp("2026-01-01", tz="UTC")
-    eps, acts = [], []
-    for i, (eid, (sid, actions)) in enumerate(episodes.items()):
-        eps.append({"episode_id": eid, "scenario_id": sid, "start_time": t0 + pd.Timedelta(seconds=i),
-                    "end_time": t0, "n_actions": len(actions), "agents": [a for a, _ in actions],
-                    "status": "ok" if actions else "error", "outcome": None, "feedback": {}, "metadata": {}})
-        acts += [{**dict.fromkeys(ACTION_COLUMNS), "episode_id": eid, "order": k, "agent": agent, "completion": text}
-                 for k, (agent, text) in enumerate(actions)]
-    return TrajectoryDataset(pd.DataFrame(eps, columns=list(EPISODE_COLUMNS)),
-                             pd.DataFrame(acts, columns=list(ACTION_COLUMNS)))
-
-
 def test_answer_accuracy_reads_the_actors_last_answer_and_counts_failed_runs_as_wrong():
     scenarios = [Scenario("p1", {"question": "?"}, reference="7"), Scenario("p2", {"question": "?"}, reference="12"),
                  Scenario("p3", {"question": "?"}, reference="-4"), Scenario("p4", {"question": "?"}, reference="5")]
-    ds = _dataset({
+    ds = math_dataset({
         "e1": ("p1", [("reasoner", "add: 3 + 4"), ("actor", "\\boxed{7}")]),  # strict and lenient
         "e2": ("p2", [("reasoner", "the answer is \\boxed{12}"), ("actor", "it is 12")]),  # the reasoner's box is not the actor's
         "e3": ("p3", [("actor", "\\boxed{4}"), ("actor", "so \\boxed{-4}")]),  # the actor's last action counts
@@ -64,7 +49,7 @@ def test_learn_evaluate_returns_the_accuracy_of_the_episodes_it_ran(monkeypatch)
     from marft_lg.examples.math_team.reward import math_reward
 
     scenarios = [Scenario("p1", {"question": "?"}, reference="7"), Scenario("p2", {"question": "?"}, reference="6")]
-    ds = _dataset({"e1": ("p1", [("reasoner", "3 + 4"), ("actor", "3 + 4 = \\boxed{7}")]),
+    ds = math_dataset({"e1": ("p1", [("reasoner", "3 + 4"), ("actor", "3 + 4 = \\boxed{7}")]),
                    "e2": ("p2", [("reasoner", "9 - 3"), ("actor", "9 - 3 = 6")])})
 
     class FakeCollector:

@@ -1,16 +1,18 @@
 """The embedded engine: ONE transformers base model with N peft LoRA adapters, in-process.
 
-A background thread gathers concurrent requests into one left-padded batch (mixed adapters go
-through peft's ``adapter_names=``), then runs its own KV-cached sampling loop. Owning the loop is
-what gives exact per-request seeds (each request draws from its own generator, whatever the batch),
-stop strings, finished rows dropped from the cache, and the log-prob of every sampled token under
-the unprocessed model distribution — the numbers the trainer needs.
+A background thread runs its own KV-cached sampling loop with continuous batching: requests that
+arrive while rows are decoding are prefilled and join the batch at the next step, and a finished
+row is answered at once and leaves the cache. Owning the loop is what gives exact per-request seeds
+(each request draws from its own generator, whatever the batch), stop strings, and the log-prob of
+every sampled token under the unprocessed model distribution: the numbers the trainer needs.
 
-Two speed-ups matter on CPU, where a decode step is bound by reading the weights: a batch on one
-adapter runs it as peft's active adapter instead of the mixed-batch path, and the prompt prefix all
-rows of such a batch share (system prompt, few-shot turns) is prefilled once (`min_shared_prefix`).
-That prefill changes float summation order, so a seeded request is reproducible whatever the batch
-up to rounding; set `min_shared_prefix` very high where token-exact replays across batch shapes matter.
+On CPU a decode step is bound by reading the weights, so rows on different adapters decode together:
+one base pass plus each row's LoRA delta (`RowAdapters`); a batch on one adapter runs it as peft's
+active adapter. Prompts are prefilled per adapter, and the prefix they share (system prompt,
+few-shot turns) is computed once and kept for later requests on the same adapter weights
+(`min_shared_prefix`). Both change float summation order, so a seeded request is reproducible
+whatever the batch up to rounding; set `min_shared_prefix` very high where token-exact replays
+across batch shapes matter.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -33,12 +36,11 @@ from typing import Any
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.integrity import base_shapes_from_model, verify_adapter
 from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.mixed_forward import mixed_adapter_forward
+from marft_lg.serving.mixed_forward import BASE, RowAdapters, mixed_adapter_forward
 from marft_lg.serving.prefix import common_prefix_length
 from marft_lg.serving.types import ChatRequest, Completion
 
 log = logging.getLogger(__name__)
-BASE = "__base__"  # peft's name for "no adapter" inside a mixed batch
 
 
 @dataclass
@@ -48,6 +50,63 @@ class _Item:
     prompt_ids: list[int]
     future: Future
     submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Row:
+    """One request being decoded: its sampling state and what it has produced so far."""
+
+    item: _Item
+    name: str  # adapter, or BASE
+    gen: Any  # its own torch.Generator: a seeded request samples the same tokens whatever the batch
+    tokens: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    tops: list[dict[int, float]] = field(default_factory=list)
+    finish: str = "length"
+    stop_at: int | None = None
+
+
+@dataclass
+class _Running:
+    """Rows decoding together: one KV cache, the left-padded attention mask, each row's last position and token."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: Any  # [rows, cached columns]
+    positions: Any  # [rows]
+    last: Any  # [rows], None right after the prefill
+
+
+class _PrefixStore:
+    """Keys and values of recent prompt prefixes per adapter weights (least recently used dropped first)."""
+
+    def __init__(self, max_entries: int = 16):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[Any, tuple[int, ...]], list[tuple[Any, Any]]] = OrderedDict()
+
+    def find(self, key: Any, prompt: list[int], limit: int) -> tuple[int, list[tuple[Any, Any]]]:
+        """The longest stored prefix (under `key`) the prompt starts with, cut to `limit` tokens: (length, layers)."""
+        best, layers, hit = 0, [], None
+        for entry in self._entries:
+            if entry[0] != key:
+                continue
+            tokens, n = entry[1], 0
+            end = min(len(tokens), len(prompt))
+            while n < end and tokens[n] == prompt[n]:
+                n += 1
+            if min(n, limit) > best:
+                best, layers, hit = min(n, limit), self._entries[entry], entry
+        if hit is not None:
+            self._entries.move_to_end(hit)
+        return best, layers
+
+    def add(self, key: Any, tokens: list[int], layers: list[tuple[Any, Any]]) -> None:
+        self._entries[(key, tuple(tokens))] = layers
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _message_text(content: Any) -> str:
@@ -160,7 +219,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self._seeds = random.Random(seed)
-        self._lock = threading.RLock()  # held for a whole batch, and by exclusive()
+        self._lock = threading.RLock()  # held for a whole serving session, and by exclusive()
         self._step_lock = threading.RLock()  # held for one forward pass, and while adapters change
         self._exclusive_owner: int | None = None
         self._queue: queue.Queue[_Item | None] = queue.Queue()
@@ -169,7 +228,17 @@ class HFEngine:
         self._start_lock = threading.Lock()
         self.min_shared_prefix = min_shared_prefix
         self.stats = {"batches": 0, "requests": 0, "largest_batch": 0, "generated_tokens": 0, "shared_prefix_tokens": 0,
-                      "split_batches": 0}
+                      "prefix_cache_hits": 0, "joined_running": 0}
+        self._pausing = 0  # exclusive() callers waiting: a session stops admitting requests so it can end
+        self._adapters_epoch = 0  # bumped whenever adapters or weights may have changed
+        self._adapter_params: dict[str, list[Any]] = {}
+        self._plans: dict[Any, RowAdapters | None] = {}
+        self._prefixes = _PrefixStore()
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        # rows join a running batch by left-padding caches: plain growing layers only (not sliding windows)
+        self._joinable = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.config).layers)
 
     # ---- adapters ------------------------------------------------------------------------------
     @property
@@ -261,25 +330,44 @@ class HFEngine:
         Wrapping the plain base model into a PeftModel changes what a running batch calls, so that
         first adapter waits for the batch to end.
         """
-        if self.is_peft:
-            with self._step_lock:
+        with self._step_lock if self.is_peft else self._paused(), self._step_lock:
+            try:
                 yield
-        else:
-            with self._lock, self._step_lock:
+            finally:
+                self._adapters_changed()
+
+    def _adapters_changed(self) -> None:
+        """Forget what was derived from adapter weights (stacked matrices, parameter lists, cached prefixes)."""
+        self._adapters_epoch += 1
+        self._adapter_params = {}
+        self._prefixes.clear()
+
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        """Hold the serving lock: a running session stops admitting requests, ends, and lets the caller in."""
+        self._pausing += 1
+        try:
+            with self._lock:
                 yield
+        finally:
+            self._pausing -= 1
 
     def max_context(self) -> int:
         return self._max_context
 
     @contextmanager
     def exclusive(self) -> Iterator[Any]:
-        """Pause serving (after the running batch) while the caller updates the model in this thread."""
-        with self._lock:
+        """Pause serving while the caller updates the model in this thread.
+
+        The running rows finish first (requests arriving meanwhile wait), so no answer mixes weights.
+        """
+        with self._paused():
             self._exclusive_owner = threading.get_ident()
             try:
                 yield self.model
             finally:
                 self._exclusive_owner = None
+                self._adapters_changed()
 
     # ---- requests ------------------------------------------------------------------------------
     def encode(self, req: ChatRequest) -> list[int]:
@@ -356,112 +444,125 @@ class HFEngine:
                 self._thread.start()
 
     def _loop(self) -> None:
+        """Sessions of continuous batching: a session starts with the queued requests and ends when its
+        last row finishes; requests that arrive meanwhile join it at the next decode step."""
         while True:
             first = self._queue.get()
             if first is None:
                 return
-            batch = [first]
-            deadline = time.perf_counter() + self.batch_wait_s
-            stop = False
-            while len(batch) < self.max_batch_size:
-                try:
-                    it = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
-                except queue.Empty:
-                    break
-                if it is None:
-                    stop = True
-                    break
-                batch.append(it)
-            live = [it for it in batch if it.future.set_running_or_notify_cancel()]
-            if live:
-                try:
-                    with self._lock:
-                        results = self._run_batch(live)
-                    for it, res in zip(live, results, strict=True):
-                        it.future.set_result(res)
-                except BaseException as e:  # noqa: BLE001 - every waiting caller must hear about it
-                    log.exception("batch of %d requests failed", len(live))
-                    for it in live:
-                        if not it.future.done():
-                            it.future.set_exception(e)
-            if stop:
+            arrivals, closing = self._gather([first], wait_s=self.batch_wait_s, room=self.max_batch_size)
+            with self._lock:
+                closing = self._session(arrivals, closing)
+            if closing:
                 return
 
-    def _run_batch(self, items: list[_Item]) -> list[Completion]:
+    def _gather(self, items: list[_Item], *, wait_s: float, room: int) -> tuple[list[_Item], bool]:
+        """Queued requests appended to `items` (waiting up to `wait_s` for more), at most `room` in all;
+        True when close() was asked for."""
+        deadline = time.perf_counter() + wait_s
+        while len(items) < room:
+            try:
+                it = self._queue.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                break
+            if it is None:
+                return items, True
+            items.append(it)
+        return items, False
+
+    def _session(self, arrivals: list[_Item], closing: bool) -> bool:
+        """Decode until no row is left, admitting queued requests between steps (unless exclusive() or
+        close() waits); returns whether close() was asked for."""
         import torch
 
         was_training = self.model.training
         self.model.eval()
+        running: _Running | None = None
+        self._plans = {}
         try:
             with torch.inference_mode():
-                groups = self._adapter_groups(items)
-                if groups is None:
-                    return self._sample(items)
-                self.stats["split_batches"] += 1
-                out: list[Completion | None] = [None] * len(items)
-                for idx in groups:
-                    for i, done in zip(idx, self._sample([items[i] for i in idx]), strict=True):
-                        out[i] = done
-                return out  # type: ignore[return-value]
+                while True:
+                    if arrivals:
+                        running = self._admit(arrivals, running)
+                        arrivals = []
+                    if running is not None and running.rows:
+                        running = self._decode(running)
+                    can_join = self._joinable or running is None or not running.rows
+                    if closing or self._pausing or not can_join:
+                        if running is None or not running.rows:
+                            break
+                        continue
+                    busy = len(running.rows) if running is not None else 0
+                    arrivals, closing = self._gather([], wait_s=0.0, room=self.max_batch_size - busy)
+                    if not arrivals and not busy:
+                        break
+        except BaseException as e:  # noqa: BLE001 - every waiting caller must hear about it
+            waiting = [row.item for row in running.rows] if running is not None else []
+            log.exception("a batch of %d requests failed", len(waiting) + len(arrivals))
+            for it in [*waiting, *arrivals]:
+                if not it.future.done():
+                    it.future.set_exception(e)
         finally:
             self.model.train(was_training)
+            self._plans = {}
+        self.stats["batches"] += 1
+        return closing
 
-    def _adapter_groups(self, items: list[_Item]) -> list[list[int]] | None:
-        """Row indices per adapter when a mixed batch is better run as one-adapter batches, else None.
-
-        A mixed batch cannot share a prompt prefix (each adapter has its own keys and values), so two
-        teams answering the same prompts (a shadow comparison) prefill every few-shot prompt in full.
-        Split when the prefix tokens saved outweigh the extra decode passes (~8 prefill tokens a step).
-        """
-        by_adapter: dict[str | None, list[int]] = {}
-        for i, it in enumerate(items):
-            by_adapter.setdefault(it.adapter, []).append(i)
-        if len(by_adapter) < 2:
-            return None
-        saved = sum(self._shared_prefix([items[i] for i in idx]) * (len(idx) - 1) for idx in by_adapter.values())
-        extra_steps = (len(by_adapter) - 1) * max(int(it.request.max_tokens) for it in items)
-        return list(by_adapter.values()) if saved > 8 * extra_steps else None
+    def _admit(self, items: list[_Item], running: _Running | None) -> _Running | None:
+        """Prefill new requests (one group per adapter, each group's shared prefix once), sample their
+        first tokens and merge them into the running rows."""
+        live = [it for it in items if it.future.set_running_or_notify_cancel()]
+        if running is not None and running.rows:
+            self.stats["joined_running"] += len(live)
+        groups: dict[str, list[_Item]] = {}
+        for it in live:
+            groups.setdefault(it.adapter or BASE if self._joinable else "", []).append(it)
+        for group in groups.values():
+            part, logits = self._prefill(group)
+            part = self._step(part, logits)
+            if running is None or not running.rows:
+                running = part
+            elif part.rows:
+                running = self._merge(running, part)
+        if running is not None:
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(running.rows))
+        return running
 
     def _forward(self, names: list[str], **kwargs: Any) -> Any:
         """One model call for rows using adapters `names`, between two adapter changes.
 
-        A batch on one adapter runs it as peft's active adapter: the mixed-batch path
-        (``adapter_names=``) gathers and scatters every row at every LoRA layer, ~30% slower.
+        A batch on one adapter runs it as peft's active adapter; a mixed batch runs the base once and
+        adds each row's LoRA delta (`RowAdapters`), or peft's per-row path for LoRA variants.
         """
         with self._step_lock:
-            if self.is_peft:
-                if len(set(names)) == 1 and names[0] != BASE:
-                    if self.model.active_adapter != names[0]:
-                        self.model.set_adapter(names[0], inference_mode=True)
-                else:
-                    return mixed_adapter_forward(self.model, names, **kwargs)
-            return self.model(**kwargs)
+            if not self.is_peft:
+                return self.model(**kwargs)
+            unique = sorted(set(names))
+            if len(unique) == 1 and unique[0] != BASE:
+                if self.model.active_adapter != unique[0]:
+                    self.model.set_adapter(unique[0], inference_mode=True)
+                return self.model(**kwargs)
+            key = (self._adapters_epoch, tuple(unique))
+            if key not in self._plans:
+                self._plans[key] = RowAdapters(self.model, unique) if RowAdapters.supported(self.model, unique) else None
+            plan = self._plans[key]
+            if plan is None:
+                return mixed_adapter_forward(self.model, names, **kwargs)
+            return plan.forward(plan.masks(names), **kwargs)
 
-    def _shared_prefix(self, items: list[_Item]) -> int:
-        """Prompt tokens every row of a one-adapter batch shares (system prompt, few-shot turns), or 0.
-
-        That prefix is prefilled once and its KV cache repeated over the batch; at least one token of
-        each prompt stays in the per-row part so every row gets its own next-token logits.
-        """
-        if len(items) < 2 or len({it.adapter for it in items}) != 1:
-            return 0
-        n = common_prefix_length([it.prompt_ids for it in items])
-        return n if n >= self.min_shared_prefix else 0
-
-    def _prefill(self, items: list[_Item], names: list[str], cache: Any) -> tuple[Any, Any, Any]:
-        """Run the prompts into `cache`; returns (output, attention mask, position ids) of the batch.
+    def _prefill(self, items: list[_Item]) -> tuple[_Running, Any]:
+        """Run the prompts of rows on one adapter into a new cache; returns the rows and their next-token logits.
 
         Rows are left-padded; a shared prefix sits before the padding, so the mask may have a hole.
         """
         import torch
+        from transformers import DynamicCache
 
         n = len(items)
-        shared = self._shared_prefix(items)
-        if shared:
-            self._forward(names[:1], input_ids=torch.tensor([items[0].prompt_ids[:shared]], device=self.device),
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache.batch_repeat_interleave(n)
-            self.stats["shared_prefix_tokens"] += shared * (n - 1)
+        names = [it.adapter or BASE for it in items]
+        rows = [_Row(it, name, self._generator(it)) for it, name in zip(items, names, strict=True)]
+        cache, shared = self._prefix_cache(items, names)
+        cache = cache if cache is not None else DynamicCache(config=self.config)
         width = max(len(it.prompt_ids) for it in items) - shared
         input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((n, shared + width), dtype=torch.long)
@@ -474,84 +575,167 @@ class HFEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         out = self._forward(names, input_ids=input_ids, attention_mask=mask, position_ids=positions,
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out, mask, positions
+        return _Running(rows, cache, mask, positions[:, -1], None), out.logits[:, -1, :]
 
-    def _sample(self, items: list[_Item]) -> list[Completion]:
+    def _prefix_cache(self, items: list[_Item], names: list[str]) -> tuple[Any, int]:
+        """A cache holding the prompt prefix the rows share (system prompt, few-shot turns), or (None, 0).
+
+        Rows on one adapter only (each adapter has its own keys and values). The prefix comes from
+        the prefix store when an earlier request on the same adapter weights began the same way, and
+        is added to it otherwise; at least one token of each prompt stays in the per-row part, so every
+        row gets its own next-token logits.
+        """
+
+        if len(set(names)) != 1:
+            return None, 0
+        with self._step_lock:  # the store changes with the adapters
+            return self._shared_prefix(items, names[0])
+
+    def _shared_prefix(self, items: list[_Item], name: str) -> tuple[Any, int]:
         import torch
         from transformers import DynamicCache
 
+        prompts = [it.prompt_ids for it in items]
+        limit = common_prefix_length(prompts) if len(items) > 1 else len(prompts[0]) - 1
+        if limit < self.min_shared_prefix:
+            return None, 0
+        if not self._joinable:  # layers that are not plain growing caches: share within this batch only
+            if len(items) < 2:
+                return None, 0
+            cache = DynamicCache(config=self.config)
+            self._forward([name], input_ids=torch.tensor([prompts[0][:limit]], device=self.device),
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(len(items))
+            self.stats["shared_prefix_tokens"] += limit * (len(items) - 1)
+            return cache, limit
+        key = (name, self._weights_version(name))
+        shared, layers = self._prefixes.find(key, prompts[0], limit)
+        if shared >= self.min_shared_prefix:
+            self.stats["prefix_cache_hits"] += 1
+            self.stats["shared_prefix_tokens"] += shared * len(items)
+        else:
+            cache = DynamicCache(config=self.config)
+            self._forward([name], input_ids=torch.tensor([prompts[0][:limit]], device=self.device),
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            self._prefixes.add(key, prompts[0][:limit], layers)
+            shared = limit
+            self.stats["shared_prefix_tokens"] += shared * (len(items) - 1)
         n = len(items)
-        gens = []
-        for it in items:
-            g = torch.Generator()
-            g.manual_seed(it.request.seed if it.request.seed is not None else self._seeds.getrandbits(63))
-            gens.append(g)
-        temps = torch.tensor([float(it.request.temperature) for it in items], device=self.device)
-        top_ps = torch.tensor([float(it.request.top_p) for it in items], device=self.device)
-        tokens: list[list[int]] = [[] for _ in items]
-        lps: list[list[float]] = [[] for _ in items]
-        tops: list[list[dict[int, float]]] = [[] for _ in items]
-        finish = ["length"] * n
-        stop_at: list[int | None] = [None] * n
-        names = [it.adapter or BASE for it in items]
+        return DynamicCache(ddp_cache_data=[(k[:, :, :shared].expand(n, -1, -1, -1), v[:, :, :shared].expand(n, -1, -1, -1))
+                                            for k, v in layers], config=self.config), shared
 
-        cache = DynamicCache(config=self.config)
-        out, mask, positions = self._prefill(items, names, cache)
-        rows = list(range(n))  # batch row -> item index
-        last_pos = positions[:, -1]
-        while True:
-            logits = out.logits[:, -1, :].float()
-            logp = torch.log_softmax(logits, dim=-1)
-            chosen = self._choose(logits, temps[rows], top_ps[rows], [gens[r] for r in rows])
-            chosen_lp = logp.gather(1, chosen[:, None])[:, 0].tolist()  # one device->host copy per step
-            keep = []
-            for j, (r, tok) in enumerate(zip(rows, chosen.tolist(), strict=True)):
-                it = items[r]
-                tokens[r].append(tok)
-                lps[r].append(chosen_lp[j])
-                if it.request.top_logprobs:
-                    v, ix = logp[j].topk(int(it.request.top_logprobs))
-                    tops[r].append(dict(zip(ix.tolist(), v.tolist(), strict=True)))
-                if tok in self.eos_token_ids and not it.request.ignore_eos:
-                    finish[r] = "stop"
-                elif it.request.stop and (cut := self._stop_index(tokens[r], it.request.stop)) is not None:
-                    finish[r], stop_at[r] = "stop", cut
-                elif len(tokens[r]) >= it.request.max_tokens:
-                    finish[r] = "length"
-                else:
-                    keep.append(j)
-            if not keep:
-                break
-            if len(keep) < len(rows):
-                idx = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(idx)
-                mask, last_pos, chosen = mask[idx], last_pos[idx], chosen[idx]
-                rows = [rows[j] for j in keep]
-                names = [names[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            last_pos = last_pos + 1
-            out = self._forward(names, input_ids=chosen[:, None], attention_mask=mask, position_ids=last_pos[:, None],
-                                past_key_values=cache, use_cache=True)
+    def _weights_version(self, name: str) -> tuple[int, ...]:
+        """Changes whenever adapter `name`'s weights do (loaded anew, or updated in place by an optimizer)."""
+        if name == BASE:
+            return ()
+        params = self._adapter_params.get(name)
+        if params is None:
+            params = [p for n, p in self.model.named_parameters() if f".{name}." in n]
+            self._adapter_params[name] = params
+        return (self._adapters_epoch, *(p._version for p in params))
 
-        self.stats["batches"] += 1
-        self.stats["requests"] += n
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], n)
-        self.stats["generated_tokens"] += sum(len(t) for t in tokens)
-        now = time.perf_counter()
-        results = []
-        for i, it in enumerate(items):
-            text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
-            if stop_at[i] is not None:
-                text = text[: stop_at[i]]
-            extra: dict[str, Any] = {}
-            if it.request.top_logprobs:
-                extra["top_logprobs"] = tops[i]
-            results.append(Completion(
-                text=text, prompt_token_ids=list(it.prompt_ids), completion_token_ids=tokens[i], logprobs=lps[i],
-                finish_reason=finish[i], agent=it.request.agent, model=self.model_name,
-                latency_s=now - it.submitted, extra=extra,
-            ))
-        return results
+    def _decode(self, running: _Running) -> _Running:
+        """One decode step for every running row."""
+        import torch
+
+        mask = torch.cat([running.mask, running.mask.new_ones((len(running.rows), 1))], dim=1)
+        positions = running.positions + 1
+        out = self._forward([r.name for r in running.rows], input_ids=running.last[:, None], attention_mask=mask,
+                            position_ids=positions[:, None], past_key_values=running.cache, use_cache=True)
+        running.mask, running.positions = mask, positions
+        return self._step(running, out.logits[:, -1, :])
+
+    def _step(self, running: _Running, logits: Any) -> _Running:
+        """Sample one token per row, answer the rows that finished, and keep the others."""
+        import torch
+
+        rows = running.rows
+        logits = logits.float()
+        logp = torch.log_softmax(logits, dim=-1)
+        temps = torch.tensor([float(r.item.request.temperature) for r in rows], device=logits.device)
+        top_ps = torch.tensor([float(r.item.request.top_p) for r in rows], device=logits.device)
+        chosen = self._choose(logits, temps, top_ps, [r.gen for r in rows])
+        chosen_lp = logp.gather(1, chosen[:, None])[:, 0].tolist()  # one device->host copy per step
+        keep = []
+        for j, (row, tok) in enumerate(zip(rows, chosen.tolist(), strict=True)):
+            req = row.item.request
+            row.tokens.append(tok)
+            row.lps.append(chosen_lp[j])
+            if req.top_logprobs:
+                v, ix = logp[j].topk(int(req.top_logprobs))
+                row.tops.append(dict(zip(ix.tolist(), v.tolist(), strict=True)))
+            if tok in self.eos_token_ids and not req.ignore_eos:
+                row.finish = "stop"
+            elif req.stop and (cut := self._stop_index(row.tokens, req.stop)) is not None:
+                row.finish, row.stop_at = "stop", cut
+            elif len(row.tokens) >= req.max_tokens:
+                row.finish = "length"
+            else:
+                keep.append(j)
+                continue
+            self._answer(row)
+        running.last = chosen
+        if len(keep) < len(rows):
+            running = self._select(running, keep)
+        return running
+
+    def _select(self, running: _Running, keep: list[int]) -> _Running:
+        """The running rows `keep` (indices); cache columns no remaining row attends to are dropped."""
+        import torch
+
+        rows = [running.rows[j] for j in keep]
+        if not rows:
+            return _Running([], None, None, None, None)
+        idx = torch.tensor(keep, device=self.device)
+        running.cache.batch_select_indices(idx)
+        mask, positions, last = running.mask[idx], running.positions[idx], running.last[idx]
+        first = int(mask.any(dim=0).int().argmax())
+        if first and self._joinable:
+            mask = mask[:, first:]
+            for layer in running.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        return _Running(rows, running.cache, mask, positions, last)
+
+    def _merge(self, a: _Running, b: _Running) -> _Running:
+        """One batch of two: the shorter cache is left-padded (masked) to the other's length."""
+        import torch
+        import torch.nn.functional as F
+        from transformers import DynamicCache
+
+        la, lb = a.mask.shape[1], b.mask.shape[1]
+        width = max(la, lb)
+
+        def pad(t: Any, length: int) -> Any:
+            return F.pad(t, (0, 0, width - length, 0)) if length < width else t
+
+        layers = [(torch.cat([pad(x.keys, la), pad(y.keys, lb)]), torch.cat([pad(x.values, la), pad(y.values, lb)]))
+                  for x, y in zip(a.cache.layers, b.cache.layers, strict=True)]
+        mask = torch.cat([F.pad(a.mask, (width - la, 0)), F.pad(b.mask, (width - lb, 0))])
+        return _Running(a.rows + b.rows, DynamicCache(ddp_cache_data=layers, config=self.config), mask,
+                        torch.cat([a.positions, b.positions]), torch.cat([a.last, b.last]))
+
+    def _generator(self, it: _Item) -> Any:
+        import torch
+
+        g = torch.Generator()
+        g.manual_seed(it.request.seed if it.request.seed is not None else self._seeds.getrandbits(63))
+        return g
+
+    def _answer(self, row: _Row) -> None:
+        """Resolve a finished row's future now, whatever the rows still decoding."""
+        it = row.item
+        text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        if row.stop_at is not None:
+            text = text[: row.stop_at]
+        extra: dict[str, Any] = {"top_logprobs": row.tops} if it.request.top_logprobs else {}
+        self.stats["requests"] += 1
+        self.stats["generated_tokens"] += len(row.tokens)
+        it.future.set_result(Completion(
+            text=text, prompt_token_ids=list(it.prompt_ids), completion_token_ids=row.tokens, logprobs=row.lps,
+            finish_reason=row.finish, agent=it.request.agent, model=self.model_name,
+            latency_s=time.perf_counter() - it.submitted, extra=extra,
+        ))
 
     def _stop_index(self, tokens: list[int], stops: list[str]) -> int | None:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)

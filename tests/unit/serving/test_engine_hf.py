@@ -216,26 +216,129 @@ def test_one_adapter_batches_leave_other_adapters_intact(engine):
     assert alone2.logprobs == pytest.approx(mixed[1].logprobs, abs=1e-4)
 
 
-def test_mixed_batch_with_shared_prompts_runs_per_adapter_with_the_same_results(engine):
-    # two teams answering the same few-shot prompts (a shadow comparison): one batch per adapter, each
-    # prefilling its shared prefix once, instead of one mixed batch prefilling every prompt in full
-    reqs = [ChatRequest(m, max_tokens=2, seed=i, temperature=0.8, ignore_eos=True) for i, m in enumerate(SHARED)]
-    names = ["ad1"] * 3 + ["ad2"] * 3
-    before, prefix_before = engine.stats["split_batches"], engine.stats["shared_prefix_tokens"]
-    split = engine.generate(reqs + reqs, names)
-    assert engine.stats["split_batches"] == before + 1
-    assert engine.stats["shared_prefix_tokens"] - prefix_before >= 2 * 2 * 16
+def test_mixed_batch_decodes_together_with_a_prefix_per_adapter(engine):
+    # two teams answering the same few-shot prompts (a shadow comparison): each adapter's rows prefill
+    # their shared prefix once, then all rows decode in one batch (one base pass + per-row LoRA deltas)
+    reqs = [ChatRequest(m, max_tokens=4, seed=i, temperature=0.8, ignore_eos=True) for i, m in enumerate(SHARED)]
+    names = ["ad1"] * 3 + ["ad2"] * 3 + [None]
+    reqs = reqs + reqs + reqs[:1]
+    before = dict(engine.stats)
+    together = engine.generate(reqs, names)
+    assert engine.stats["batches"] == before["batches"] + 1
+    assert engine.stats["largest_batch"] >= 7
+    assert engine.stats["shared_prefix_tokens"] - before["shared_prefix_tokens"] >= 2 * 2 * 16
     saved, engine.min_shared_prefix = engine.min_shared_prefix, 10**9
     try:
-        mixed = engine.generate(reqs + reqs, names)
+        alone = [engine.generate([r], [n])[0] for r, n in zip(reqs, names, strict=True)]
     finally:
         engine.min_shared_prefix = saved
-    assert engine.stats["split_batches"] == before + 1  # nothing to share: one mixed batch
-    for a, b, adapter in zip(split, mixed, names, strict=True):
+    for a, b, adapter in zip(together, alone, names, strict=True):
         assert a.completion_token_ids == b.completion_token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         expected, _ = _recompute(engine, a.prompt_token_ids, a.completion_token_ids, adapter)
         assert torch.allclose(torch.tensor(a.logprobs), expected, atol=1e-4)
+
+
+def test_row_adapters_equal_peft_per_row_forward(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from marft_lg.serving.mixed_forward import BASE, RowAdapters
+
+    eng = HFEngine(tiny_model_dir)
+    try:
+        eng.add_adapter("r2", LoraSettings(r=2, init=False), seed=3)
+        eng.add_adapter("r6", LoraSettings(r=6, alpha=3, init=False, target_modules=["q_proj", "v_proj"]), seed=4)
+        eng.add_adapter("r4", LoraSettings(r=4, init=False), seed=5)
+        model = eng.model.eval()
+        names = ["r6", BASE, "r2", "r6", "r4"]
+        ids = torch.randint(0, 100, (len(names), 9))
+        plan = RowAdapters(model, ["r2", "r4", "r6"])
+        assert RowAdapters.supported(model, names)
+        with torch.inference_mode():
+            ours = plan.forward(plan.masks(names), input_ids=ids).logits
+            peft = mixed_adapter_forward(model, names, input_ids=ids).logits
+            model.set_adapter("r4")
+            active = model(input_ids=ids).logits  # peft's flags are restored afterwards
+        assert torch.allclose(ours, peft, atol=1e-5)
+        assert torch.allclose(active[4], peft[4], atol=1e-5)
+        assert not torch.allclose(ours[0], ours[1], atol=1e-3)  # the adapters really differ from the base
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+        with torch.inference_mode():
+            assert torch.allclose(ours[1], base(input_ids=ids[1:2]).logits[0], atol=1e-5)
+    finally:
+        eng.close()
+
+
+def test_a_request_joins_a_running_batch_and_is_answered_first(engine):
+    long = ChatRequest(MSG, max_tokens=60, seed=5, ignore_eos=True)
+    short = ChatRequest(LONGER, max_tokens=2, seed=6, ignore_eos=True)
+    expected_short = engine.generate([short], ["ad2"])[0]
+    expected_long = engine.generate([long], ["ad1"])[0]
+    joined = engine.stats["joined_running"]
+    slow = engine.submit([long], ["ad1"])[0]
+    while not slow.running():
+        time.sleep(0.001)
+    quick = engine.submit([short], ["ad2"])[0]
+    got_short = quick.result(timeout=60)
+    assert not slow.done()  # answered while the long request was still decoding
+    got_long = slow.result(timeout=60)
+    assert engine.stats["joined_running"] == joined + 1
+    assert got_short.completion_token_ids == expected_short.completion_token_ids
+    assert got_long.completion_token_ids == expected_long.completion_token_ids
+    assert got_long.logprobs == pytest.approx(expected_long.logprobs, abs=1e-4)
+
+
+def test_prefix_store_is_reused_and_never_stale(engine):
+    reqs = [ChatRequest(m, max_tokens=3, temperature=0, ignore_eos=True) for m in SHARED]
+    engine.generate(reqs[:1], ["ad2"])
+    hits = engine.stats["prefix_cache_hits"]
+    first = engine.generate(reqs[1:2], ["ad2"])[0]
+    assert engine.stats["prefix_cache_hits"] == hits + 1
+    expected, _ = _recompute(engine, first.prompt_token_ids, first.completion_token_ids, "ad2")
+    assert torch.allclose(torch.tensor(first.logprobs), expected, atol=1e-4)
+    # weights changed in place (an optimizer step outside exclusive()): the stored prefix must not be used
+    param = next(p for n, p in engine.model.named_parameters() if ".ad2." in n and "lora_B" in n and "k_proj" in n)
+    saved = param.detach().clone()
+    with torch.no_grad():
+        param.add_(0.5)
+    try:
+        hits = engine.stats["prefix_cache_hits"]
+        changed = engine.generate(reqs[1:2], ["ad2"])[0]
+        assert engine.stats["prefix_cache_hits"] == hits
+        expected, _ = _recompute(engine, changed.prompt_token_ids, changed.completion_token_ids, "ad2")
+        assert torch.allclose(torch.tensor(changed.logprobs), expected, atol=1e-4)
+        assert changed.logprobs != pytest.approx(first.logprobs, abs=1e-4)
+    finally:
+        with torch.no_grad():
+            param.copy_(saved)
+
+
+def test_exclusive_gets_in_under_constant_load(engine):
+    stop = threading.Event()
+
+    def load():
+        while not stop.is_set():
+            engine.generate([ChatRequest(MSG, max_tokens=8, seed=1, ignore_eos=True)] * 2, ["ad1", "ad2"])
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        got = threading.Event()
+
+        def enter():
+            with engine.exclusive():
+                got.set()
+
+        t = threading.Thread(target=enter)
+        t.start()
+        t.join(30)
+        assert got.is_set()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
 
 
 @pytest.mark.parametrize(("sequences", "expected"), [

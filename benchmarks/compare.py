@@ -87,7 +87,9 @@ def main() -> None:
                      "decision": "promote" if decision.promote else "reject"})
         print(rows[-1])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"benchmark": "compare", "resamples": args.resamples, "cpu_count": os.cpu_count(),
+    from marft_lg._provenance import code_state
+
+    RESULTS.write_text(json.dumps({**code_state(), "benchmark": "compare", "resamples": args.resamples, "cpu_count": os.cpu_count(),
                                    "python": platform.python_version(), "results": rows}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
 

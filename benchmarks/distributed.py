@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -166,10 +165,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "distributed.json")
     args = parser.parse_args()
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "marft_lg"], capture_output=True, text=True,
-                                cwd=ROOT).stdout)
-    results = {**previous, "commit": commit, "dirty": dirty,
+    from marft_lg._provenance import code_state
+
+    state = code_state()
+    results = {**previous, **state,
                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                            "load_average_at_start": os.getloadavg()},
                "targets": {"efficiency_at_8_workers": TARGET_EFFICIENCY_AT_8,
@@ -178,7 +177,7 @@ def main() -> None:
     for name, run in parts.items():
         if args.only in (None, name):
             results.update(run())
-            results.setdefault("measured_at", {})[name] = {"commit": commit, "dirty": dirty,
+            results.setdefault("measured_at", {})[name] = {**state,
                                                            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

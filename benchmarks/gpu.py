@@ -169,7 +169,9 @@ def main() -> None:
                 if args.device != "cpu":
                     torch.cuda.empty_cache()
     name = torch.cuda.get_device_name(0) if args.device != "cpu" else f"cpu ({torch.get_num_threads()} threads)"
-    result = {"benchmark": "gpu", "device": name, "torch": torch.__version__,
+    from marft_lg._provenance import code_state
+
+    result = {**code_state(), "benchmark": "gpu", "device": name, "torch": torch.__version__,
               "transformers": transformers.__version__, "weights": "random (speed does not depend on them)",
               "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

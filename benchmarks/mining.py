@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from marft_lg._provenance import code_state
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -278,7 +280,7 @@ def trajectories_lines(rev: str | None = None) -> dict:
 def _code_state() -> dict:
     """The commit measured (and whether the tree had changes), and the trajectories line counts."""
     try:
-        state = {"commit": _git("rev-parse", "HEAD").strip(), "dirty": bool(_git("status", "--porcelain", "marft_lg"))}
+        state = code_state()
         state["trajectories_lines"] = {"now": trajectories_lines(), f"at {LINES_BEFORE}": trajectories_lines(LINES_BEFORE)}
     except (subprocess.CalledProcessError, FileNotFoundError):  # not a git checkout
         state = {"commit": None, "trajectories_lines": {"now": trajectories_lines()}}

@@ -90,7 +90,9 @@ def main() -> None:
                                                           components={"task_completion": {"match": "symbolic"}}),
                                           sym, sym_scenarios),
     }
-    out = {"benchmark": "rewards_scoring", "machine": {"python": platform.python_version(),
+    from marft_lg._provenance import code_state
+
+    out = {**code_state(), "benchmark": "rewards_scoring", "machine": {"python": platform.python_version(),
                                                        "cpu_count": os.cpu_count(), "platform": platform.platform()},
            "actions_per_episode": args.actions, "runs": runs}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -66,15 +66,23 @@ def bench_throughput(model_dir: str, batch_sizes: list[int], prompt_len: int, ma
                                  pad_token_id=team.engine.pad_token_id)
         return int((out.shape[1] - ids.shape[1]) * b)
 
-    def run_engine(b: int, n_adapters: int) -> int:
+    def run_engine(b: int, n_adapters: int, share_prefix: bool = True) -> int:
         reqs = [ChatRequest(messages, agent=f"agent{i % n_adapters}", max_tokens=max_tokens, seed=i, ignore_eos=True)
                 for i in range(b)]
-        return sum(len(c.completion_token_ids) for c in team.chat(reqs))
+        saved = team.engine.min_shared_prefix
+        team.engine.min_shared_prefix = saved if share_prefix else 10**9
+        try:
+            return sum(len(c.completion_token_ids) for c in team.chat(reqs))
+        finally:
+            team.engine.min_shared_prefix = saved
 
+    # the engine keeps each adapter's prompt prefix across requests; the no-prefix rows prefill every prompt in full
     modes = {"generate": run_generate, "engine_single": lambda b: run_engine(b, 1),
-             "engine_mixed4": lambda b: run_engine(b, 4)}
-    for fn in modes.values():  # warm-up
-        fn(1)
+             "engine_mixed4": lambda b: run_engine(b, 4),
+             "engine_single_noprefix": lambda b: run_engine(b, 1, False),
+             "engine_mixed4_noprefix": lambda b: run_engine(b, 4, False)}
+    for fn in modes.values():  # warm-up at the largest batch: every mode starts with its prompt prefixes stored
+        fn(max(batch_sizes))
     runs = []
     with Progress() as progress:
         task = progress.add_task("throughput", total=len(batch_sizes) * len(modes))
@@ -146,11 +154,14 @@ def markdown(results: dict) -> str:
         b = r.get("batch", r.get("batch_size")) if isinstance(r, dict) else None
         if b is not None and r.get("tokens_per_s") is not None:
             vllm[(r.get("mode", "?"), b)] = r["tokens_per_s"]
-    lines = ["| batch | `generate` (1 adapter) | engine, 1 adapter | engine, 4 adapters mixed | engine / generate | mixed / single |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| batch | `generate` (1 adapter) | engine, 1 adapter | engine, 4 adapters mixed | engine / generate | "
+             "mixed / single | same, no prefix reuse: mixed / single |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for b in sizes:
         g, s, m = get.get(("generate", b)), get.get(("engine_single", b)), get.get(("engine_mixed4", b))
-        lines.append(f"| {b} | {g} | {s} | {m} | {s / g:.2f} | {m / s:.2f} |")
+        s0, m0 = get.get(("engine_single_noprefix", b)), get.get(("engine_mixed4_noprefix", b))
+        plain = f"{m0 / s0:.2f} ({s0} vs {m0})" if s0 and m0 else ""
+        lines.append(f"| {b} | {g} | {s} | {m} | {s / g:.2f} | {m / s:.2f} | {plain} |")
     rss = results["rss"]
     lines.append("")
     lines.append(f"Peak RSS: {rss.get('peak_rss_mb_1_adapters')} MB with 1 adapter, "
@@ -218,9 +229,14 @@ def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: floa
     ratios = {
         "engine_vs_generate_b16": _ratio(runs, "engine_single", "generate", 16),
         "mixed4_vs_single_b16": _ratio(runs, "engine_mixed4", "engine_single", 16),
+        "mixed4_vs_single_b32": _ratio(runs, "engine_mixed4", "engine_single", 32),
+        "engine_vs_generate_b32": _ratio(runs, "engine_single", "generate", 32),
         "rss_4_vs_1": rss["ratio_4_vs_1"],
     }
+    from marft_lg._provenance import code_state
+
     return {
+        **code_state(),
         "benchmark": "serving",
         "model": args.model,
         "settings": {"batch_sizes": [int(x) for x in args.batch_sizes.split(",")], "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,

@@ -159,7 +159,10 @@ def run_vllm_bench(model_dir: str | Path, batch_sizes: Sequence[int] = (1, 8, 16
                           "mixed_vs_lora": mixed / lora if lora and mixed else None}
     import vllm
 
+    from marft_lg._provenance import code_state
+
     return {
+        **code_state(),
         "engine": "vllm", "vllm_version": getattr(vllm, "__version__", "?"), "model": model_dir,
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
                     # Other work on the machine slows every number here; keep it in view.

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from marft_lg._provenance import code_state
 from marft_lg.graph import TeamChatModel
 from marft_lg.graph.wrap import WrappedGraph
 from marft_lg.serving.types import ChatRequest, Completion
@@ -233,7 +234,7 @@ def main() -> None:
     result = {
         "benchmark": "tracing",
         "graph": f"{len(NODES)}-node linear StateGraph, one TeamChatModel call per node",
-        "commit": _commit(),
+        **code_state(),
         "targets": {"at_engine_latency_ms": 20.0, "throughput_ratio": ">= 0.98", "median_added_ms_per_call": "<= 0.3",
                     "instant_engine": "reported, no target"},
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
@@ -272,16 +273,6 @@ def main() -> None:
             Console().print(f"target at a 20 ms model (ratio >= 0.98, added <= 0.3 ms): "
                             f"{r['throughput_ratio']:.3f}, {r['median_added_ms_per_call']:.3f} ms -> "
                             + ("[green]met[/]" if met else "[red]missed[/]"))
-
-
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _load() -> float | None:

@@ -245,7 +245,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     only = {c for c in args.only.split(",") if c}
     kept = json.loads(out.read_text()) if only and out.exists() else {}
-    results: dict = {**kept, "model": args.model, "quick": q, **shape, "complete": False}
+    from marft_lg._provenance import code_state
+
+    results: dict = {**kept, **code_state(), "model": args.model, "quick": q, **shape, "complete": False}
     if only:
         results["measured_now"] = sorted(only)
 

@@ -38,6 +38,7 @@ lint: $(STAMP)
 
 bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/rollout.py
 	$(BIN)/python benchmarks/tracing.py
 	$(BIN)/python benchmarks/mining.py
 	$(BIN)/python benchmarks/training.py

@@ -174,17 +174,15 @@ class MARFTTrainer:
                     iterations: int | None = None, resume: bool = False) -> list[dict[str, Any]]:
         """MARFT on recorded episodes; ratios are taken against the traces' behaviour log-probs.
 
-        The dataset is walked `offline_episodes_per_iteration` episodes at a time for
-        `offline_passes` passes (or `iterations` iterations). Returns the metrics rows.
+        The dataset is walked about `offline_episodes_per_iteration` episodes at a time (a scenario's
+        episodes together) for `offline_passes` passes (or `iterations` iterations). Returns the metrics rows.
         """
         if resume:
             self.resume()
         episodes = self._scores(dataset, scenarios) if action_rewards is None else None
         rewards_by_ep = action_rewards if action_rewards is not None else episodes[1]
         ep_table = episodes[0] if episodes is not None else None
-        ids = dataset.episode_ids
-        per = self.cfg.offline_episodes_per_iteration
-        chunks = [ids[i:i + per] for i in range(0, len(ids), per)] or [[]]
+        chunks = self._offline_chunks(dataset, self.cfg.offline_episodes_per_iteration)
         total = iterations if iterations is not None else len(chunks) * self.cfg.offline_passes
         rows = []
         with self._progress(total - self.offline_cursor, "offline MARFT") as advance:
@@ -198,6 +196,26 @@ class MARFTTrainer:
                 advance()
         self._finish()
         return rows
+
+    @staticmethod
+    def _offline_chunks(dataset: TrajectoryDataset, per: int) -> list[list[str]]:
+        """The dataset's episodes, about `per` per iteration, a scenario's episodes always in one chunk.
+
+        Without a critic, an episode's advantage is its return against the other episodes of its scenario;
+        a chunk that split them (traces come in completion order) would leave every group of one: no signal.
+        """
+        table = dataset.episodes
+        sids = dict(zip(table["episode_id"], table["scenario_id"], strict=True)) if "scenario_id" in table else {}
+        groups: dict[Any, list[str]] = {}
+        for eid in dataset.episode_ids:
+            sid = sids.get(eid)
+            groups.setdefault(eid if sid is None or sid != sid else sid, []).append(eid)
+        chunks: list[list[str]] = [[]]
+        for members in groups.values():
+            if chunks[-1] and len(chunks[-1]) + len(members) > per:
+                chunks.append([])
+            chunks[-1].extend(members)
+        return chunks
 
     def fit_online(self, app: Any, scenarios: Any, iterations: int, *, resume: bool = False,
                    scenarios_per_iteration: int | None = None, time_budget_s: float | None = None) -> list[dict[str, Any]]:

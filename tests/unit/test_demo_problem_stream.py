@@ -25,7 +25,7 @@ STREAMY = DemoBudget("streamy", 1, n_traced=3, n_heldout=6, traces_per_problem=2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 7, 123])
-@pytest.mark.parametrize(("n_train", "n_heldout"), [(2, 5), (16, 48), (176, 48), (64, 256)])
+@pytest.mark.parametrize(("n_train", "n_heldout"), [(2, 5), (16, 48), (176, 128), (64, 256)])
 def test_make_problems_gives_distinct_questions_and_disjoint_splits(seed, n_train, n_heldout):
     problems = make_problems(n_train, n_heldout, seed)
     train, heldout = problems.split("train"), problems.split("heldout")
@@ -33,7 +33,16 @@ def test_make_problems_gives_distinct_questions_and_disjoint_splits(seed, n_trai
     questions = [s.inputs["question"] for s in problems]
     assert len(set(questions)) == len(questions)
     assert not {s.inputs["question"] for s in train} & {s.inputs["question"] for s in heldout}
+    # nor the same arithmetic under other names: the checkpoints name the operands and operators
+    held_sums = [(frozenset(s.checkpoints), s.reference) for s in heldout]
+    assert len(set(held_sums)) == len(held_sums)
+    assert not {(frozenset(s.checkpoints), s.reference) for s in train} & set(held_sums)
     assert make_problems(n_train, n_heldout, seed).by_id() == problems.by_id()  # same seed, same problems
+
+
+def test_make_problems_says_when_the_arithmetic_runs_out():
+    with pytest.raises(ValueError, match="held-out problems whose arithmetic differs"):
+        make_problems(176, 1000, 0)
 
 
 @pytest.mark.parametrize("budget", [*BUDGETS.values(), STREAMY], ids=lambda b: b.name)

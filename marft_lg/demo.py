@@ -59,7 +59,7 @@ class DemoBudget:
 # Timed on 2 CPU cores (2026-11-22): full 15.6 min (offline 2.4, on-policy 8.7, comparison 3.4),
 # quick 3.2 min; an on-policy iteration over 16 episodes takes ~50 s of rollouts + ~60 s of update.
 BUDGETS: dict[str, DemoBudget] = {
-    "full": DemoBudget("full", 15, n_traced=16, n_heldout=48, traces_per_problem=2, offline_passes=1,
+    "full": DemoBudget("full", 15, n_traced=16, n_heldout=128, traces_per_problem=2, offline_passes=1,
                        online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,
                        max_tokens=32),
     "quick": DemoBudget("quick", 3, n_traced=4, n_heldout=8, traces_per_problem=2, offline_passes=1,

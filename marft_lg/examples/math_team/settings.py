@@ -6,7 +6,7 @@ Shared by `marft_lg.examples.math_team.learn` (the 20-minute learning evidence) 
 ROLLOUT_TEMPERATURE = 0.8
 
 MARFT_SETTINGS = {
-    "learning_rate": 5e-4, "update_scheme": "simultaneous", "use_critic": False, "temperature": ROLLOUT_TEMPERATURE,
+    "learning_rate": 1e-3, "update_scheme": "simultaneous", "use_critic": False, "temperature": ROLLOUT_TEMPERATURE,
     "ppo_epochs": 1, "num_minibatches": 2, "kl_cut": None, "entropy_coef": 0.0,
 }
 

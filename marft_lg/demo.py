@@ -160,7 +160,10 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     log = _Log(run_dir, console)
-    log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=node_roles)
+    from marft_lg._provenance import code_state, machine
+
+    code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
+    log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=node_roles, code=code)
     torch.manual_seed(seed)
 
     log.stage(f"1/8 serve the math team on {model}")
@@ -257,7 +260,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
                         "difference": result.team.to_dict(), "mde": effect.to_dict(), "accuracy": accuracy},
             "gate": {"promote": decision.promote, "reasons": decision.reasons},
             "versions": {"untuned": untuned, "tuned": tuned, "live": live_now},
-            "minutes": round((time.perf_counter() - log.t0) / 60, 2),
+            "minutes": round((time.perf_counter() - log.t0) / 60, 2), "code": code,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         report = _write_report(run_dir, summary, compare_files)

@@ -56,8 +56,9 @@ class DemoBudget:
         return {**asdict(self), "n_stream": self.n_stream, "n_train": self.n_train}
 
 
-# Timed on 2 CPU cores (2026-11-22): full 15.6 min (offline 2.4, on-policy 8.7, comparison 3.4),
-# quick 3.2 min; an on-policy iteration over 16 episodes takes ~50 s of rollouts + ~60 s of update.
+# Timed on 2 quiet CPU cores (2026-11-25, benchmarks/results/demo.json): full 13.0-13.5 min (offline 1.0-1.2,
+# on-policy 7.5-7.9, comparison 4.0-4.2); an on-policy iteration of 16 episodes takes ~14 s of rollouts + ~27 s
+# of update.
 BUDGETS: dict[str, DemoBudget] = {
     "full": DemoBudget("full", 15, n_traced=16, n_heldout=128, traces_per_problem=2, offline_passes=1,
                        online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,

@@ -128,8 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
     train_minutes = (time.perf_counter() - t_train) / 60
     after, after_comps, after_acc = evaluate(greedy_app, heldout, reward, tag="after", seed=args.seed + 7)
     ci = bootstrap_ci(paired_differences(before, after), confidence=0.95, seed=args.seed)
+    from marft_lg._provenance import code_state
+
     result = {
-        "model": args.model, "iterations": it, "train_minutes": round(train_minutes, 2), "cpu_threads": torch.get_num_threads(),
+        **code_state(), "model": args.model, "iterations": it, "train_minutes": round(train_minutes, 2), "cpu_threads": torch.get_num_threads(),
         "heldout_problems": len(heldout), "before": {"reward_mean": float(np.mean(before)), **before_comps},
         "after": {"reward_mean": float(np.mean(after)), **after_comps}, "paired_difference_ci95": ci.to_dict(),
         "ci_excludes_zero": bool(ci.defined and ci.low > 0),

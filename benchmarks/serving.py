@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 PROMPT = ("Summarise in one paragraph why a team of agents that share one base model but keep their own "
           "small adapters can be trained together, and what could go wrong when they share parameters.")
-TARGETS = {"engine_vs_generate_b16": 0.9, "mixed4_vs_single_b16": 0.7, "rss_4_vs_1": 1.15}
+TARGETS = {"engine_vs_generate_b16": 1.0, "mixed4_vs_single_b16": 0.8, "rss_4_vs_1": 1.15}
 
 
 def _messages(prompt_len: int, tokenizer) -> list[dict[str, str]]:

@@ -479,6 +479,7 @@ class HFEngine:
         self.model.eval()
         running: _Running | None = None
         self._plans = {}
+        self.stats["batches"] += 1  # counted as it starts: its first answers may be read before it ends
         try:
             with torch.inference_mode():
                 while True:
@@ -505,7 +506,6 @@ class HFEngine:
         finally:
             self.model.train(was_training)
             self._plans = {}
-        self.stats["batches"] += 1
         return closing
 
     def _admit(self, items: list[_Item], running: _Running | None) -> _Running | None:

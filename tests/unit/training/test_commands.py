@@ -30,12 +30,13 @@ def test_cli_offline_training_publishes_candidate(chain_dataset, tiny_model_dir,
         "run_dir": "run", "data": "data", "phases": ["offline"],
         "reward": {"weights": {"format_compliance": 1.0},
                    "components": {"format_compliance": {"agents": {"actor": "^[A-Za-z]"}}}},
-        "marft": {"learning_rate": 1e-3, "kl_cut": None, "plots": False, "offline_episodes_per_iteration": 3},
+        "marft": {"learning_rate": 1e-3, "kl_cut": None, "plots": False, "offline_episodes_per_iteration": 4},
     }))
     result = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "train.yaml")])
     assert result.exit_code == 0, result.output
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and rows[0]["phase"] == "offline"
+    # 3 scenarios x 2 episodes, a scenario's episodes in one chunk: chunks of 4 and 2 episodes
+    assert len(rows) == 2 and rows[0]["phase"] == "offline" and [r["episodes"] for r in rows] == [4, 2]
     reg = AdapterRegistry(tmp_path / "registry")
     assert set(reg.alias("candidate")) == {"reasoner", "actor"}
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()

@@ -90,25 +90,23 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
     from marft_lg.training.buffer import RolloutBuffer, collate
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.policy import LocalPolicy, adapter_parameters
-    from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update, recompute_behaviour
+    from marft_lg.training.ppo import BaseModel, build_batch, ppo_update
 
     roles = ["reasoner", "actor"]
     pol = LocalPolicy(model_dir, roles, device=device, dtype=dtype)
     cfg = MARFTConfig(update_scheme="simultaneous", use_critic=False, group_size=2, kl_cut=None, learning_rate=1e-5,
                       micro_batch_tokens=8192)
-    buf = RolloutBuffer(_mixed_records(pol.tokenizer, per_role))
     pad = pol.tokenizer.pad_token_id
     names = {r: pol.adapter_name(r) for r in roles}
-    recompute_behaviour(pol.model, buf, lambda r: names[r.agent], cfg, pad)
-    evaluate_critic(pol.model, None, buf, cfg, pad)
-    compute_advantages(buf, cfg)
+    buf = build_batch(RolloutBuffer(_mixed_records(pol.tokenizer, per_role)), {"": BaseModel(pol.model, pad)}, cfg,
+                      agents=roles, adapter_for=lambda r: names[r.agent], critic=None)
     opts = {r: torch.optim.Adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}
-    batches = {r: collate(buf.for_agent(r), pad, device) for r in roles}
+    batches = {r: collate([x for x in buf.records if x.agent == r], pad, device) for r in roles}
     n_tokens = sum(r.n_tokens for r in buf.records)
 
     def ppo() -> None:
-        ppo_update(pol.model, None, buf, cfg, agents=roles, adapter_names=names, optimizers=opts, critic_optimizer=None,
-                   pad_id=pad, generator=torch.Generator().manual_seed(0))
+        ppo_update(pol.model, buf, cfg, agents=roles, adapter_names=names, optimizers=opts, pad_id=pad,
+                   generator=torch.Generator().manual_seed(0))
 
     def plain() -> None:
         plain_step(pol.model, batches, names, opts)

@@ -82,7 +82,7 @@ def _setup(model, n_agents, per_role, prompt_len, completion_len, mixed=False, *
     from marft_lg.training.buffer import RolloutBuffer
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.policy import LocalPolicy
-    from marft_lg.training.ppo import compute_advantages, evaluate_critic, recompute_behaviour
+    from marft_lg.training.ppo import BaseModel, build_batch
 
     torch.set_num_threads(2)
     roles = ["reasoner", "actor"] if mixed else [f"agent{i}" for i in range(n_agents)]
@@ -91,12 +91,15 @@ def _setup(model, n_agents, per_role, prompt_len, completion_len, mixed=False, *
                          "learning_rate": 1e-5, "logprob_chunk": 256, **cfg_kw})
     recs = (_mixed_records(pol.tokenizer, per_role) if mixed
             else _records(pol.tokenizer, roles, per_role, prompt_len, completion_len))
-    buf = RolloutBuffer(recs)
     pad = pol.tokenizer.pad_token_id
-    recompute_behaviour(pol.model, buf, lambda r: pol.adapter_name(r.agent), cfg, pad)
-    evaluate_critic(pol.model, None, buf, cfg, pad)
-    compute_advantages(buf, cfg)
-    return pol, roles, cfg, buf
+    batch = build_batch(RolloutBuffer(recs), {"": BaseModel(pol.model, pad)}, cfg, agents=roles,
+                        adapter_for=lambda r: pol.adapter_name(r.agent), critic=None)
+    return pol, roles, cfg, batch
+
+
+def _of(batch, role: str) -> list:
+    """The batch's records of one role."""
+    return [r for r in batch.records if r.agent == role]
 
 
 def case_ppo_step(model, n_agents, per_role, prompt_len, completion_len, micro_batch_tokens):
@@ -115,11 +118,10 @@ def case_ppo_step(model, n_agents, per_role, prompt_len, completion_len, micro_b
         per_agent_mb[r] = n_params * 4 * 4 / 2**20  # weights + gradient + two Adam moments, float32
     before = _peak_rss_mb()
     t = time.perf_counter()
-    stats = ppo_update(pol.model, None, buf, cfg, agents=roles, adapter_names={r: pol.adapter_name(r) for r in roles},
-                       optimizers=opts, critic_optimizer=None, pad_id=pol.tokenizer.pad_token_id,
-                       generator=torch.Generator().manual_seed(0))
+    stats = ppo_update(pol.model, buf, cfg, agents=roles, adapter_names={r: pol.adapter_name(r) for r in roles},
+                       optimizers=opts, pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
     return {"peak_rss_mb": _peak_rss_mb(), "peak_before_update_mb": before, "seconds": time.perf_counter() - t,
-            "tokens": stats.tokens, "micro_batches_per_agent": len(micro_batches(buf.for_agent(roles[0]), micro_batch_tokens)),
+            "tokens": stats.tokens, "micro_batches_per_agent": len(micro_batches(_of(buf, roles[0]), micro_batch_tokens)),
             "adapter_state_mb_per_agent": per_agent_mb[roles[0]]}
 
 
@@ -183,21 +185,24 @@ def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=
                                   micro_batch_tokens=micro_batch_tokens)
     names = {r: pol.adapter_name(r) for r in roles}
     opts = {r: torch.optim.Adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}
-    batches = {r: collate(buf.for_agent(r), pol.tokenizer.pad_token_id) for r in roles}
+    batches = {r: collate(_of(buf, r), pol.tokenizer.pad_token_id) for r in roles}
     n_tokens = sum(r.n_tokens for r in buf.records)
     seq_tokens = sum(len(r.prompt_ids) + r.n_tokens for r in buf.records)
     padded_tokens = sum(int(t["input_ids"].numel()) for t in batches.values())
     from marft_lg.training.buffer import RolloutBuffer
+    from marft_lg.training.ppo import BaseModel, build_batch
 
-    warm = RolloutBuffer([buf.for_agent(r)[0] for r in roles])  # Adam state and lazy inits outside the timing
-    ppo_update(pol.model, None, warm, cfg, agents=roles, adapter_names=names, optimizers=opts, critic_optimizer=None,
+    warm = build_batch(RolloutBuffer([_of(buf, r)[0] for r in roles]),  # Adam state and lazy inits outside the timing
+                       {"": BaseModel(pol.model, pol.tokenizer.pad_token_id)}, cfg, agents=roles,
+                       adapter_for=lambda r: names[r.agent], critic=None)
+    ppo_update(pol.model, warm, cfg, agents=roles, adapter_names=names, optimizers=opts,
                pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
     one_batch = dataclasses.replace(cfg, micro_batch_tokens=None)  # one padded batch per agent: the old path
     ppo_s, one_batch_s, plain_s = [], [], []
     for _ in range(repeats):
         for c, times in ((cfg, ppo_s), (one_batch, one_batch_s)):
             s = time.perf_counter()
-            ppo_update(pol.model, None, buf, c, agents=roles, adapter_names=names, optimizers=opts, critic_optimizer=None,
+            ppo_update(pol.model, buf, c, agents=roles, adapter_names=names, optimizers=opts,
                        pad_id=pol.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
             times.append(time.perf_counter() - s)
         s = time.perf_counter()

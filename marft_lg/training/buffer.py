@@ -11,6 +11,7 @@ counted by reason in `RolloutBuffer.skipped`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,10 @@ import torch
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActionRecord:
-    """One agent action ready for PPO: tokens, behaviour log-probs, reward and, later, advantages."""
+    """One agent action as the trace recorded it, ready for PPO: tokens (of its own base's tokenizer),
+    behaviour log-probs, reward. Immutable: what the update computes from it lives in `ppo.TrainBatch`."""
 
     episode_id: str
     scenario_id: str | None
@@ -32,19 +34,15 @@ class ActionRecord:
     prompt_ids: list[int]
     completion_ids: list[int]
     behaviour_logprobs: list[float] | None
+    """The trace's log-probs of the completion tokens; None: recompute them (`recomputed`)."""
     reward: float
     done: bool
     words: int
     recomputed: bool = False
-    features: torch.Tensor | None = None
-    value: float = 0.0
-    token_values: torch.Tensor | None = None
-    advantage: float = 0.0
-    ret: float = 0.0
-    token_advantages: torch.Tensor | None = None
-    token_returns: torch.Tensor | None = None
-    ref_logprobs: list[float] | None = None
-    """Log-probs of the completion under the reference (adapters disabled), when KL-to-reference is on."""
+    base: str = ""
+    """The base model the agent runs on (its tokens are that base's tokenizer's)."""
+    critic_prompt_ids: list[int] | None = None
+    """The observation in the critic base's tokens, when the critic sits on another base than `base`."""
 
     @property
     def n_tokens(self) -> int:
@@ -53,12 +51,14 @@ class ActionRecord:
 
 @dataclass
 class RolloutBuffer:
-    """Records in episode order, what was left out and why (`skipped`), and which kept records have
-    recomputed behaviour log-probs and why (`recomputed`)."""
+    """Records in episode order, what was left out and why (`skipped`), which kept records have
+    recomputed behaviour log-probs and why (`recomputed`), and the frozen agents' actions per agent
+    (`frozen`: part of the environment, their rewards credited to the previous trained action)."""
 
     records: list[ActionRecord]
     skipped: Counter = field(default_factory=Counter)
     recomputed: Counter = field(default_factory=Counter)
+    frozen: Counter = field(default_factory=Counter)
 
     def for_agent(self, agent: str) -> list[ActionRecord]:
         return [r for r in self.records if r.agent == agent]
@@ -74,15 +74,25 @@ class RolloutBuffer:
         return sum(r.recomputed for r in self.records)
 
 
-def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tokenizer: Any, *,
-                 max_context: int, behaviour_logprobs: str = "auto") -> RolloutBuffer:
+Tokenizers = Any | Mapping[str, Any]
+"""One tokenizer, or ``{base name: tokenizer}`` for a team on several bases."""
+
+
+def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tokenizer: Tokenizers, *,
+                 max_context: int, behaviour_logprobs: str = "auto", agents: Collection[str] | None = None,
+                 base_of: Callable[[str], str] | None = None, critic_base: str | None = None) -> RolloutBuffer:
     """Turn mined actions into records; episodes without rewards are left out, over-long actions skipped.
 
-    An episode's last kept action is its terminal one (`done=True`); the reward of a skipped
-    action is moved to the previous kept action of its episode so no reward is lost.
+    `agents`: the trained roles; the other agents' actions (frozen agents, e.g. one on an external API)
+    are the environment: no record, counted in `frozen`. `base_of(role)` names a role's base, whose
+    tokenizer (`tokenizer[base]`) re-tokenises actions the trace has no token ids for. With `critic_base`,
+    records on other bases also get their observation in that base's tokens (`critic_prompt_ids`).
+    An episode's last kept action is its terminal one (`done=True`); the reward of an action without a
+    record (skipped, frozen) goes to the previous kept action of its episode so no reward is lost.
     """
     skipped: Counter = Counter()
     recomputed: Counter = Counter()
+    frozen: Counter = Counter()
     records: list[ActionRecord] = []
     sid_by_ep = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
     for eid, group in dataset.actions.groupby("episode_id", sort=False):
@@ -94,9 +104,15 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
         if len(rewards) != len(rows):
             raise ValueError(f"episode {eid}: {len(rewards)} action rewards for {len(rows)} actions; "
                              "the reward's action_rewards must have one entry per action in `order`")
-        kept: list[ActionRecord] = []
-        for row, rew in zip(rows, rewards, strict=True):
-            prompt_ids, completion_ids = _tokens(row, tokenizer)
+        kept: list[dict[str, Any]] = []
+        for i, row in enumerate(rows):
+            agent = str(row["agent"])
+            if agents is not None and agent not in agents:
+                frozen[agent] += 1
+                continue
+            base = base_of(agent) if base_of is not None else ""
+            tok = _tokenizer(tokenizer, base)
+            prompt_ids, completion_ids = _tokens(row, tok)
             logprobs = row.get("completion_logprobs")
             logprobs = None if logprobs is None else [float(x) for x in logprobs]
             if not completion_ids:
@@ -121,28 +137,43 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             else:  # "trace": only the trace's own log-probs may be used
                 skipped["no_logprobs" if problem == "missing" else problem] += 1
                 continue
-            kept.append(ActionRecord(
-                episode_id=str(eid), scenario_id=sid_by_ep.get(eid), order=int(row["order"]), agent=str(row["agent"]),
-                adapter_version=row.get("adapter_version"), prompt_ids=prompt_ids, completion_ids=completion_ids,
-                behaviour_logprobs=logprobs, reward=float(rew), done=False,
-                words=max(1, len(str(row.get("completion") or "").split())), recomputed=recompute))
+            critic_ids = None
+            if critic_base is not None and base != critic_base:
+                critic_ids = _prompt_ids(row, _tokenizer(tokenizer, critic_base))
+            kept.append({"index": i, "episode_id": str(eid), "scenario_id": sid_by_ep.get(eid), "order": int(row["order"]),
+                         "agent": agent, "adapter_version": row.get("adapter_version"), "prompt_ids": prompt_ids,
+                         "completion_ids": completion_ids, "behaviour_logprobs": logprobs, "reward": 0.0,
+                         "words": max(1, len(str(row.get("completion") or "").split())), "recomputed": recompute,
+                         "base": base, "critic_prompt_ids": critic_ids})
         if not kept:
             continue
-        # Rewards of skipped actions go to the nearest earlier kept action (or the first kept one).
-        for row, rew in zip(rows, rewards, strict=True):
-            if not any(k.order == int(row["order"]) for k in kept):
-                earlier = [k for k in kept if k.order < int(row["order"])]
-                (earlier[-1] if earlier else kept[0]).reward += float(rew)
-        kept[-1].done = True
-        records.extend(kept)
-    return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed)
+        # Every reward goes to its own record, or to the nearest earlier kept one (the first kept one before it).
+        for i, rew in enumerate(rewards):
+            earlier = [k for k in kept if k["index"] <= i]
+            (earlier[-1] if earlier else kept[0])["reward"] += float(rew)
+        for k, fields in enumerate(kept):
+            fields.pop("index")
+            records.append(ActionRecord(**fields, done=k == len(kept) - 1))
+    return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed, frozen=frozen)
+
+
+def _tokenizer(tokenizer: Tokenizers, base: str) -> Any:
+    if isinstance(tokenizer, Mapping):
+        if base not in tokenizer:
+            raise KeyError(f"no tokenizer for base {base!r}; known: {sorted(tokenizer)}")
+        return tokenizer[base]
+    return tokenizer
+
+
+def _prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
+    enc = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+    return [int(x) for x in (enc["input_ids"] if isinstance(enc, dict) else enc)]
 
 
 def _tokens(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
     prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
     if prompt is None or len(prompt) == 0:
-        enc = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
-        prompt = enc["input_ids"] if isinstance(enc, dict) else enc
+        prompt = _prompt_ids(row, tokenizer)
     if completion is None:
         completion = tokenizer(str(row.get("completion") or ""), add_special_tokens=False)["input_ids"]
     return [int(x) for x in prompt], [int(x) for x in completion]

@@ -24,6 +24,7 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,6 @@ import numpy as np
 import torch
 
 from marft_lg._durable import fsync_dir, fsync_tree, rename_durable, write_atomic
-from marft_lg.training.policy import adapter_parameters
 
 FORMAT = "marft_lg-checkpoint"
 VERSION = 2
@@ -123,7 +123,11 @@ def _sha256(path: Path) -> str:
 
 # --- writing --------------------------------------------------------------------------------------------
 
-def save_checkpoint(run_dir: str | Path, iteration: int, *, model: torch.nn.Module, adapter_names: dict[str, str],
+Adapters = Mapping[str, Sequence[torch.Tensor]]
+"""``{role: the tensors of its adapter, in a stable order}`` (`adapter_parameters`), whatever base each is on."""
+
+
+def save_checkpoint(run_dir: str | Path, iteration: int, *, adapters: Adapters, adapter_names: Mapping[str, str],
                     state: dict[str, Any]) -> Path:
     """Write checkpoint `iter_<iteration>` (adapter tensors by role + `state`) and point `latest` at it."""
     from safetensors.torch import save_file
@@ -135,13 +139,12 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, model: torch.nn.Modu
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     tensors: dict[str, torch.Tensor] = {}
-    adapters: dict[str, int] = {}
-    for role, adapter in adapter_names.items():
-        params = adapter_parameters(model, adapter)
-        adapters[role] = len(params)
+    counts: dict[str, int] = {}
+    for role, params in adapters.items():
+        counts[role] = len(params)
         for i, p in enumerate(params):
             tensors[f"adapters/{role}/{i}"] = p.detach().to("cpu", copy=True).contiguous()
-    body = {"iteration": iteration, "adapters": adapters, "adapter_names": dict(adapter_names),
+    body = {"iteration": iteration, "adapters": counts, "adapter_names": dict(adapter_names),
             "state": _encode(state, tensors)}
     save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT, "version": str(VERSION)})
     (tmp / STATE).write_text(json.dumps(body))
@@ -222,13 +225,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(p, iteration, adapters, state)
 
 
-def check_compatible(ckpt: Checkpoint, *, model: torch.nn.Module, adapter_names: dict[str, str]) -> None:
+def check_compatible(ckpt: Checkpoint, *, adapters: Adapters) -> None:
     """Raise `CheckpointError` unless every saved adapter matches a live one tensor for tensor."""
     for role, tensors in ckpt.adapters.items():
-        if role not in adapter_names:
-            raise CheckpointError(f"checkpoint {ckpt.path} has an adapter for role {role!r} the team does not have "
-                                  f"(team roles: {sorted(adapter_names)})")
-        params = adapter_parameters(model, adapter_names[role])
+        if role not in adapters:
+            raise CheckpointError(f"checkpoint {ckpt.path} has an adapter for role {role!r} the team does not train "
+                                  f"(trained roles: {sorted(adapters)})")
+        params = adapters[role]
         if len(params) != len(tensors):
             raise CheckpointError(f"checkpoint {ckpt.path}: adapter of {role!r} has {len(tensors)} tensors, the live "
                                   f"one {len(params)}; was the LoRA shape changed since?")
@@ -238,19 +241,19 @@ def check_compatible(ckpt: Checkpoint, *, model: torch.nn.Module, adapter_names:
                                       f"the live adapter {tuple(p.shape)}; was the LoRA shape changed since?")
 
 
-def apply_adapters(ckpt: Checkpoint, *, model: torch.nn.Module, adapter_names: dict[str, str]) -> None:
+def apply_adapters(ckpt: Checkpoint, *, adapters: Adapters) -> None:
     """Copy the saved adapter tensors into the live adapters (after `check_compatible`)."""
     with torch.no_grad():
         for role, tensors in ckpt.adapters.items():
-            for p, t in zip(adapter_parameters(model, adapter_names[role]), tensors, strict=True):
+            for p, t in zip(adapters[role], tensors, strict=True):
                 p.copy_(t)
 
 
-def load_checkpoint(path: str | Path, *, model: torch.nn.Module, adapter_names: dict[str, str]) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, *, adapters: Adapters) -> dict[str, Any]:
     """Read, verify and apply one checkpoint's adapters; return the rest of the state."""
     ckpt = read_checkpoint(path)
-    check_compatible(ckpt, model=model, adapter_names=adapter_names)
-    apply_adapters(ckpt, model=model, adapter_names=adapter_names)
+    check_compatible(ckpt, adapters=adapters)
+    apply_adapters(ckpt, adapters=adapters)
     return ckpt.state
 
 
@@ -291,7 +294,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return path if name and _NAME.match(name) and path.is_dir() else None
 
 
-def find_resumable(run_dir: str | Path, *, model: torch.nn.Module, adapter_names: dict[str, str]) -> Resumable:
+def find_resumable(run_dir: str | Path, *, adapters: Adapters) -> Resumable:
     """The newest checkpoint of `run_dir` that reads, verifies and fits the team; newer broken ones are skipped
     with their reason. Raises `CheckpointError` when checkpoints exist but none can be used."""
     root = Path(run_dir) / "checkpoints"
@@ -310,7 +313,7 @@ def find_resumable(run_dir: str | Path, *, model: torch.nn.Module, adapter_names
     for path in candidates:
         try:
             ckpt = read_checkpoint(path)
-            check_compatible(ckpt, model=model, adapter_names=adapter_names)
+            check_compatible(ckpt, adapters=adapters)
         except CheckpointError as exc:
             out.skipped.append(Skipped(path, str(exc)))
             continue

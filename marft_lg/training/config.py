@@ -66,6 +66,12 @@ class MARFTConfig:
     """False: no value head; advantages are group-relative over the K rollouts of a scenario."""
     group_size: int = 4
     """K episodes per scenario in the online phase (the paper's 4 rollout threads)."""
+    train_agents: list[str] | None = None
+    """The roles whose adapters train; the team's other roles are frozen (served, traced, never updated), as
+    are agents outside the team (e.g. one on an external API). null: every role of the team trains."""
+    critic_base: str | None = None
+    """A team on several bases: the base whose frozen features the one value head reads (action level only);
+    null: one value head per base, each valuing its own agents' actions."""
 
     # --- PPO losses ----------------------------------------------------------------------------
     clip_low: float = 0.2
@@ -166,6 +172,17 @@ class MARFTConfig:
                               key="agent_learning_rates")
         for role, lr in self.agent_learning_rates.items():
             check_range(("agent_learning_rates", str(role)), lr, low=0.0, low_open=True)
+        if self.train_agents is not None:
+            if not isinstance(self.train_agents, list) or not all(isinstance(r, str) and r for r in self.train_agents):
+                raise ConfigError(f"expected a list of role names, got {self.train_agents!r}", key="train_agents")
+            if not self.train_agents:
+                raise ConfigError("is empty: name at least one role to train (null trains every role)",
+                                  key="train_agents")
+            dup = sorted({r for r in self.train_agents if self.train_agents.count(r) > 1})
+            if dup:
+                raise ConfigError(f"lists {dup} more than once", key="train_agents")
+        if self.critic_base is not None and (not isinstance(self.critic_base, str) or not self.critic_base):
+            raise ConfigError(f"expected a base model name or null, got {self.critic_base!r}", key="critic_base")
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
                               "compares K rollouts of one scenario)", key="group_size")

@@ -175,15 +175,26 @@ class LocalPolicy:
         self.model = model
         self.model.eval()
 
-    def adapter_name(self, role: str) -> str:
+    def agents(self) -> list[str]:
+        return list(self.roles)
+
+    @property
+    def bases(self) -> dict[str, LocalPolicy]:
+        """``{"local": self}``: one base model (the `TrainableTeam` surface)."""
+        return {"local": self}
+
+    def adapter_name(self, role: str, version: str | None = None) -> str:
+        """`role`'s adapter (this policy keeps one adapter per role: `version` is ignored)."""
         return self._names[role]
 
     def rename(self, role: str, name: str) -> None:
         """Record that `role` is now served by adapter `name` (after a hot swap)."""
         self._names[role] = name
 
-    def exclusive(self):
-        return nullcontext()
+    @contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """Nothing else uses this model: yields it."""
+        yield self.model
 
     @torch.no_grad()
     def generate(self, role: str, prompts: list[list[dict[str, Any]]], *, max_new_tokens: int = 32,

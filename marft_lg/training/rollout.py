@@ -12,19 +12,16 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
 from marft_lg.graph.collect import EpisodeJob, GraphCollector, episode_id, plan_episodes
+from marft_lg.training.protocols import Collector
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
 
 __all__ = ["ChainCollector", "Collector", "EpisodeJob", "GraphCollector", "episode_id", "plan_episodes"]
-
-
-class Collector(Protocol):
-    def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset: ...
 
 
 PromptFn = Callable[[str, Scenario, list[dict[str, Any]]], list[dict[str, Any]]]

@@ -11,7 +11,7 @@ import logging
 import math
 import time
 import uuid
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from marft_lg.training.buffer import ActionRecord, build_buffer
+from marft_lg.training.buffer import ActionRecord, RolloutBuffer, build_buffer
 from marft_lg.training.checkpoint import (
     apply_adapters,
     find_resumable,
@@ -33,12 +33,17 @@ from marft_lg.training.critic import ValueHead
 from marft_lg.training.metrics import MetricsLog, plot_run
 from marft_lg.training.policy import adapter_parameters
 from marft_lg.training.ppo import (
-    compute_advantages,
-    evaluate_critic,
+    BaseModel,
+    Critic,
+    TrainBatch,
+    UpdateStats,
+    build_batch,
+    explained_variance,
     post_update_check,
     ppo_update,
-    recompute_behaviour,
+    value_update,
 )
+from marft_lg.training.protocols import Collector, Publisher, Scorer, TrainablePolicy, TrainableTeam
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
 from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -130,17 +135,33 @@ class ResumeReport:
         return out
 
 
-class MARFTTrainer:
-    """Trains the adapters of a team in place.
+@dataclass
+class _Base:
+    """One base model the trainer updates: its policy, PeftModel, tokenizer, pad id and trained roles."""
 
-    `team`: a serving `Team` with the hf engine (`team.engine.model` is the one PeftModel) or a
-    `LocalPolicy`. `reward`: a `CompositeReward` (anything with `.score(dataset, scenarios)`
-    returning `.episodes` and `.action_rewards`) or a plain `episode -> float` callable (terminal
-    reward on the episode's last action).
+    name: str
+    policy: TrainablePolicy
+    model: torch.nn.Module
+    tokenizer: Any
+    pad_id: int
+    roles: list[str]
+
+
+class MARFTTrainer:
+    """Trains the adapters of a team in place, on one base model or several.
+
+    `team`: a `TrainableTeam` — a serving `Team` with the hf engine, a `MixedTeam` (roles on several
+    bases: one policy and one optimizer set per base, GAE over the joint sequence of actions), or a
+    `LocalPolicy`. `config.train_agents` picks the trained roles; the others, and agents outside the
+    team (an external API), are frozen: traced as the environment, never updated. `reward`: a `Scorer`
+    (`CompositeReward`) or a plain `episode -> float` callable (terminal reward on the episode's last action).
     """
 
-    def __init__(self, team: Any, reward: Any, config: MARFTConfig | None = None, run_dir: str | Path = "runs/marft",
-                 *, run_id: str | None = None, progress: bool = True):
+    def __init__(self, team: TrainableTeam, reward: Any, config: MARFTConfig | None = None,
+                 run_dir: str | Path = "runs/marft", *, run_id: str | None = None, progress: bool = True):
+        if not isinstance(team, TrainableTeam):
+            raise TypeError(f"MARFTTrainer needs a team with `bases` and `agents()` (Team, MixedTeam, LocalPolicy); "
+                            f"got {type(team).__name__}")
         self.team, self.reward = team, reward
         self.cfg = config or MARFTConfig()
         self.run_dir = Path(run_dir)
@@ -149,15 +170,32 @@ class MARFTTrainer:
         self.progress = progress
         torch.manual_seed(self.cfg.seed)
         np.random.seed(self.cfg.seed)
-        self.model = team.engine.model if hasattr(team, "engine") else team.model
-        self.tokenizer = team.tokenizer
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.roles: list[str] = list(team.agents() if callable(getattr(team, "agents", None)) else team.roles)
-        self.adapter_names = {r: team.adapter_name(r) for r in self.roles}
-        hidden = self.model.get_base_model().config.hidden_size
-        self.value_head = ValueHead(hidden, self.cfg.value_head_hidden) if self.cfg.use_critic else None
-        self.critic_optimizer = (torch.optim.Adam(self.value_head.parameters(), lr=self.cfg.critic_learning_rate,
-                                                  eps=self.cfg.adam_eps) if self.value_head is not None else None)
+        team_roles = list(team.agents())
+        wanted = self.cfg.train_agents
+        unknown = [r for r in (wanted or []) if r not in team_roles]
+        if unknown:
+            raise ValueError(f"train_agents names {unknown}, which the team does not serve; its roles: {team_roles}")
+        self.roles: list[str] = [r for r in team_roles if wanted is None or r in wanted]
+        """The trained roles, in the team's order (the sequential scheme's turn order, across bases)."""
+        self.frozen_roles: list[str] = [r for r in team_roles if r not in self.roles]
+        """The team's roles that are served and traced but never updated."""
+        self.base_of: dict[str, str] = {r: name for name, p in team.bases.items() for r in p.agents()}
+        self.bases: dict[str, _Base] = {}
+        for name, policy in team.bases.items():
+            if not isinstance(policy, TrainablePolicy):
+                raise TypeError(f"base {name!r} ({type(policy).__name__}) holds no in-process model to train")
+            tok = policy.tokenizer
+            self.bases[name] = _Base(name, policy, policy.model, tok,
+                                     tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+                                     [r for r in self.roles if self.base_of[r] == name])
+        first = next(iter(self.bases.values()))
+        self.model, self.tokenizer, self.pad_id = first.model, first.tokenizer, first.pad_id
+        """The first base's model, tokenizer and pad id (the only ones of a one-base team)."""
+        self.adapter_names = {r: self.bases[self.base_of[r]].policy.adapter_name(r) for r in self.roles}
+        self.critic = self._make_critic()
+        self.critic_optimizers = {b: torch.optim.Adam(h.parameters(), lr=self.cfg.critic_learning_rate,
+                                                      eps=self.cfg.adam_eps)
+                                  for b, h in (self.critic.heads.items() if self.critic else ())}
         self.optimizers = {r: self._adam(r, self.adapter_names[r]) for r in self.roles}
         self.generator = torch.Generator().manual_seed(self.cfg.seed)
         self.detector = CollapseDetector(self.cfg.entropy_surge, self.cfg.kl_blowup)
@@ -168,6 +206,31 @@ class MARFTTrainer:
         self.unpublished: set[str] = set()
         """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
+
+    def _make_critic(self) -> Critic | None:
+        """Value heads on the frozen base(s): one per base with trained roles, or one on `critic_base`."""
+        cfg = self.cfg
+        if not cfg.use_critic:
+            return None
+        on = cfg.critic_base
+        if on is not None:
+            if on not in self.bases:
+                raise ValueError(f"critic_base {on!r} is not one of the team's bases {sorted(self.bases)}")
+            if cfg.granularity == "token" and len(self.bases) > 1:
+                raise ValueError("critic_base with granularity: token needs every action in that base's tokens; "
+                                 "use critic_base: null (a value head per base) or granularity: action")
+        names = [on] if on is not None else list(self.bases)
+        heads = {b: ValueHead(self._hidden(b), cfg.value_head_hidden) for b in names}
+        return Critic(heads=heads, on=on if len(self.bases) > 1 else None)
+
+    def _hidden(self, base: str) -> int:
+        model = self.bases[base].model
+        return (model.get_base_model() if hasattr(model, "get_base_model") else model).config.hidden_size
+
+    @property
+    def value_head(self) -> ValueHead | None:
+        """The value head of a one-base team (None without a critic)."""
+        return None if self.critic is None else next(iter(self.critic.heads.values()))
 
     # ---- public phases ---------------------------------------------------------------------------
     def fit_offline(self, dataset: TrajectoryDataset, scenarios: Any = None, *, action_rewards: dict | None = None,
@@ -231,7 +294,7 @@ class MARFTTrainer:
             self.resume()
         if scenarios_per_iteration is not None and scenarios_per_iteration < 1:
             raise ValueError(f"scenarios_per_iteration must be >= 1, got {scenarios_per_iteration}")
-        collector = app if hasattr(app, "collect") else GraphCollector(
+        collector = app if isinstance(app, Collector) else GraphCollector(
             app, concurrency=self.cfg.rollout_concurrency, run_id=self.run_id)
         items = list(scenarios)
         if not items:
@@ -278,35 +341,38 @@ class MARFTTrainer:
                    phase: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        buffer = build_buffer(dataset, action_rewards, self.tokenizer, max_context=cfg.max_context,
-                              behaviour_logprobs=cfg.behaviour_logprobs)
+        several = len(self.bases) > 1
+        buffer = build_buffer(dataset, action_rewards, {n: b.tokenizer for n, b in self.bases.items()},
+                              max_context=cfg.max_context, behaviour_logprobs=cfg.behaviour_logprobs,
+                              agents=self.roles, base_of=self.base_of.__getitem__,
+                              critic_base=self.critic.on if self.critic is not None and several else None)
         agents = self._agents_to_train(buffer.records)
         restored: list[str] = []
         post: dict[str, dict[str, float]] = {}
         stats = None
-        lock = self.team.exclusive() if hasattr(self.team, "exclusive") else nullcontext()
-        with lock:
+        with ExitStack() as paused:  # every base's serving pauses while its adapters change
+            for b in self.bases.values():
+                paused.enter_context(b.policy.exclusive())
             if buffer.records:
-                recompute_behaviour(self.model, buffer, self._adapter_for, cfg, self.pad_id)
-                evaluate_critic(self.model, self.value_head, buffer, cfg, self.pad_id)
-                compute_advantages(buffer, cfg)
-                snaps = {a: AdapterSnapshot.take(self.model, self.adapter_names[a], self.optimizers[a]) for a in agents}
-                stats = ppo_update(self.model, self.value_head, buffer, cfg, agents=agents,
-                                   adapter_names=self.adapter_names, optimizers=self.optimizers,
-                                   critic_optimizer=self.critic_optimizer, pad_id=self.pad_id, generator=self.generator)
+                batch = build_batch(buffer, {n: BaseModel(b.model, b.pad_id) for n, b in self.bases.items()}, cfg,
+                                    agents=agents, adapter_for=self._adapter_for, critic=self.critic)
+                snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
+                         for a in agents}
+                stats = self._update(batch, agents)
                 for a in agents:
-                    st = stats.agents[a]
-                    if st.steps == 0:
+                    if stats.agents[a].steps == 0:
                         continue
-                    finite = adapter_finite(self.model, self.adapter_names[a])
-                    kl, entropy = (post_update_check(self.model, buffer.for_agent(a), self.adapter_names[a], cfg,
-                                                     self.pad_id) if finite else (float("nan"), float("nan")))
+                    model = self._model(a)
+                    finite = adapter_finite(model, self.adapter_names[a])
+                    kl, entropy = (post_update_check(model, batch, batch.indices([a]), self.adapter_names[a], cfg,
+                                                     self.bases[self.base_of[a]].pad_id)
+                                   if finite else (float("nan"), float("nan")))
                     post[a] = {"approx_kl": kl, "entropy": entropy}
                     reason = self.detector.check(a, entropy=entropy, approx_kl=kl, params_finite=finite)
                     if reason is None:
                         self.detector.accept(a, entropy)
                     else:
-                        snaps[a].restore(self.model, self.adapter_names[a], self.optimizers[a])
+                        snaps[a].restore(model, self.adapter_names[a], self.optimizers[a])
                         restored.append(reason)
                         log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
         self.update_count += 1
@@ -319,12 +385,42 @@ class MARFTTrainer:
         self.iteration += 1
         return row
 
+    def _update(self, batch: TrainBatch, agents: list[str]) -> UpdateStats:
+        """The policy update of `agents`, base by base (each base's adapters on its own model), then the value
+        head(s) on every record they value."""
+        stats = UpdateStats()
+        for name, b in self.bases.items():
+            mine = [a for a in agents if self.base_of[a] == name]
+            if not mine:
+                continue
+            part = ppo_update(b.model, batch, self.cfg, agents=mine, adapter_names=self.adapter_names,
+                              optimizers=self.optimizers, pad_id=b.pad_id, generator=self.generator)
+            stats.agents.update(part.agents)
+            stats.tokens += part.tokens
+            stats.nonfinite += part.nonfinite
+        if self.critic is not None:
+            losses, norms = [], []
+            for name, head in self.critic.heads.items():
+                idx = [i for i, r in enumerate(batch.records) if self.critic.base_for(r) == name]
+                if idx:
+                    value_update(head, self.critic_optimizers[name], batch, idx, self.cfg, self.generator, stats)
+                    losses.append(stats.value_loss)
+                    norms.append(stats.critic_grad_norm)
+            stats.value_loss = float(np.mean(losses)) if losses else 0.0
+            stats.critic_grad_norm = float(np.mean(norms)) if norms else 0.0
+            stats.explained_variance = explained_variance(batch, batch.trained)
+        return stats
+
+    def _model(self, role: str) -> torch.nn.Module:
+        return self.bases[self.base_of[role]].model
+
     def _agents_to_train(self, records: list[ActionRecord]) -> list[str]:
         present = [r for r in self.roles if any(rec.agent == r for rec in records)]
         if self.cfg.update_scheme == "simultaneous":
             return present
-        # agent by agent: the role whose turn it is, or, when it has no actions in this batch (a worker the supervisor
-        # did not call), the next role in turn that has some: a turn is never spent on a role with nothing to learn
+        # agent by agent, across bases: the role whose turn it is, or, when it has no actions in this batch (a
+        # worker the supervisor did not call), the next role in turn that has some: a turn is never spent on a
+        # role with nothing to learn
         start = (self.update_count // self.cfg.agent_iteration_interval) % len(self.roles)
         for k in range(len(self.roles)):
             role = self.roles[(start + k) % len(self.roles)]
@@ -335,7 +431,7 @@ class MARFTTrainer:
     def _adapter_for(self, record: ActionRecord) -> str:
         """The adapter a span names (for recomputing behaviour log-probs), or the role's current one."""
         version = record.adapter_version
-        if version and hasattr(self.team, "registry") and self.team.registry is not None:
+        if version and isinstance(self.team, Publisher) and self.team.registry is not None:
             try:
                 return self.team.adapter_name(record.agent, version)
             except Exception as exc:  # the named version is gone: fall back, and say so
@@ -347,7 +443,7 @@ class MARFTTrainer:
     def _scores(self, dataset: TrajectoryDataset, scenarios: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
         if scenarios is not None and not isinstance(scenarios, dict):
             scenarios = {s.scenario_id: s.to_dict() for s in scenarios}
-        if hasattr(self.reward, "score"):
+        if isinstance(self.reward, Scorer):
             result = self.reward.score(dataset, scenarios)
             return result.episodes, dict(result.action_rewards)
         rows, action_rewards = [], {}
@@ -363,7 +459,7 @@ class MARFTTrainer:
     # ---- publishing (online) ---------------------------------------------------------------------
     def _publish(self, row: dict[str, Any]) -> None:
         """Save trained adapters as new registry versions and hot-swap them (Team with a registry)."""
-        if getattr(self.team, "registry", None) is None or not hasattr(self.team, "save_version"):
+        if not isinstance(self.team, Publisher) or self.team.registry is None:
             return
         published = {}
         for role in row.get("trained_agents", []):
@@ -385,7 +481,7 @@ class MARFTTrainer:
         self.optimizers[role].load_state_dict(state)
 
     def _adam(self, role: str, adapter: str) -> torch.optim.Optimizer:
-        params = adapter_parameters(self.model, adapter)
+        params = adapter_parameters(self._model(role), adapter)
         if not params:
             raise ValueError(f"adapter {adapter!r} of role {role!r} has no parameters in the model; is it loaded?")
         return torch.optim.Adam(params, lr=self.cfg.lr_for(role), eps=self.cfg.adam_eps)
@@ -395,13 +491,16 @@ class MARFTTrainer:
         return {"iteration": self.iteration, "update_count": self.update_count, "offline_cursor": self.offline_cursor,
                 "online_done": self.online_done, "config": self.cfg.to_dict(), "run_id": self.run_id,
                 "unpublished": sorted(self.unpublished),
-                "value_head": None if self.value_head is None else self.value_head.state_dict(),
+                "value_heads": {b: h.state_dict() for b, h in (self.critic.heads.items() if self.critic else ())},
                 "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
-                "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
+                "critic_optimizers": {b: o.state_dict() for b, o in self.critic_optimizers.items()},
                 "rng": rng_state(self.generator), "detector": self.detector.state_dict()}
 
+    def _adapters(self) -> dict[str, list[torch.nn.Parameter]]:
+        return {r: adapter_parameters(self._model(r), n) for r, n in self.adapter_names.items()}
+
     def save_checkpoint(self) -> Path:
-        return save_checkpoint(self.run_dir, self.iteration, model=self.model, adapter_names=self.adapter_names,
+        return save_checkpoint(self.run_dir, self.iteration, adapters=self._adapters(), adapter_names=self.adapter_names,
                                state=self._state())
 
     def _maybe_checkpoint(self) -> None:
@@ -422,7 +521,7 @@ class MARFTTrainer:
         repaired = self.metrics.repair()
         if repaired:
             report.notes.append(repaired)
-        found = find_resumable(self.run_dir, model=self.model, adapter_names=self.adapter_names)
+        found = find_resumable(self.run_dir, adapters=self._adapters())
         report.notes.extend(found.notes)
         report.skipped = [(s.path, s.reason) for s in found.skipped]
         ckpt = found.checkpoint
@@ -433,14 +532,19 @@ class MARFTTrainer:
                                     "unfinished run, which starts again from iteration 0")
             return report
         state = ckpt.state
-        apply_adapters(ckpt, model=self.model, adapter_names=self.adapter_names)
+        apply_adapters(ckpt, adapters=self._adapters())
         self.iteration, self.update_count = state["iteration"], state["update_count"]
         self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
         self.unpublished = set(state.get("unpublished", self.roles))  # older checkpoints: assume every role changed
         self.run_id = state.get("run_id", self.run_id)
-        if self.value_head is not None and state["value_head"] is not None:
-            self.value_head.load_state_dict(state["value_head"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        heads, opts = state.get("value_heads") or {}, state.get("critic_optimizers") or {}
+        if state.get("value_head") is not None and self.critic is not None and len(self.critic.heads) == 1:
+            only = next(iter(self.critic.heads))  # a checkpoint written before teams had several bases
+            heads, opts = {only: state["value_head"]}, {only: state["critic_optimizer"]}
+        for name, head in (self.critic.heads.items() if self.critic is not None else ()):
+            if name in heads:
+                head.load_state_dict(heads[name])
+                self.critic_optimizers[name].load_state_dict(opts[name])
         for r, s in state["optimizers"].items():
             self.optimizers[r].load_state_dict(s)
         set_rng_state(state["rng"], self.generator)
@@ -455,7 +559,9 @@ class MARFTTrainer:
         return report
 
     # ---- reporting -------------------------------------------------------------------------------
-    def _row(self, phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed) -> dict[str, Any]:
+    def _row(self, phase: str, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None,
+             buffer: RolloutBuffer, stats: UpdateStats | None, agents: list[str], restored: list[str],
+             elapsed: float) -> dict[str, Any]:
         rewards = _episode_rewards(dataset, action_rewards, table)
         row: dict[str, Any] = {
             "iteration": self.iteration, "phase": phase, "episodes": len(dataset), "actions": len(buffer.records),
@@ -463,6 +569,8 @@ class MARFTTrainer:
             "reward_std": float(np.std(rewards)) if len(rewards) else None,
             "components": _components(table), "trained_agents": agents, "restored": restored,
             "skipped": dict(buffer.skipped), "recomputed": dict(buffer.recomputed),
+            "frozen_agents": sorted(set(self.frozen_roles) | set(buffer.frozen)),
+            "frozen_actions": dict(buffer.frozen), "agent_bases": dict(self.base_of),
             "recomputed_logprobs": buffer.n_recomputed, "time_s": elapsed,
         }
         if stats is not None:

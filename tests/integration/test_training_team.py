@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def stack(embedded_model_dir, tmp_path_factory):
 def test_offline_uses_engine_logprobs_and_online_publishes(stack):
     from marft_lg.training.buffer import build_buffer
     from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.ppo import recompute_behaviour
+    from marft_lg.training.ppo import BaseModel, behaviour_logprobs
     from marft_lg.training.rollout import GraphCollector
     from marft_lg.training.trainer import MARFTTrainer
 
@@ -44,14 +46,14 @@ def test_offline_uses_engine_logprobs_and_online_publishes(stack):
     buf = build_buffer(ds, {e: [0.0, 1.0] for e in ds.episode_ids}, team.tokenizer, max_context=2048)
     assert buf.n_recomputed == 0
     recorded = [list(r.behaviour_logprobs) for r in buf.records]
-    for r in buf.records:
-        r.behaviour_logprobs = None
+    flagged = [replace(r, behaviour_logprobs=None) for r in buf.records]
     cfg = MARFTConfig(learning_rate=1e-4, update_scheme="simultaneous", use_critic=False, group_size=2, kl_cut=None,
                       plots=False)
-    with team.exclusive():
-        recompute_behaviour(team.engine.model, buf, lambda r: team.adapter_name(r.agent), cfg, team.tokenizer.pad_token_id)
-    for rec, r in zip(recorded, buf.records, strict=True):
-        torch.testing.assert_close(torch.tensor(r.behaviour_logprobs), torch.tensor(rec), rtol=0, atol=2e-3)
+    with team.exclusive() as model:
+        recomputed = behaviour_logprobs(flagged, {"": BaseModel(model, team.tokenizer.pad_token_id)},
+                                        lambda r: team.adapter_name(r.agent), cfg)
+    for rec, lp in zip(recorded, recomputed, strict=True):
+        torch.testing.assert_close(lp, torch.tensor(rec), rtol=0, atol=2e-3)
 
     trainer = MARFTTrainer(team, reward, cfg, root / "run", progress=False)
     rows = trainer.fit_offline(ds, scenarios, iterations=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from marft_lg.serving.device import model_device, resolve_device, resolve_dtype
 from marft_lg.training.buffer import build_buffer
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.policy import LocalPolicy, adapter_parameters, token_logprobs
-from marft_lg.training.ppo import compute_advantages, evaluate_critic, ppo_update
+from marft_lg.training.ppo import BaseModel, build_batch, ppo_update
 
 ROLES = ["reasoner", "actor"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -76,20 +77,19 @@ def _buffer(policy, cfg, seed=0):
     ds = ChainCollector(policy, ROLES, prompt, max_new_tokens=6).collect(scenarios, 2, 0, 0)
     rng = np.random.default_rng(seed)
     buf = build_buffer(ds, {e: rng.normal(size=2) for e in ds.episode_ids}, policy.tokenizer, max_context=4096)
-    for r in buf.records:  # move the behaviour policy away from the current one so the ratio is not 1
-        r.behaviour_logprobs = [v + float(rng.normal(0, 0.3)) for v in r.behaviour_logprobs]
-    evaluate_critic(policy.model, None, buf, cfg, policy.tokenizer.pad_token_id)
-    compute_advantages(buf, cfg)
-    return buf
+    # move the behaviour policy away from the current one so the ratio is not 1
+    buf.records = [replace(r, behaviour_logprobs=[v + float(rng.normal(0, 0.3)) for v in r.behaviour_logprobs])
+                   for r in buf.records]
+    return build_batch(buf, {"": BaseModel(policy.model, policy.tokenizer.pad_token_id)}, cfg, agents=ROLES,
+                       adapter_for=lambda r: policy.adapter_name(r.agent), critic=None)
 
 
 def _update(policy, buf, cfg):
     """One SGD (lr 1) PPO update of both agents; returns the weight change per role and the stats."""
     start = {r: [p.detach().cpu().clone() for p in adapter_parameters(policy.model, policy.adapter_name(r))] for r in ROLES}
     opts = {r: torch.optim.SGD(adapter_parameters(policy.model, policy.adapter_name(r)), lr=1.0) for r in ROLES}
-    stats = ppo_update(policy.model, None, buf, cfg, agents=ROLES, adapter_names={r: policy.adapter_name(r) for r in ROLES},
-                       optimizers=opts, critic_optimizer=None, pad_id=policy.tokenizer.pad_token_id,
-                       generator=torch.Generator().manual_seed(0))
+    stats = ppo_update(policy.model, buf, cfg, agents=ROLES, adapter_names={r: policy.adapter_name(r) for r in ROLES},
+                       optimizers=opts, pad_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
     delta = {r: [p.detach().cpu() - s for p, s in zip(adapter_parameters(policy.model, policy.adapter_name(r)), start[r],
                                                        strict=True)] for r in ROLES}
     return delta, stats
@@ -164,9 +164,11 @@ def test_checkpoint_written_on_gpu_loads_on_cpu(tiny_model_dir, tmp_path):
 
     gpu = _policy(tiny_model_dir, "cuda")
     names = {r: gpu.adapter_name(r) for r in ROLES}
-    path = save_checkpoint(tmp_path, 3, model=gpu.model, adapter_names=names, state={"iteration": 3})
+    path = save_checkpoint(tmp_path, 3, adapters={r: adapter_parameters(gpu.model, n) for r, n in names.items()},
+                           adapter_names=names, state={"iteration": 3})
     cpu = LocalPolicy(tiny_model_dir, ROLES, seed=5, device="cpu")
-    assert load_checkpoint(path, model=cpu.model, adapter_names={r: cpu.adapter_name(r) for r in ROLES})["iteration"] == 3
+    live = {r: adapter_parameters(cpu.model, cpu.adapter_name(r)) for r in ROLES}
+    assert load_checkpoint(path, adapters=live)["iteration"] == 3
     for r in ROLES:
         for a, b in zip(adapter_parameters(gpu.model, names[r]), adapter_parameters(cpu.model, cpu.adapter_name(r)), strict=True):
             torch.testing.assert_close(b, a.cpu())

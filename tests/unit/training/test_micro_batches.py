@@ -8,6 +8,8 @@ scheme gives every agent the same update it would get alone (no joint graph).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -15,12 +17,7 @@ import torch
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.config import ConfigError, MARFTConfig
 from marft_lg.training.policy import adapter_parameters, lm_parts
-from marft_lg.training.ppo import (
-    compute_advantages,
-    evaluate_critic,
-    micro_batches,
-    ppo_update,
-)
+from marft_lg.training.ppo import BaseModel, build_batch, micro_batches, ppo_update
 
 ROLES = ["reasoner", "actor"]
 
@@ -58,18 +55,22 @@ def test_config_validates_and_loads_micro_batch_fields(tmp_path):
         MARFTConfig(micro_batch_tokens=0)
 
 
-def _buffer(chain_dataset, policy, cfg, seed=0):
+def _records(chain_dataset, policy, seed=0):
     ds, _ = chain_dataset
     rng = np.random.default_rng(seed)
     rewards = {e: rng.normal(size=2) for e in ds.episode_ids}
     buf = build_buffer(ds, rewards, policy.tokenizer, max_context=4096)
     # vary the lengths (so micro-batches differ) and move the behaviour policy away from the current one
-    for k, r in enumerate(buf.records):
-        r.prompt_ids = r.prompt_ids[: len(r.prompt_ids) - 3 * (k % 4)]
-        r.behaviour_logprobs = [v + float(rng.normal(0, 0.6)) for v in r.behaviour_logprobs]
-    evaluate_critic(policy.model, None, buf, cfg, policy.tokenizer.pad_token_id)
-    compute_advantages(buf, cfg)
+    buf.records = [replace(r, prompt_ids=r.prompt_ids[: len(r.prompt_ids) - 3 * (k % 4)],
+                           behaviour_logprobs=[v + float(rng.normal(0, 0.6)) for v in r.behaviour_logprobs])
+                   for k, r in enumerate(buf.records)]
     return buf
+
+
+def _buffer(chain_dataset, policy, cfg, seed=0, agents=ROLES):
+    """The update's frozen batch (records of `agents` trained)."""
+    return build_batch(_records(chain_dataset, policy, seed), {"": BaseModel(policy.model, policy.tokenizer.pad_token_id)},
+                       cfg, agents=agents, adapter_for=lambda r: policy.adapter_name(r.agent), critic=None)
 
 
 def _randomise_adapters(policy):
@@ -88,9 +89,8 @@ def _sgd_update(policy, buf, cfg, agents):
     """One update with plain SGD (lr 1, no clipping): the weight change is minus the gradient."""
     start = {r: _snapshot(policy, r) for r in ROLES}
     opts = {r: torch.optim.SGD(adapter_parameters(policy.model, policy.adapter_name(r)), lr=1.0) for r in ROLES}
-    stats = ppo_update(policy.model, None, buf, cfg, agents=agents, adapter_names={r: policy.adapter_name(r) for r in ROLES},
-                       optimizers=opts, critic_optimizer=None, pad_id=policy.tokenizer.pad_token_id,
-                       generator=torch.Generator().manual_seed(0))
+    stats = ppo_update(policy.model, buf, cfg, agents=agents, adapter_names={r: policy.adapter_name(r) for r in ROLES},
+                       optimizers=opts, pad_id=policy.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(0))
     delta = {r: [a - b for a, b in zip(_snapshot(policy, r), start[r], strict=True)] for r in ROLES}
     with torch.no_grad():  # put the weights back for the next variant
         for r in ROLES:
@@ -110,7 +110,7 @@ def test_micro_batched_update_equals_one_batch(chain_dataset, two_agent_policy, 
     buf = _buffer(chain_dataset, two_agent_policy, whole)
     budget = 2 * max(len(r.prompt_ids) + r.n_tokens for r in buf.records)
     split = MARFTConfig(micro_batch_tokens=budget, grad_accum_steps=2, **common)
-    assert len(micro_batches(buf.for_agent("actor"), budget, groups=2)) >= 3
+    assert len(micro_batches([r for r in buf.records if r.agent == "actor"], budget, groups=2)) >= 3
     d_whole, s_whole = _sgd_update(two_agent_policy, buf, whole, ROLES)
     d_split, s_split = _sgd_update(two_agent_policy, buf, split, ROLES)
     for role in ROLES:
@@ -126,8 +126,8 @@ def test_micro_batched_update_equals_one_batch(chain_dataset, two_agent_policy, 
 def test_every_forward_is_bounded_and_followed_by_its_backward(chain_dataset, two_agent_policy):
     cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, update_scheme="simultaneous", ppo_epochs=2,
                       kl_ref_coef=0.1)
-    buf = _buffer(chain_dataset, two_agent_policy, cfg)
-    budget = 2 * max(len(r.prompt_ids) + r.n_tokens for r in buf.records) + 5
+    records = _records(chain_dataset, two_agent_policy)
+    budget = 2 * max(len(r.prompt_ids) + r.n_tokens for r in records.records) + 5
     cfg.micro_batch_tokens = budget
     body, _ = lm_parts(two_agent_policy.model)
     events: list[tuple[str, int, bool]] = []
@@ -141,6 +141,8 @@ def test_every_forward_is_bounded_and_followed_by_its_backward(chain_dataset, tw
 
     hook = body.register_forward_hook(on_forward, with_kwargs=True)
     try:
+        buf = build_batch(records, {"": BaseModel(two_agent_policy.model, two_agent_policy.tokenizer.pad_token_id)}, cfg,
+                          agents=ROLES, adapter_for=lambda r: two_agent_policy.adapter_name(r.agent), critic=None)
         _sgd_update(two_agent_policy, buf, cfg, ROLES)
     finally:
         hook.remove()
@@ -148,12 +150,12 @@ def test_every_forward_is_bounded_and_followed_by_its_backward(chain_dataset, tw
     assert grad_events and all(n <= budget for kind, n, _ in grad_events if kind == "F")
     kinds = "".join(k for k, _, _ in grad_events)
     assert kinds == "FB" * (len(kinds) // 2)  # one micro-batch alive at a time
-    expected = sum(len(micro_batches(buf.for_agent(r), budget)) for r in ROLES) * cfg.ppo_epochs
+    expected = sum(len(micro_batches([x for x in buf.records if x.agent == r], budget)) for r in ROLES) * cfg.ppo_epochs
     assert len(kinds) // 2 == expected
-    # the frozen reference runs once per update (no-grad passes), not once per epoch
+    # the frozen reference runs once per iteration, as the batch is built (no-grad passes), not once per epoch
     no_grad = [e for e in events if not e[2]]
-    assert len(no_grad) == len(micro_batches(buf.records, cfg.inference_batch_tokens, max_rows=8))
-    assert all(r.ref_logprobs is not None and len(r.ref_logprobs) == r.n_tokens for r in buf.records)
+    assert len(no_grad) == len(micro_batches(list(buf.records), cfg.inference_batch_tokens, max_rows=8))
+    assert all(ref is not None and len(ref) == r.n_tokens for r, ref in zip(buf.records, buf.reference, strict=True))
 
 
 def test_agent_step_touches_only_its_adapter(chain_dataset, two_agent_policy):

@@ -29,7 +29,8 @@ class WorkerSpec:
 
     app: str
     agents: list[str]
-    model: str = "embedded:smollm2-135m-instruct"
+    model: str | dict[str, str] = "embedded:smollm2-135m-instruct"
+    """The base model spec, or ``{role: model spec}`` for a team of several base models (a `MixedTeam`)."""
     registry: str | None = None
     shared_registry: bool = True
     versions: Any = None

@@ -116,7 +116,8 @@ def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
 
 
 @contextmanager
-def _ray_runner(ray: str | None, workers: int, app: str, roles: list[str], model: str, registry: Any, team: Any,
+def _ray_runner(ray: str | None, workers: int, app: str, roles: list[str], model: str | dict[str, str], registry: Any,
+                team: Any,
                 node_roles: Any, temperature: float, max_tokens: int) -> Iterator[Any]:
     """`compare --ray`: rollout workers that build `--app` and the team's engine and replay there (None without)."""
     if ray is None:
@@ -153,8 +154,10 @@ def compare(
     reward: Path = typer.Option(..., help="Reward YAML (CompositeReward) scoring both sides."),
     from_traces: Path | None = typer.Option(None, "--from-traces", help="Compare the live/shadow pairs mirrored into this trace dir instead of replaying."),
     registry: Path | None = typer.Option(None, help="Adapter registry directory (resolves aliases, loads versions)."),
-    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model spec for the team."),
-    agents: str | None = typer.Option(None, help="Comma-separated agent roles (default: the registry's roles)."),
+    model: str = typer.Option("embedded:smollm2-135m-instruct",
+                              help="Base model spec for the team (of every role --agents gives no model)."),
+    agents: str | None = typer.Option(None, help="Comma-separated agent roles (default: the registry's roles); "
+                                      "ROLE=MODEL puts a role on its own base model."),
     samples: int = typer.Option(1, help="Runs per scenario and side (paired runs share a seed)."),
     seed: int = typer.Option(0, help="Seed of the paired runs and of the bootstrap."),
     gate: Path | None = typer.Option(None, help="Promotion gate YAML (default: the built-in gate)."),
@@ -226,7 +229,17 @@ def compare(
 
     app_obj = load_app(app)  # before the model loads: a bad --app fails at once
     reg = AdapterRegistry(registry) if registry else None
-    roles = [a.strip() for a in agents.split(",") if a.strip()] if agents else (reg.roles() if reg else [])
+    model_spec: str | dict[str, str] = model
+    if agents and "=" in agents:  # role=MODEL items: a {role: model} mapping (maybe several base models)
+        from marft_lg.serving.commands import parse_agents
+
+        try:
+            model_spec = parse_agents(agents, model)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--agents") from None
+        roles = list(model_spec)
+    else:
+        roles = [a.strip() for a in agents.split(",") if a.strip()] if agents else (reg.roles() if reg else [])
     if not roles:
         raise typer.BadParameter("no agent roles: pass --agents planner,writer or a --registry that has versions")
     try:
@@ -242,12 +255,12 @@ def compare(
             param_hint="--candidate")
     if note:
         console.print(f"[yellow]{note}[/]")
-    with console.status(f"loading {model} for {', '.join(roles)}"):
-        team = Team(model, roles, registry=reg)
+    with console.status(f"loading {model if isinstance(model_spec, str) else 'the base models'} for {', '.join(roles)}"):
+        team = Team(model_spec, roles, registry=reg)
     try:
         wrapped = build_app(app_obj, team, out / "traces", node_roles=roles_of_nodes, temperature=temperature,
                             max_tokens=max_tokens)
-        with _ray_runner(ray, ray_workers, app, roles, model, reg, team, roles_of_nodes, temperature,
+        with _ray_runner(ray, ray_workers, app, roles, model_spec, reg, team, roles_of_nodes, temperature,
                          max_tokens) as runner:
             result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
                                     samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift,

@@ -30,10 +30,12 @@ class RetrainJob:
     """Job id: keys the watermark, the run records and the scheduler entry."""
     traces: list[str] = field(default_factory=lambda: ["traces"])
     """Trace sources: OTLP/JSON-lines files, folders of `*.jsonl`, or glob patterns."""
-    model: str = "embedded:smollm2-135m-instruct"
-    """Base model spec (`resolve_model`): the one model every adapter sits on."""
+    model: str | dict[str, str] = "embedded:smollm2-135m-instruct"
+    """Base model spec (`resolve_model`): the one model every adapter sits on; or ``{role: model spec}`` for a
+    team of several base models (then `agents` may be omitted, or must name the same roles)."""
     agents: list[str] = field(default_factory=list)
-    """Agent roles to train; empty = every role the registry's `live` alias names."""
+    """Agent roles to train; empty = every role the registry's `live` alias names (the `model` mapping's roles
+    when `model` is a mapping)."""
     registry: str = "adapters"
     """AdapterRegistry root. Only the registry's atomic `live` alias flip ever changes what serves."""
     app: str | None = None
@@ -141,6 +143,7 @@ class RetrainJob:
             raise ConfigError(f"must be 'module:function' or 'file.py:function', got {self.app!r}", key="app")
         if not self.traces:
             raise ConfigError("is empty; list the trace files, folders or globs", key="traces")
+        self._check_model()
         try:
             self.node_roles = parse_node_roles(self.node_roles, key="node_roles", roles=self.agents or None)
         except ValueError as exc:
@@ -158,6 +161,33 @@ class RetrainJob:
         except (ValueError, KeyError, zoneinfo.ZoneInfoNotFoundError):
             raise ConfigError(f"unknown time zone {self.timezone!r} (an IANA name such as UTC or Europe/Paris)",
                               key="timezone") from None
+
+    def _check_model(self) -> None:
+        """`model` as a ``{role: model spec}`` mapping: non-empty specs, `agents` empty (then the mapping's roles)
+        or naming exactly its roles."""
+        if not isinstance(self.model, dict):
+            return
+        if not self.model:
+            raise ConfigError("is an empty mapping; give {role: model spec}, e.g. {planner: "
+                              "embedded:smollm2-135m-instruct}, or one model spec for every role", key="model")
+        for role, spec in self.model.items():
+            if not isinstance(role, str) or not role or any(c in role for c in "@./") or role != role.strip():
+                raise ConfigError(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
+                                  "surrounding spaces", key=("model", role))
+            if not isinstance(spec, str) or not spec.strip():
+                raise ConfigError(f"the model of role {role!r} must be a model spec (embedded:NAME or a local "
+                                  f"directory), got {spec!r:.60}", key=("model", role))
+        roles = list(self.model)
+        if not self.agents:
+            self.agents = roles
+            return
+        missing = [r for r in roles if r not in self.agents]
+        extra = [a for a in self.agents if a not in self.model]
+        if missing or extra:
+            raise ConfigError(f"{self.agents} do not match the roles of the model mapping {roles}"
+                              + (f" (no model for {extra})" if extra else "")
+                              + (f" (not in agents: {missing})" if missing else "")
+                              + "; omit agents or list the same roles", key="agents")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RetrainJob:

@@ -56,9 +56,30 @@ def parse_versions(spec: str | None) -> str | dict[str, str] | None:
     return out
 
 
+def parse_agents(spec: str, default_model: str) -> dict[str, str]:
+    """``--agents planner=MODEL_A,writer=MODEL_B,critic`` -> ``{role: model spec}`` (an item without ``=`` runs on
+    `default_model`, the ``--model``). Empty roles or models, and a role named twice, are ValueErrors."""
+    out: dict[str, str] = {}
+    for item in spec.split(","):
+        if not item.strip():
+            continue
+        role, sep, model = item.partition("=")
+        role, model = role.strip(), model.strip() if sep else default_model
+        if not role or not model:
+            raise ValueError(f"--agents {spec!r}: {item.strip()!r} is not ROLE or ROLE=MODEL")
+        if role in out:
+            raise ValueError(f"--agents {spec!r}: role {role!r} is named twice")
+        out[role] = model
+    if not out:
+        raise ValueError("--agents is empty; name the roles, e.g. --agents planner,writer (or planner=MODEL,...)")
+    return out
+
+
 def serve(
-    model: str = typer.Option("embedded:smollm2-135m-instruct", help="Model spec: embedded:NAME or a local HF dir."),
-    agents: str = typer.Option(..., help="Comma-separated agent roles, e.g. planner,writer."),
+    model: str = typer.Option("embedded:smollm2-135m-instruct",
+                              help="Model spec: embedded:NAME or a local HF dir (of every role --agents gives no model)."),
+    agents: str = typer.Option(..., help="Comma-separated agent roles, e.g. planner,writer; ROLE=MODEL puts a role "
+                                         "on its own base model, e.g. planner=embedded:smollm2-135m-instruct,writer=./w."),
     engine: str = typer.Option("hf", help="hf (embedded transformers + peft) or vllm (managed vLLM server)."),
     registry: Path | None = typer.Option(None, help="Adapter registry directory; roles serve its 'live' versions."),
     versions: str | None = typer.Option(None, help="Alias or role=ref,... to serve (default: live with a registry)."),
@@ -76,7 +97,8 @@ def serve(
     """Serve an agent team over an OpenAI-compatible API (the endpoints and fields vLLM uses).
 
     A start-up failure (port in use, missing model, bad registry, damaged adapter) prints one line
-    naming the cause and exits with code 2.
+    naming the cause and exits with code 2. With ``--agents role=MODEL`` items the roles may run on several
+    base models (one engine each); the start-up lines say which base each role is on.
     """
     import logging
 
@@ -88,10 +110,8 @@ def serve(
         typer.echo(f"marft-lg serve: {message}", err=True)
         return typer.Exit(2)
 
-    roles = [a.strip() for a in agents.split(",") if a.strip()]
-    if not roles:
-        raise fail("--agents is empty; name the roles, e.g. --agents planner,writer")
     try:
+        models = parse_agents(agents, model)
         pinned = parse_versions(versions)
     except ValueError as e:
         raise fail(str(e)) from None
@@ -125,8 +145,11 @@ def serve(
 
         kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
         options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
-        with console.status(f"loading {model} with adapters for {', '.join(roles)} ({engine} engine)"):
-            team = Team(model, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
+        spec = models if "=" in agents else model  # role=MODEL items: a {role: model} mapping (maybe several bases)
+        roles = list(models)
+        with console.status(f"loading {', '.join(dict.fromkeys(models.values()))} with adapters for "
+                            f"{', '.join(roles)} ({engine} engine)"):
+            team = Team(spec, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
                         engine_options=options, lora=settings, **kwargs)
     except KeyboardInterrupt:
         sock.close()
@@ -144,6 +167,8 @@ def serve(
         console.print(f"warning: serving {host} without an API key (--insecure-no-auth)", style="yellow", markup=False)
     console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{actual_port}/v1",
                   markup=False, highlight=False)
+    for name, base in team.bases.items():
+        console.print(f"  base {name}: {', '.join(base.agents())}", markup=False, highlight=False)
     try:
         app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=actual_port, log_level="warning"))
@@ -210,7 +235,8 @@ def adapters(
             tags = [a for a, mp in aliases.items() if mp.get(role) == v]
             rows.append({"role": role, "version": v, "aliases": tags, "parent": m.get("parent"),
                          "run_id": m.get("run_id"), "created": m.get("created"), "metrics": m["metrics"] if isinstance(m.get("metrics"), dict) else {},
-                         "base": m.get("base_fingerprint"), "integrity": integrity})
+                         "base": m.get("base_fingerprint"), "base_name": m.get("base_name"),
+                         "integrity": integrity})
     if as_json:
         print(json.dumps({"versions": rows, "aliases": aliases}, indent=2))
     else:

@@ -208,6 +208,49 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
     return h.hexdigest()[:16]
 
 
+def model_content_hash(model_dir: str | os.PathLike) -> str:
+    """A hash of a base model's weights: sha256 of its ``*.safetensors`` files' bytes (name, then content, in
+    name order), first 16 hex digits.
+
+    `model_fingerprint` tells models apart by shape only: two models with the same architecture and different
+    weights share it, this hash does not. Adapters record it (``base_hash``) so one trained on other weights of
+    the same shape is refused. The hash is memoised in ``cache_root()/model-hashes.json`` by (path, size,
+    mtime) of every weight file, like the embedded GGUF's, so a model is read once.
+    """
+    d = Path(model_dir).resolve()
+    files = sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
+    stamps = []
+    for f in files:
+        st = f.stat()
+        stamps.append(f"{f}:{st.st_size}:{st.st_mtime_ns}")
+    stamp = "|".join(stamps) or f"{d}:no-weights"
+    memo = cache_root() / "model-hashes.json"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if stamp not in known:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name}\0".encode())
+            with f.open("rb") as fh:
+                while block := fh.read(1 << 22):
+                    h.update(block)
+        # entries of weight files that are gone (deleted temporary models) are dropped as the memo is written
+        known = {k: v for k, v in known.items() if Path(k.split("|", 1)[0].rsplit(":", 2)[0]).exists()}
+        known[stamp] = h.hexdigest()[:16]
+        from marft_lg._durable import write_atomic
+
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(memo, json.dumps(known))
+        except OSError:  # a read-only cache: hash again next time
+            pass
+    return known[stamp]
+
+
 def build_tiny_model(out_dir: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
                      num_heads: int = 4, seed: int = 0, tokenizer_dir: str | os.PathLike | None = None) -> Path:
     """A tiny random Llama with the embedded model's tokenizer, for fast tests and examples."""

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,7 +167,7 @@ class AdapterRegistry:
         return p
 
     def manifest(self, role: str, ref: str) -> dict[str, Any]:
-        """The manifest of a version (base fingerprint, parent, run id, metrics, created)."""
+        """The manifest of a version (base fingerprint, base name and hash, parent, run id, metrics, created)."""
         p = self.path(role, ref) / MANIFEST
         try:
             data = json.loads(p.read_text())
@@ -189,16 +190,38 @@ class AdapterRegistry:
         return verify_adapter(path, record=record if isinstance(record, dict) else None, base_shapes=base_shapes,
                               require_lora=require_lora)
 
-    def check_base(self, role: str, ref: str, base_fingerprint: str, *, base_shapes: BaseShapes | None = None) -> Path:
+    def check_base(self, role: str, ref: str, base_fingerprint: str, *, base_shapes: BaseShapes | None = None,
+                   base_hash: str | Callable[[], str] | None = None, base_name: str | None = None) -> Path:
         """The version's path if it was trained for this base model and its files verify (`verify`), else
-        `AdapterMismatchError` (another base model) or `AdapterIntegrityError` (damaged files)."""
+        `AdapterMismatchError` (another base model) or `AdapterIntegrityError` (damaged files).
+
+        The manifest's `base_fingerprint` (layer shapes) must match; when it also records a `base_hash` (the
+        base's weights, `model_content_hash`) and `base_hash` is given (a string, or a callable computed only
+        then), that must match too: two models of the same shape with different weights share a fingerprint.
+        Manifests written before `base_hash` existed load on the fingerprint alone. `base_name` names the
+        served base in the message.
+        """
         path = self.path(role, ref)
-        made_for = self.manifest(role, ref).get("base_fingerprint")
+        manifest = self.manifest(role, ref)
+        made_for = manifest.get("base_fingerprint")
+        made_name = manifest.get("base_name")
+        served = f"{base_name!r} ({base_fingerprint})" if base_name else str(base_fingerprint)
+        trained = f"{made_name!r} ({made_for})" if made_name else str(made_for)
         if made_for != base_fingerprint:
             raise AdapterMismatchError(
-                f"adapter {role}/{path.name} in {self.root} was made for base model {made_for}, but the served base "
-                f"model is {base_fingerprint}; train a new adapter for this base model or serve the matching one"
+                f"adapter {role}/{path.name} in {self.root} was made for base model {trained}, but the served base "
+                f"model is {served}; train a new adapter for this base model or serve the matching one"
             )
+        recorded = manifest.get("base_hash")
+        if recorded is not None and base_hash is not None:
+            actual = base_hash() if callable(base_hash) else base_hash
+            if recorded != actual:
+                raise AdapterMismatchError(
+                    f"adapter {role}/{path.name} in {self.root} was made for base model "
+                    f"{made_name or '(unnamed)'!r} with weights {recorded}, but the served base model "
+                    f"{base_name or '(unnamed)'!r} has the same shapes and other weights ({actual}); train a new "
+                    "adapter for this base model or serve the one it was trained on"
+                )
         self.verify(role, ref, base_shapes=base_shapes, require_lora=base_shapes is not None)
         return path
 
@@ -215,8 +238,12 @@ class AdapterRegistry:
 
     def save(self, role: str, peft_model_or_dir: Any, *, base_fingerprint: str, parent: str | None = None,
              run_id: str | None = None, metrics: dict[str, float] | None = None,
-             adapter_name: str | None = None) -> str:
+             adapter_name: str | None = None, base_name: str | None = None, base_hash: str | None = None) -> str:
         """Store a new version of `role` and return its name (``"v<k>"``).
+
+        The manifest records the base model it was trained on: `base_fingerprint` (layer shapes, always),
+        `base_name` (the served base's name) and `base_hash` (its weights' `model_content_hash`), which
+        `check_base` compares before the version is loaded.
 
         `peft_model_or_dir` is a PEFT adapter directory or a `peft.PeftModel` (then `adapter_name`
         picks the adapter when the model holds several).
@@ -257,8 +284,8 @@ class AdapterRegistry:
                 k = int(existing[-1][1:]) + 1 if existing else 1
                 version = f"v{k}"
                 manifest = {
-                    "role": role, "version": version, "base_fingerprint": base_fingerprint, "parent": parent,
-                    "run_id": run_id, "metrics": dict(metrics or {}), "created": _now(), "integrity": integrity,
+                    "role": role, "version": version, "base_fingerprint": base_fingerprint, "base_name": base_name,
+                    "base_hash": base_hash, "parent": parent, "run_id": run_id, "metrics": dict(metrics or {}), "created": _now(), "integrity": integrity,
                 }
                 write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
                 os.rename(tmp, role_dir / version)

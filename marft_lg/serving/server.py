@@ -1,8 +1,13 @@
 """OpenAI-compatible HTTP server over a `Team`, with the endpoints and fields vLLM uses.
 
-`model` is a role (its current adapter), ``role@version`` (a pinned version) or the base model
-name (adapters off). `return_token_ids` adds `prompt_token_ids` to the response and `token_ids` to
-each choice, as vLLM does, so the same client code reads both servers.
+`model` is a role (its current adapter), ``role@version`` (a pinned version) or a base model
+name (adapters off). A team of several base models (`MixedTeam`) is served the same way: each role's
+requests go to its base, a base's name answers from that base without an adapter, `/v1/models` lists
+every base and every role (its `root`/`parent` the role's base), and everything that depends on the
+tokenizer (tool format detection, log-prob tokens) uses the role's base's (`team.tokenizer_for`).
+
+`return_token_ids` adds `prompt_token_ids` to the response and `token_ids` to each choice, as vLLM
+does, so the same client code reads both servers.
 
 Tools: `tools`, `tool_choice` and `parallel_tool_calls` are honoured as OpenAI/vLLM do. The prompt
 shows the tools through the model's chat template when it renders tools, else in the text format of
@@ -41,8 +46,8 @@ from marft_lg.serving.errors import (
     RegistryError,
     UnknownAgentError,
 )
-from marft_lg.serving.team import FRESH, SHARED, Team
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.team import FRESH, SHARED
+from marft_lg.serving.types import ChatRequest, Completion, ServedTeam
 from marft_lg.tool_calls import (
     add_system_text,
     choice_name,
@@ -244,16 +249,28 @@ def _parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None)
     return {"type": "function", "function": {"name": name}}
 
 
-def prompt_messages(team: Team, messages: list[Any], tools: list[dict[str, Any]] | None, tool_choice: Any,
-                    parallel_tool_calls: bool | None, tool_format: str = "auto") -> tuple[list[Any], list[dict] | None]:
+def tokenizer_of(team: ServedTeam, agent: str | None, base: str | None = None) -> Any:
+    """The tokenizer that encodes a request for `agent` (its base's), or for base model `base` when the
+    request has no agent (the first base when `base` is None or unknown)."""
+    if agent is not None:
+        return team.tokenizer_for(agent)
+    bases = team.bases
+    return bases[base].tokenizer if base in bases else next(iter(bases.values())).tokenizer
+
+
+def prompt_messages(team: ServedTeam, messages: list[Any], tools: list[dict[str, Any]] | None, tool_choice: Any,
+                    parallel_tool_calls: bool | None, tool_format: str = "auto", *,
+                    tokenizer: Any = None) -> tuple[list[Any], list[dict] | None]:
     """(messages for the engine, tools for the chat template or None) of a request with tool traffic.
 
     Through the chat template (``apply_chat_template(tools=...)``) when `tool_format` is "template",
     or "auto" and the tokenizer's template renders tools; else in the text format of
-    `marft_lg.tool_calls.render_messages`, exactly as `TeamChatModel` renders it.
+    `marft_lg.tool_calls.render_messages`, exactly as `TeamChatModel` renders it. `tokenizer`: the one of
+    the request's base model (default: the team's first base's).
     """
     active = tools_active(tools, tool_choice)
-    if tool_format == "template" or (tool_format == "auto" and template_supports_tools(team.tokenizer)):
+    tok = tokenizer if tokenizer is not None else tokenizer_of(team, None)
+    if tool_format == "template" or (tool_format == "auto" and template_supports_tools(tok)):
         chat = template_messages(messages)
         line = tool_choice_instruction(tool_choice) if active else None
         if line:
@@ -262,14 +279,15 @@ def prompt_messages(team: Team, messages: list[Any], tools: list[dict[str, Any]]
     return render_messages(messages, tools, tool_choice, parallel_tool_calls), None
 
 
-def parse_chat_body(body: Any, team: Team, tool_format: str = "auto") -> tuple[list[ChatRequest], dict[str, Any]]:
-    """A /v1/chat/completions JSON body -> one ChatRequest per choice, plus response options."""
+def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto") -> tuple[list[ChatRequest], dict[str, Any]]:
+    """A /v1/chat/completions JSON body -> one ChatRequest per choice, plus response options (``base``: the
+    name of the base model that answers, ``agent``: the role, None for a base model name)."""
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _BadRequest("'model' is required: an agent role, 'role@version', or the base model name", "model")
-    agent, version = _parse_model(model, team)
+    agent, version, base = _parse_model(model, team)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -292,7 +310,8 @@ def parse_chat_body(body: Any, team: Team, tool_format: str = "auto") -> tuple[l
     tools = _parse_tools(body)
     tool_choice = _parse_tool_choice(body, tools)
     parallel = bool(_field(body, "parallel_tool_calls", bool, True))
-    chat, template_tools = prompt_messages(team, messages, tools, tool_choice, parallel, tool_format)
+    chat, template_tools = prompt_messages(team, messages, tools, tool_choice, parallel, tool_format,
+                                           tokenizer=tokenizer_of(team, agent, base))
     reqs = [
         ChatRequest(
             messages=chat, agent=agent, version=version, max_tokens=max_tokens, tools=template_tools,
@@ -303,34 +322,35 @@ def parse_chat_body(body: Any, team: Team, tool_format: str = "auto") -> tuple[l
         )
         for i in range(n)
     ]
-    opts = {"model": model, "logprobs": logprobs, "return_token_ids": bool(_field(body, "return_token_ids", bool, False)),
+    opts = {"model": model, "base": base, "agent": agent, "logprobs": logprobs, "return_token_ids": bool(_field(body, "return_token_ids", bool, False)),
             "stream": bool(_field(body, "stream", bool, False)),
             "tool_names": tool_names(tools) if tools_active(tools, tool_choice) else None,
             "parallel_tool_calls": parallel}
     return reqs, opts
 
 
-def _parse_model(model: str, team: Team) -> tuple[str | None, str | None]:
-    if model == team.model_name:
-        return None, None
+def _parse_model(model: str, team: ServedTeam) -> tuple[str | None, str | None, str]:
+    """A request's `model` -> (role or None, pinned version or None, the name of the base model that answers)."""
+    if model in team.bases:
+        return None, None, model
     role, _, version = model.partition("@")
     if role not in team.agents():
         raise UnknownAgentError(model, known_models(team), what="model")
-    return role, (version or None)
+    return role, (version or None), team.base_of(role)
 
 
-def known_models(team: Team) -> list[str]:
-    """Model ids the server answers to: base model, roles, and each loaded ``role@version``."""
-    ids = [team.model_name, *team.agents()]
-    for name in team.engine.loaded_adapters():
-        slot, _, version = name.partition("@")
-        roles = team.agents() if team.shared_adapter else [slot]
-        ids.extend(f"{r}@{version}" for r in roles if r in team.agents())
+def known_models(team: ServedTeam) -> list[str]:
+    """Model ids the server answers to: every base model, the roles, and each loaded ``role@version``."""
+    ids = [*team.bases, *team.agents()]
+    for base in team.bases.values():
+        roles = base.agents()
+        for name in base.engine.loaded_adapters():
+            slot, _, version = name.partition("@")
+            ids.extend(f"{r}@{version}" for r in (roles if base.shared_adapter else [slot]) if r in roles)
     return list(dict.fromkeys(ids))
 
 
-def _logprobs_block(team: Team, c: Completion) -> dict[str, Any]:
-    tok = team.tokenizer
+def _logprobs_block(tok: Any, c: Completion) -> dict[str, Any]:
     tops = c.extra.get("top_logprobs") or []
     content = []
     for k, (t, lp) in enumerate(zip(c.completion_token_ids, c.logprobs, strict=True)):
@@ -360,14 +380,18 @@ def _message(c: Completion, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return message, finish_reason
 
 
-def completion_response(team: Team, completions: list[Completion], opts: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI chat.completion JSON (vLLM's extra fields when asked)."""
+def completion_response(team: ServedTeam, completions: list[Completion], opts: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI chat.completion JSON (vLLM's extra fields when asked); log-prob tokens decoded by the tokenizer
+    of the base model that answered."""
     choices = []
+    tok = None
+    if opts["logprobs"] and completions:
+        tok = tokenizer_of(team, opts.get("agent", completions[0].agent), opts.get("base", completions[0].model))
     for i, c in enumerate(completions):
         message, finish_reason = _message(c, opts)
         choice: dict[str, Any] = {
             "index": i, "message": message,
-            "logprobs": _logprobs_block(team, c) if opts["logprobs"] else None,
+            "logprobs": _logprobs_block(tok, c) if opts["logprobs"] else None,
             "finish_reason": finish_reason, "stop_reason": None,
         }
         if opts["return_token_ids"]:
@@ -386,7 +410,7 @@ def completion_response(team: Team, completions: list[Completion], opts: dict[st
     return out
 
 
-def _stream_chunks(team: Team, response: dict[str, Any]):
+def _stream_chunks(team: ServedTeam, response: dict[str, Any]):
     """Server-sent events for a finished completion, then [DONE].
 
     Per choice: a role chunk, one content chunk (with logprobs and token ids), and when the
@@ -423,9 +447,10 @@ def _stream_chunks(team: Team, response: dict[str, Any]):
     yield "data: [DONE]\n\n"
 
 
-def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "auto",
+def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str = "auto",
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app serving `team`. With `api_key`, /v1/* needs ``Authorization: Bearer <key>``.
+    """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
+    /v1/* needs ``Authorization: Bearer <key>``.
 
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
     tools, else the text format), "template" or "text" (`marft_lg.tool_calls`).
@@ -478,18 +503,21 @@ def create_app(team: Team, *, api_key: str | None = None, tool_format: str = "au
     async def models():
         created = int(time.time())
         data = []
+        bases = team.bases
         for mid in known_models(team):
-            base = mid == team.model_name
+            is_base = mid in bases
+            base = mid if is_base else team.base_of(mid.partition("@")[0])
             data.append({"id": mid, "object": "model", "created": created, "owned_by": "marft_lg",
-                         "root": mid if base else team.model_name, "parent": None if base else team.model_name,
-                         "max_model_len": team.engine.max_context()})
+                         "root": base, "parent": None if is_base else base,
+                         "max_model_len": bases[base].engine.max_context()})
         return {"object": "list", "data": data}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         try:
             reqs, opts = parse_chat_body(await _json(request), team, tool_format)
-            completions = await team.achat(reqs)
+            # a role goes through the team (which routes it to its base); a base model name to that base
+            completions = await (team.achat(reqs) if opts["agent"] is not None else team.bases[opts["base"]].achat(reqs))
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
             return _handle(e, registry_status=404, adapter_param="model")
         response = completion_response(team, completions, opts)

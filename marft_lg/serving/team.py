@@ -4,6 +4,12 @@
 in-flight requests per adapter and makes hot swaps safe on any engine: `load_version` loads the new
 adapter beside the old one, switches the role's pointer, and unloads the old adapter only once the
 last request using it has finished.
+
+Several base models in one team: ``Team({"planner": "embedded:smollm2-135m-instruct", "writer": "/models/x"})``
+takes a ``{role: model spec}`` mapping. Roles whose specs resolve to the same directory share one base; with
+one base the result is a plain `Team`, with several `Team(...)` returns a
+`marft_lg.serving.mixed_team.MixedTeam` (one `Team` per base, the same API). `bases`, `base_of`, `team_of`
+and `tokenizer_for` answer the same on both, so callers need not tell them apart.
 """
 
 from __future__ import annotations
@@ -12,20 +18,62 @@ import os
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from marft_lg.serving.errors import RegistryError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
-from marft_lg.serving.models import DEFAULT_MODEL, model_fingerprint, resolve_model
+from marft_lg.serving.models import DEFAULT_MODEL, model_content_hash, model_fingerprint, resolve_model
 from marft_lg.serving.registry import AdapterRegistry
 from marft_lg.serving.types import ChatRequest, Completion
 
 FRESH = "init"  # the version name of a freshly initialised adapter
 SHARED = "shared"  # the registry role of the one adapter all roles use with shared_adapter=True
 _UNSET: Any = object()
+
+
+ModelSpec = str | os.PathLike
+"""One base model: ``embedded:NAME`` or a local transformers directory."""
+
+
+def base_model_name(spec: ModelSpec, model_dir: Path) -> str:
+    """The name a base model is served under: an embedded spec as written, else its directory's name."""
+    return str(spec) if str(spec).startswith("embedded:") else Path(model_dir).name
+
+
+def plan_bases(model: Mapping[str, ModelSpec], agents: list[str] | tuple[str, ...] = ()
+               ) -> tuple[list[str], list[tuple[ModelSpec, Path, list[str]]]]:
+    """A ``{role: model spec}`` mapping -> (the roles in mapping order, one ``(spec, model_dir, roles)`` per distinct
+    base directory, in the order its first role appears).
+
+    Specs that resolve to the same directory share one base (the first role's spec names it). `agents`, when
+    given, must name exactly the mapping's roles (a ValueError says which differ).
+    """
+    if not isinstance(model, Mapping) or not model:
+        raise ValueError("a model mapping needs at least one {role: model spec} entry, e.g. "
+                         "{'planner': 'embedded:smollm2-135m-instruct'}")
+    roles = list(model)
+    for role in roles:
+        spec = model[role]
+        if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+            raise ValueError(f"model of role {role!r} must be a model spec (embedded:NAME or a local directory), "
+                             f"got {type(spec).__name__} {spec!r:.80}")
+    agents = list(agents)
+    if agents and (sorted(agents) != sorted(roles) or len(set(agents)) != len(agents)):
+        missing = [r for r in roles if r not in agents]
+        extra = [a for a in agents if a not in roles]
+        raise ValueError(f"agents {agents} do not match the roles of the model mapping {roles} "
+                         f"(missing {missing}, not in the mapping {extra}); omit agents or list the same roles")
+    groups: dict[Path, tuple[ModelSpec, Path, list[str]]] = {}
+    for role in roles:
+        model_dir = resolve_model(model[role])
+        key = model_dir.resolve()
+        if key not in groups:
+            groups[key] = (model[role], model_dir, [])
+        groups[key][2].append(role)
+    return roles, list(groups.values())
 
 
 def _check_versions(versions: Any) -> str | dict[str, str] | None:
@@ -45,13 +93,35 @@ class Team:
     versions: "live" (or any alias) takes each role's version from the registry alias, roles the
     alias lacks start fresh; None starts every role fresh; ``{role: ref}`` pins versions (refs the
     registry cannot resolve are an error). Default: "live" with a registry, None without.
+
+    `model` may also be a ``{role: model spec}`` mapping (then `agents` may be omitted, or must name the same
+    roles): roles on one base make a plain `Team`; roles on several bases make ``Team(...)`` return a
+    `MixedTeam` (`marft_lg.serving.mixed_team`) of one `Team` per base, with the same API (`shared_adapter`
+    then is an error: one adapter cannot sit on two base models).
     """
 
-    def __init__(self, model: str | os.PathLike = DEFAULT_MODEL, agents: list[str] | tuple[str, ...] = (), *,
+    def __new__(cls, model: ModelSpec | Mapping[str, ModelSpec] = DEFAULT_MODEL,
+                agents: list[str] | tuple[str, ...] = (), **kwargs: Any):
+        if cls is Team and isinstance(model, Mapping):
+            _, groups = plan_bases(model, agents)
+            if len(groups) > 1:
+                from marft_lg.serving.mixed_team import MixedTeam
+
+                return MixedTeam(model, agents, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, model: ModelSpec | Mapping[str, ModelSpec] = DEFAULT_MODEL,
+                 agents: list[str] | tuple[str, ...] = (), *,
                  engine: str | Any = "hf", shared_adapter: bool = False,
                  registry: AdapterRegistry | str | os.PathLike | None = None,
                  versions: str | dict[str, str] | None = _UNSET, lora: LoraSettings | None = None, seed: int = 0,
                  model_name: str | None = None, engine_options: dict[str, Any] | None = None):
+        if isinstance(model, Mapping):
+            agents, groups = plan_bases(model, agents)
+            if len(groups) > 1:
+                raise ValueError(f"the model mapping puts the roles on {len(groups)} base models; "
+                                 f"Team(...) builds a MixedTeam for that, {type(self).__name__}(...) serves one base")
+            model = groups[0][0]
         agents = list(agents)
         if not agents:
             raise ValueError("a Team needs at least one agent role, e.g. agents=['planner', 'writer']")
@@ -66,7 +136,8 @@ class Team:
         self.seed = seed
         self.model_dir = resolve_model(model)
         self.fingerprint = model_fingerprint(self.model_dir)
-        self.model_name = model_name or (str(model) if str(model).startswith("embedded:") else self.model_dir.name)
+        self.model_name = model_name or base_model_name(model, self.model_dir)
+        self._base_hash: str | None = None
         self.registry = registry if isinstance(registry, AdapterRegistry) or registry is None else AdapterRegistry(registry)
         self.engine = self._make_engine(engine, engine_options or {})
         self._lock = threading.RLock()
@@ -179,7 +250,8 @@ class Team:
         version = self.registry.resolve(slot, ref)
         name = f"{slot}@{version}"
         if name not in self.engine.loaded_adapters():
-            path = self.registry.check_base(slot, version, self.fingerprint, base_shapes=self.base_shapes())
+            path = self.registry.check_base(slot, version, self.fingerprint, base_shapes=self.base_shapes(),
+                                            base_hash=lambda: self.base_hash, base_name=self.model_name)
             self.engine.load_adapter(name, path)
         return name
 
@@ -195,6 +267,45 @@ class Team:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
             tok = self._tokenizer
         return tok
+
+    @property
+    def model(self) -> Any:
+        """The engine's in-process model (the hf engine's PeftModel, one adapter per slot) that a trainer updates
+        under `exclusive()`; AttributeError for an engine that holds none (vLLM runs in its own process)."""
+        model = getattr(self.engine, "model", None)
+        if model is None:
+            raise AttributeError(f"engine {type(self.engine).__name__} of base {self.model_name!r} holds no "
+                                 "in-process model to train; use engine='hf' for the team the trainer updates")
+        return model
+
+    @property
+    def base_hash(self) -> str:
+        """The base model's weights hash (`model_content_hash`), computed on first use (saving or checking an
+        adapter) and memoised on disk."""
+        if self._base_hash is None:
+            self._base_hash = model_content_hash(self.model_dir)
+        return self._base_hash
+
+    @property
+    def bases(self) -> dict[str, Team]:
+        """Base model name -> the `Team` serving it: ``{self.model_name: self}`` (a `MixedTeam` has several)."""
+        return {self.model_name: self}
+
+    def base_of(self, role: str) -> str:
+        """The name of the base model `role` runs on (`UnknownAgentError` for a role this team lacks)."""
+        self._slot(role)
+        return self.model_name
+
+    def team_of(self, role: str) -> Team:
+        """The single-base `Team` serving `role`: this one."""
+        self._slot(role)
+        return self
+
+    def tokenizer_for(self, role: str | None) -> Any:
+        """The tokenizer of `role`'s base model (None: the base model's, i.e. this team's)."""
+        if role is not None:
+            self._slot(role)
+        return self.tokenizer
 
     def agents(self) -> list[str]:
         return list(self._agents)
@@ -300,7 +411,8 @@ class Team:
             parent = version
         with self.exclusive():
             return self.registry.save(self._slot(role), self.engine.model, adapter_name=name,
-                                      base_fingerprint=self.fingerprint, parent=parent, run_id=run_id, metrics=metrics)
+                                      base_fingerprint=self.fingerprint, base_name=self.model_name,
+                                      base_hash=self.base_hash, parent=parent, run_id=run_id, metrics=metrics)
 
     @contextmanager
     def exclusive(self) -> Iterator[Any]:

@@ -91,3 +91,43 @@ class ChatEngine(Protocol):
     def versions(self) -> dict[str, str]:
         """The adapter version each role currently serves, e.g. ``{"planner": "v3"}``."""
         ...
+
+
+@runtime_checkable
+class ServedTeam(ChatEngine, Protocol):
+    """What `Team` (one base model) and `MixedTeam` (several) both offer, so callers never probe with hasattr.
+
+    `bases` maps each base model's name to the single-base `Team` serving it (``{model_name: team}`` for a
+    `Team`); `base_of(role)` names a role's base, `team_of(role)` is its `Team` (for `engine`, `exclusive()`),
+    `tokenizer_for(role)` its base's tokenizer. Unknown roles raise `UnknownAgentError`.
+    """
+
+    registry: Any
+    follows: str | None
+    shared_adapter: bool
+
+    @property
+    def bases(self) -> dict[str, Any]: ...
+
+    def base_of(self, role: str) -> str: ...
+
+    def team_of(self, role: str) -> Any: ...
+
+    def tokenizer_for(self, role: str) -> Any: ...
+
+    def slot(self, role: str) -> str: ...
+
+    def slots(self) -> list[str]: ...
+
+    def slot_versions(self) -> dict[str, str]: ...
+
+    def adapter_name(self, role: str, version: str | None = None) -> str: ...
+
+    def load_version(self, role: str, ref: str) -> str: ...
+
+    def unload_version(self, role: str, ref: str) -> None: ...
+
+    def save_version(self, role: str, *, parent: str | None = None, run_id: str | None = None,
+                     metrics: dict[str, float] | None = None) -> str: ...
+
+    def close(self) -> None: ...

@@ -2,7 +2,7 @@
 
 train.yaml:
 
-    model: embedded:smollm2-135m-instruct   # or a local transformers directory
+    model: embedded:smollm2-135m-instruct   # or a local transformers directory, or {role: model} (below)
     agents: [reasoner, actor]
     registry: registry                      # new adapter versions are written here
     versions: live                          # starting adapters: an alias, {role: ref}, or null (fresh)
@@ -14,6 +14,9 @@ train.yaml:
     online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
     ray: {address: local, rollout_workers: 2, worker: {num_cpus: 1, num_gpus: 0}, async: false}  # optional
+
+`model` may be a mapping ``{role: model spec}`` (a team of several base models, `MixedTeam`): then `agents` may be
+omitted (the mapping's roles) or must name the same roles.
 
 `online.app` is `module:function` or `file.py:function`, loaded relative to train.yaml's folder (a module or
 file next to it needs no PYTHONPATH); `online.node_roles: {node: role}` maps app nodes to agent roles.
@@ -44,7 +47,7 @@ class TrainFile:
     """The train.yaml sections. Types and values are checked when it is loaded; every error is a
     `ConfigError` naming ``train.yaml:line: key``."""
 
-    model: str = "embedded:smollm2-135m-instruct"
+    model: str | dict[str, str] = "embedded:smollm2-135m-instruct"
     agents: list[str] = field(default_factory=list)
     registry: str = "registry"
     versions: Any = "live"
@@ -141,6 +144,7 @@ class TrainFile:
         return out
 
     def _check_agents(self, doc: YamlDoc) -> None:
+        _check_model_mapping(self, doc)
         if not self.agents:
             raise doc.error("agents is empty; list the agent roles, e.g. agents: [reasoner, actor]", ("agents",))
         for i, role in enumerate(self.agents):
@@ -201,6 +205,35 @@ class TrainFile:
                                                key="online.node_roles", roles=self.agents)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def _check_model_mapping(spec: Any, doc: YamlDoc) -> None:
+    """`model` as a ``{role: model spec}`` mapping: non-empty specs; `agents` omitted (then the mapping's roles)
+    or naming exactly its roles. Errors name ``file:line: key``. (A plain string is left alone.)"""
+    model = spec.model
+    if not isinstance(model, dict):
+        return
+    if not model:
+        raise doc.error("model is an empty mapping; give {role: model spec}, e.g. {planner: "
+                        "embedded:smollm2-135m-instruct}, or one model spec for every role", ("model",))
+    for role, value in model.items():
+        if not value.strip():
+            raise doc.error(f"the model of role {role!r} is empty; give a model spec (embedded:NAME or a local "
+                            "directory)", ("model", role))
+    roles = list(model)
+    if not spec.agents:
+        for role in roles:
+            if not role or any(c in role for c in "@./") or role != role.strip():
+                raise doc.error(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
+                                "surrounding spaces", ("model", role))
+        spec.agents = roles
+        return
+    missing = [r for r in roles if r not in spec.agents]
+    extra = [a for a in spec.agents if a not in model]
+    if missing or extra:
+        raise doc.error(f"agents {spec.agents} do not match the roles of the model mapping {roles}"
+                        + (f" (no model for {extra})" if extra else "") + (f" (not in agents: {missing})" if missing else "")
+                        + "; omit agents or list the same roles", ("agents",))
 
 
 def _load_dataset(spec: str):

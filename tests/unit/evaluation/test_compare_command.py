@@ -21,8 +21,11 @@ def _flat(text: str) -> str:
 
 
 class FakeTeam:
+    last: FakeTeam | None = None
+
     def __init__(self, model, roles, registry=None, **kw):
-        self.roles, self.registry = roles, registry
+        self.model, self.roles, self.registry = model, roles, registry
+        FakeTeam.last = self
 
     def agents(self):
         return list(self.roles)
@@ -79,6 +82,19 @@ def test_app_file_imports_its_siblings_and_node_roles_reach_the_wrapped_app(proj
                                       "--node-roles", "plan_step=planner,draft=writer"])
     assert result.exit_code == 0, result.output
     assert project.seen["app"].node_roles == {"plan_step": "planner", "draft": "writer"}
+
+
+def test_agents_with_models_build_a_team_of_several_bases(project):
+    args = list(project.args)
+    args[args.index("--agents") + 1] = "planner=/models/a,writer"
+    result = CliRunner().invoke(cli, [*args, "--model", "/models/b", "--candidate", "writer=init"])
+    assert result.exit_code == 0, result.output
+    assert FakeTeam.last.model == {"planner": "/models/a", "writer": "/models/b"}
+    assert FakeTeam.last.roles == ["planner", "writer"]
+    assert project.seen["baseline"] == {"planner": "init", "writer": "init"}
+    args[args.index("--agents") + 1] = "planner=,writer"
+    result = CliRunner().invoke(cli, [*args, "--candidate", "writer=init"])
+    assert result.exit_code == 2 and "is not ROLE or ROLE=MODEL" in _flat(result.output)
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -43,3 +43,21 @@ def test_wrong_types_and_values_are_reported(tmp_path):
     with pytest.raises(ValueError, match=r"bad.yaml:2:1: not valid YAML"):
         (tmp_path / "bad.yaml").write_text("a: [1,\n")
         RetrainJob.from_yaml(tmp_path / "bad.yaml")
+
+
+def test_model_mapping_gives_the_agents_or_must_match_them(tmp_path):
+    job = RetrainJob.from_yaml(write(tmp_path, {"model": {"planner": "embedded:smollm2-135m-instruct", "writer": "w"}}))
+    assert job.model == {"planner": "embedded:smollm2-135m-instruct", "writer": "w"}
+    assert job.agents == ["planner", "writer"]
+    assert RetrainJob.from_yaml(write(tmp_path, {"model": "m", "agents": ["a"]})).model == "m"
+    p = tmp_path / "job.yaml"
+    p.write_text("name: n\nmodel:\n  planner: a\n  writer: b\nagents: [planner]\n")
+    with pytest.raises(ValueError, match=r"job.yaml:5: agents: \['planner'\] do not match the roles of the model "
+                                         r"mapping \['planner', 'writer'\]"):
+        RetrainJob.from_yaml(p)
+    p.write_text("name: n\nmodel:\n  planner: a\n  writer: ''\n")
+    with pytest.raises(ValueError, match=r"job.yaml:4: model.writer: the model of role 'writer' must be a model spec"):
+        RetrainJob.from_yaml(p)
+    p.write_text("name: n\nmodel: {}\n")
+    with pytest.raises(ValueError, match=r"job.yaml:2: model: is an empty mapping"):
+        RetrainJob.from_yaml(p)

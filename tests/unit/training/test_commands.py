@@ -139,3 +139,48 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert seen["graph"] == ("graph", "ok") and seen["app"] == "wrapped"
     assert seen["wrap"]["node_roles"] == {"think": "reasoner", "answer": "actor"}
+
+
+# --- model: {role: model spec} (a team of several base models) ----------------------------------------
+
+def test_train_yaml_model_mapping_gives_the_agents(tmp_path):
+    p = tmp_path / "train.yaml"
+    p.write_text("model:\n  planner: embedded:smollm2-135m-instruct\n  writer: /models/w\nreward: r.yaml\n")
+    spec = TrainFile.load(p)
+    assert spec.model == {"planner": "embedded:smollm2-135m-instruct", "writer": "/models/w"}
+    assert spec.agents == ["planner", "writer"]
+    p.write_text("model: {planner: a, writer: b}\nagents: [writer, planner]\nreward: r.yaml\n")
+    assert TrainFile.load(p).agents == ["writer", "planner"]
+    p.write_text("model: m\nagents: [a]\nreward: r.yaml\n")  # a plain string as before
+    assert TrainFile.load(p).model == "m"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  planner: a\n  writer: b\nagents: [planner, critic]\n",
+     r"train.yaml:4: agents: agents \['planner', 'critic'\] do not match the roles of the model mapping"),
+    ("model:\n  planner: a\n  writer: ''\n", r"train.yaml:3: model.writer: the model of role 'writer' is empty"),
+    ("model:\n  planner: a\n  w.x: b\n", r"train.yaml:3: model.w.x: invalid agent role 'w.x'"),
+    ("model: {}\nagents: [a]\n", r"train.yaml:1: model: model is an empty mapping"),
+    ("model:\n  planner: [a]\n", r"train.yaml:2: model.planner: expected text"),
+])
+def test_train_yaml_bad_model_mapping_names_file_and_line(tmp_path, text, message):
+    p = tmp_path / "train.yaml"
+    p.write_text(text + "reward: r.yaml\n")
+    with pytest.raises(ConfigError, match=message):
+        TrainFile.load(p)
+
+
+def test_ray_worker_spec_gets_the_model_mapping(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import marft_lg.distributed.rollout as rollout
+    from marft_lg.training import commands
+
+    p = tmp_path / "train.yaml"
+    p.write_text("model: {planner: a, writer: b}\nreward: r.yaml\n")
+    spec = TrainFile.load(p)
+    seen = {}
+    monkeypatch.setattr(rollout, "RayCollector", lambda cfg, worker, **kw: seen.setdefault("worker", worker))
+    cfg = SimpleNamespace(seed=0, max_new_tokens=8, temperature=1.0, rollout_concurrency=2)
+    commands._ray_collector(spec, cfg, SimpleNamespace(versions=dict), "run")
+    assert seen["worker"].model == {"planner": "a", "writer": "b"} and seen["worker"].agents == ["planner", "writer"]

@@ -85,22 +85,22 @@ def policy_drift(
     max_prompts: int = 8,
 ) -> dict[str, dict[str, Any]]:
     """Per role: mean per-token KL(baseline || candidate) on up to `max_prompts` of that role's actions
-    in `dataset` (usually the baseline's replay). Needs an in-process (hf) engine; {} otherwise."""
-    if not hasattr(team.engine, "exclusive"):
-        return {}
+    in `dataset` (usually the baseline's replay), on the role's own base model. Roles on a base without an
+    in-process (hf) engine are left out; {} when no base has one."""
     from marft_lg.serving.types import ChatRequest
-
-    def encode(messages: list[dict[str, Any]]) -> list[int]:
-        return team.engine.encode(ChatRequest(messages=messages))
 
     out: dict[str, dict[str, Any]] = {}
     for role in team.agents():
         if role not in baseline or role not in candidate:
             continue
-        samples = _samples_for(dataset, role, team.tokenizer, encode, max_prompts)
-        name_a, name_b = team.adapter_name(role, baseline[role]), team.adapter_name(role, candidate[role])
-        with team.exclusive() as model:
+        base = team.team_of(role)
+        if not hasattr(base.engine, "exclusive"):
+            continue
+        samples = _samples_for(dataset, role, base.tokenizer,
+                               lambda messages, b=base: b.engine.encode(ChatRequest(messages=messages)), max_prompts)
+        name_a, name_b = base.adapter_name(role, baseline[role]), base.adapter_name(role, candidate[role])
+        with base.exclusive() as model:
             kl, n_tokens = mean_token_kl(model, samples, name_a, name_b)
-        out[role] = {"kl": kl, "n_tokens": n_tokens, "n_prompts": len(samples),
+        out[role] = {"kl": kl, "n_tokens": n_tokens, "n_prompts": len(samples), "base": team.base_of(role),
                      "baseline": name_a.split("@", 1)[-1], "candidate": name_b.split("@", 1)[-1]}
     return out

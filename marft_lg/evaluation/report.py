@@ -136,6 +136,12 @@ def _tables(result: ComparisonResult, decision: GateDecision | None) -> list[tup
            for m, ci in result.episode_metrics.items()]
     epi.append(["cost ratio (tokens)", "", "", _f(result.cost_ratio(), ".3f")])
     out.append(("Episode metrics", ["metric", "baseline", "candidate", "delta [CI]"], epi))
+    bases, frozen = result.meta.get("agent_bases") or {}, result.meta.get("frozen_agents") or []
+    if bases or frozen:
+        base_map, cand_map = result.meta.get("baseline") or {}, result.meta.get("candidate") or {}
+        out.append(("Agents and their base models", ["agent", "base model", "baseline", "candidate"],
+                    [[a, b, str(base_map.get(a, "")), str(cand_map.get(a, ""))] for a, b in bases.items()]
+                    + [[a, "frozen (not served by the team)", "", ""] for a in frozen]))
     if result.drift:
         out.append(("Policy drift (mean per-token KL, baseline || candidate)", ["agent", "KL", "tokens", "prompts"],
                     [[a, _f(d.get("kl"), ".4g"), str(d.get("n_tokens")), str(d.get("n_prompts"))]

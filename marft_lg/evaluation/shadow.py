@@ -75,6 +75,16 @@ def _trace_paths(app: Any) -> list[Path]:
                      f"marft_lg.graph.wrap(..., trace_dir=DIR) or pass collect=lambda ids: TrajectoryDataset(...)")
 
 
+def agent_bases(team: Any, datasets: Iterable[TrajectoryDataset]) -> dict[str, Any]:
+    """``{"agent_bases": {role: base model}, "frozen_agents": [...]}`` for a comparison's meta: the base each
+    served role runs on, and the agents that acted in the episodes without being served by the team (frozen:
+    an external API, any chat model marft_lg does not train)."""
+    roles = list(team.agents()) if callable(getattr(team, "agents", None)) else []
+    bases = {r: team.base_of(r) for r in roles} if callable(getattr(team, "base_of", None)) else {}
+    acted = {str(a) for ds in datasets for a in ds.actions["agent"].dropna().unique()} if roles else set()
+    return {"agent_bases": bases, "frozen_agents": sorted(acted - set(roles))}
+
+
 def mine_app_episodes(app: Any, episode_ids: list[str]) -> TrajectoryDataset:
     """Flush the app's exporter, mine the traces it wrote and keep the given episodes."""
     from marft_lg.trajectories.mining import mine
@@ -208,10 +218,10 @@ def shadow_compare(
             "samples_per_scenario": samples_per_scenario, "scenarios": len(scenario_list),
             "baseline_spec": baseline if isinstance(baseline, str) else dict(baseline),
             "candidate_spec": candidate if isinstance(candidate, str) else dict(candidate),
-            "invoke_failures": failures, "mode": "replay"}
+            "invoke_failures": failures, "mode": "replay", **agent_bases(team, datasets.values())}
     result = compare_datasets(datasets["baseline"], datasets["candidate"], reward, scenarios=by_id,
                               formats=formats, confidence=confidence, n_resamples=n_resamples, seed=seed, meta=meta)
-    if drift and team is not None and hasattr(team, "engine"):
+    if drift and callable(getattr(team, "team_of", None)):
         from marft_lg.evaluation.drift import policy_drift
 
         try:

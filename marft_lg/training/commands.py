@@ -136,7 +136,11 @@ class TrainFile:
             raise doc.error("phases is empty; use offline and/or online", ("phases",))
         out.phases = list(dict.fromkeys(out.phases))
         out._check_online(doc)
-        out.config()  # the marft section, checked now (line numbers) rather than when training starts
+        cfg = out.config()  # the marft section, checked now (line numbers) rather than when training starts
+        unknown = [r for r in cfg.train_agents or [] if r not in out.agents]
+        if unknown:
+            raise doc.error(f"train_agents names {unknown}, which are not among the agents {out.agents}; agents "
+                            "outside the team (an external API) are frozen anyway", ("marft", "train_agents"))
         if out.ray is not None:
             from marft_lg.distributed.config import RayConfig
 
@@ -335,7 +339,13 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
            console: Any, errors: tuple[type[BaseException], ...]) -> None:
     from marft_lg.training.trainer import MARFTTrainer
 
-    trainer = MARFTTrainer(team, reward, cfg, spec.run_dir)
+    try:
+        trainer = MARFTTrainer(team, reward, cfg, spec.run_dir)
+    except ValueError as exc:  # e.g. a critic_base that names none of the team's bases
+        raise _fail(f"{spec.path}: {exc}") from None
+    if trainer.frozen_roles:
+        console.print(f"frozen (served, never updated): {', '.join(trainer.frozen_roles)}; trained: "
+                      f"{', '.join(trainer.roles)}")
     if resume:
         try:
             report = trainer.resume()
@@ -368,7 +378,7 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
             trainer.fit_online(app, list(chosen), iterations)
     published = {}
     serving = team.versions()
-    for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
+    for role in team.agents():  # a role the online phase just published keeps that version: one version per update
         if role in trainer.unpublished or serving.get(role, "init") == "init":
             published[role] = team.save_version(role, run_id=trainer.run_id,
                                                 metrics={"iteration": float(trainer.iteration)})

@@ -184,3 +184,15 @@ def test_ray_worker_spec_gets_the_model_mapping(tmp_path, monkeypatch):
     cfg = SimpleNamespace(seed=0, max_new_tokens=8, temperature=1.0, rollout_concurrency=2)
     commands._ray_collector(spec, cfg, SimpleNamespace(versions=dict), "run")
     assert seen["worker"].model == {"planner": "a", "writer": "b"} and seen["worker"].agents == ["planner", "writer"]
+
+
+def test_train_agents_are_checked_against_the_agents_with_file_and_line(tmp_path):
+    p = tmp_path / "train.yaml"
+    p.write_text("agents: [solver, checker]\nreward: r.yaml\nmarft:\n  train_agents: [checker]\n")
+    assert TrainFile.load(p).config().train_agents == ["checker"]
+    p.write_text("agents: [solver, checker]\nreward: r.yaml\nmarft:\n  train_agents: [planner]\n")
+    with pytest.raises(ConfigError, match=r"train.yaml:4: marft.train_agents: train_agents names \['planner'\]"):
+        TrainFile.load(p)
+    p.write_text("agents: [solver]\nreward: r.yaml\nmarft:\n  train_agents: []\n")
+    with pytest.raises(ConfigError, match=r"train.yaml:4: .*train_agents.*is empty"):
+        TrainFile.load(p)

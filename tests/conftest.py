@@ -27,6 +27,20 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir_b(tmp_path_factory) -> str:
+    """A second tiny base for teams on several bases: 48 wide, 2 heads, and a tokenizer of its own (a small BPE,
+    not SmolLM2's). ``MARFT_TEST_TINY_MODEL_B=DIR`` uses one built before."""
+    from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
+
+    if os.environ.get("MARFT_TEST_TINY_MODEL_B"):
+        return os.environ["MARFT_TEST_TINY_MODEL_B"]
+    root = tmp_path_factory.mktemp("tiny-b")
+    tok = build_tiny_tokenizer(root / "tokenizer")
+    return str(build_tiny_model(root / "tiny-llama-b", hidden_size=48, num_layers=2, num_heads=2, seed=1,
+                                tokenizer_dir=tok))
+
+
+@pytest.fixture(scope="session")
 def embedded_model_dir() -> str:
     """The real SmolLM2-135M-Instruct, converted once and cached (integration tests only)."""
     from marft_lg.serving.models import resolve_model

@@ -276,3 +276,43 @@ def build_tiny_model(out_dir: str | os.PathLike, *, hidden_size: int = 64, num_l
     tmp.replace(out)
     _fsync_parent(out)
     return out
+
+
+_TINY_CORPUS = (
+    "You are a helpful assistant. Solve the problem step by step and give the answer as \\boxed{N}.",
+    "Plan: add the numbers, then check the sum. The answer is correct. The answer looks wrong.",
+    "A shop sells boxes of pens. How many pens are there in all? Multiply, then add the rest.",
+    "What is 12 + 30? 12 + 30 = 42, so the answer is \\boxed{42}. Check: 42 - 30 = 12.",
+    "The planner writes a plan, the solver answers, the checker says whether the answer is right.",
+    "zero one two three four five six seven eight nine ten hundred thousand plus minus times divided",
+    "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) . , : ; ? ! ' \" \\ { } [ ] < > | _ # % & @ ^ ~ `",
+)
+_CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+           "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def build_tiny_tokenizer(out_dir: str | os.PathLike, *, vocab_size: int = 2000) -> Path:
+    """A small byte-level BPE tokenizer (ChatML template, `<|im_end|>` as eos), trained offline on a built-in
+    corpus: a tokenizer other than the embedded model's, for tests and examples of teams on several bases."""
+    out = Path(out_dir)
+    if (out / "tokenizer_config.json").exists():
+        return out
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(list(_TINY_CORPUS) * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>", unk_token="<|endoftext|>")
+    fast.chat_template = _CHATML
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fast.save_pretrained(tmp)
+    tmp.replace(out)
+    _fsync_parent(out)
+    return out

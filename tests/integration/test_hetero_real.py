@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from examples.mixed_team.external import ExternalEndpoint
 from marft_lg.evaluation.shadow import shadow_compare
 from marft_lg.graph.chat_model import TeamChatModel
 from marft_lg.graph.wrap import wrap
@@ -16,7 +17,6 @@ from marft_lg.serving.team import Team
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.trainer import MARFTTrainer
 from marft_lg.trajectories.scenarios import Scenario
-from tests.fake_openai import FakeOpenAIServer
 from tests.hetero_team import adapter_weights, build_graph, episode_reward
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def test_real_base_beside_a_small_one_and_a_frozen_planner(embedded_model_dir, t
 
     torch.set_num_threads(2)
     scenarios = [Scenario(f"s{i}", {"question": f"What is {i + 2} + {i + 5}?"}) for i in range(2)]
-    with FakeOpenAIServer(reply=lambda messages: "Add the two numbers.") as external, \
+    with ExternalEndpoint(reply=lambda messages: "Add the two numbers.") as external, \
             Team({"solver": embedded_model_dir, "checker": tiny_model_dir_b}, registry=tmp_path / "registry",
                  versions=None, seed=0) as team:
         planner = ChatOpenAI(base_url=external.base_url, api_key="x", model="external-planner", max_retries=0)

@@ -8,19 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from examples.mixed_team.external import ExternalEndpoint
 from marft_lg.graph.chat_model import TeamChatModel
 from marft_lg.graph.wrap import wrap
 from marft_lg.serving.team import Team
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.trainer import MARFTTrainer
-from tests.fake_openai import FakeOpenAIServer
 from tests.hetero_team import SCENARIOS, TRAINED, adapter_weights, build_graph, episode_reward
 
 
 @pytest.fixture
 def external():
-    with FakeOpenAIServer(reply=lambda messages: "First add, then double-check the sum.") as server:
+    with ExternalEndpoint(reply=lambda messages: "First add, then double-check the sum.") as server:
         yield server
 
 

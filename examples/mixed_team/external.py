@@ -1,13 +1,20 @@
-"""A stand-in for an external OpenAI-compatible endpoint (a hosted API marft_lg does not train), for tests.
+"""A stand-in for an external OpenAI-compatible endpoint: the hosted API the frozen planner calls, which
+marft_lg neither serves nor trains.
 
-`FakeOpenAIServer(reply=lambda messages: "...")` serves ``POST /v1/chat/completions`` (non-streaming and
-streaming), ``GET /v1/models`` and ``GET /health`` on 127.0.0.1 from a thread; use it as a context manager
-(`base_url` ends in ``/v1``). Replies carry `usage` and no log-probs, as a hosted API's would.
+    python external.py --port 8001        # then EXTERNAL_BASE_URL=http://127.0.0.1:8001/v1
+
+`ExternalEndpoint(reply=lambda messages: "...")` serves ``POST /v1/chat/completions`` (plain and streaming),
+``GET /v1/models`` and ``GET /health`` on 127.0.0.1 from a thread; use it as a context manager (`base_url`
+ends in ``/v1``). Replies carry `usage` and no log-probs or token ids, as a hosted API's would. The default
+reply is a scripted planner's one-line plan; tests pass their own `reply`.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import re
 import threading
 import time
 import uuid
@@ -16,11 +23,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Reply = Callable[[list[dict[str, Any]]], str]
+PLANS = {"plus": "add the two numbers", "minus": "subtract the second number from the first",
+         "times": "multiply the two numbers"}
 
 
-class FakeOpenAIServer:
-    def __init__(self, reply: Reply = lambda messages: "OK.", *, model: str = "external-model"):
-        self.reply, self.model = reply, model
+def plan(messages: list[dict[str, Any]]) -> str:
+    """A planner's one-line plan for the last user message: which operation to apply to which numbers."""
+    text = str(messages[-1].get("content", "")) if messages else ""
+    numbers = re.findall(r"\d+", text)
+    op = next((p for word, p in PLANS.items() if word in text), "work out the result")
+    return f"Plan: {op} ({' and '.join(numbers) or 'the numbers'}), then state the result."
+
+
+class ExternalEndpoint:
+    def __init__(self, reply: Reply = plan, *, model: str = "external-planner", port: int = 0):
+        self.reply, self.model, self.port = reply, model, port
         self.requests: list[dict[str, Any]] = []
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -30,7 +47,7 @@ class FakeOpenAIServer:
         assert self._server is not None, "start the server first"
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> ExternalEndpoint:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,7 +95,7 @@ class FakeOpenAIServer:
                     "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
                                  "message": {"role": "assistant", "content": text}}]}).encode())
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openai", daemon=True)
         self._thread.start()
         return self
@@ -88,3 +105,17 @@ class FakeOpenAIServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="a stand-in hosted chat API (OpenAI-compatible) on 127.0.0.1")
+    ap.add_argument("--port", type=int, default=8001)
+    args = ap.parse_args()
+    with ExternalEndpoint(port=args.port) as endpoint:
+        print(f"external planner API on {endpoint.base_url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

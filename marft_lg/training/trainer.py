@@ -181,13 +181,17 @@ class MARFTTrainer:
         """The team's roles that are served and traced but never updated."""
         self.base_of: dict[str, str] = {r: name for name, p in team.bases.items() for r in p.agents()}
         self.bases: dict[str, _Base] = {}
+        """The bases with trained roles (a base whose roles are all frozen is neither paused nor needed in-process)."""
         for name, policy in team.bases.items():
+            roles = [r for r in self.roles if self.base_of[r] == name]
+            if not roles:
+                continue
             if not isinstance(policy, TrainablePolicy):
-                raise TypeError(f"base {name!r} ({type(policy).__name__}) holds no in-process model to train")
+                raise TypeError(f"base {name!r} of {roles} ({type(policy).__name__}) holds no in-process model to "
+                                "train; serve it with the hf engine, or freeze its roles (train_agents)")
             tok = policy.tokenizer
             self.bases[name] = _Base(name, policy, policy.model, tok,
-                                     tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-                                     [r for r in self.roles if self.base_of[r] == name])
+                                     tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, roles)
         first = next(iter(self.bases.values()))
         self.model, self.tokenizer, self.pad_id = first.model, first.tokenizer, first.pad_id
         """The first base's model, tokenizer and pad id (the only ones of a one-base team)."""
@@ -215,7 +219,7 @@ class MARFTTrainer:
         on = cfg.critic_base
         if on is not None:
             if on not in self.bases:
-                raise ValueError(f"critic_base {on!r} is not one of the team's bases {sorted(self.bases)}")
+                raise ValueError(f"critic_base {on!r} is not one of the bases with trained roles {sorted(self.bases)}")
             if cfg.granularity == "token" and len(self.bases) > 1:
                 raise ValueError("critic_base with granularity: token needs every action in that base's tokens; "
                                  "use critic_base: null (a value head per base) or granularity: action")

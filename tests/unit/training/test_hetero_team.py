@@ -86,6 +86,7 @@ def test_train_agents_freezes_a_served_role_and_the_sequential_scheme_goes_acros
     cfg = MARFTConfig(train_agents=["checker"], group_size=2, learning_rate=1e-2, kl_cut=None, plots=False,
                       rollout_concurrency=4)
     trainer = MARFTTrainer(team, episode_reward, cfg, tmp_path / "frozen", progress=False)
+    assert list(trainer.bases) == [team.base_of("checker")]  # the solver's base is not paused or needed in-process
     solver_before = adapter_weights(team, "solver")
     row = trainer.fit_online(app, SCENARIOS[:1], iterations=1)[0]
     assert row["trained_agents"] == ["checker"] and row["frozen_agents"] == ["planner", "solver"]

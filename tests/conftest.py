@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random models with the embedded tokenizer, and thread limits for 2-core CI."""
+"""Shared fixtures: tiny random models (SmolLM2's tokenizer, and a second base with a tokenizer of its own), and
+thread limits for 2-core CI."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir_b(tmp_path_factory) -> str:
-    """A second tiny base for teams on several bases: 48 wide, 2 heads, and a tokenizer of its own (a small BPE,
-    not SmolLM2's). ``MARFT_TEST_TINY_MODEL_B=DIR`` uses one built before."""
+    """A second tiny base for teams on several bases: 48 wide, 2 heads, seed 1, and a tokenizer of its own
+    (`build_tiny_tokenizer`: a 2000-entry byte-level BPE, not SmolLM2's; `<|im_end|>` is id 1, not 2).
+    ``MARFT_TEST_TINY_MODEL_B=DIR`` uses one built before (it needs no embedded model package to build)."""
     from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
 
     if os.environ.get("MARFT_TEST_TINY_MODEL_B"):

@@ -287,26 +287,50 @@ _TINY_CORPUS = (
     "zero one two three four five six seven eight nine ten hundred thousand plus minus times divided",
     "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) . , : ; ? ! ' \" \\ { } [ ] < > | _ # % & @ ^ ~ `",
 )
+_TINY_WORDS = (
+    "the a an of to and in is it that for on with as by at from this be are was answer problem solve step first "
+    "then next finally so result total number sum product difference add subtract multiply divide equals plus "
+    "minus times check verify correct wrong plan reason think explain agent team solver checker planner user "
+    "assistant system you are helpful careful question how many what if each every apples books coins students "
+    "boxes pens price cost left more less twice half"
+)
 _CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
            "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def build_tiny_tokenizer(out_dir: str | os.PathLike, *, vocab_size: int = 2000) -> Path:
-    """A small byte-level BPE tokenizer (ChatML template, `<|im_end|>` as eos), trained offline on a built-in
-    corpus: a tokenizer other than the embedded model's, for tests and examples of teams on several bases."""
+def _tiny_corpus(seed: int, lines: int = 3000) -> list[str]:
+    """The built-in sentences, then `lines` seeded arithmetic facts and word-salad sentences (enough distinct
+    pairs for a few thousand merges)."""
+    import random
+
+    rng, words = random.Random(seed), _TINY_WORDS.split()
+    out = list(_TINY_CORPUS) * 4
+    for _ in range(lines):
+        a, b, op = rng.randint(0, 999), rng.randint(0, 999), rng.choice("+-*")
+        out.append(f"{a} {op} {b} = {a + b if op == '+' else a - b if op == '-' else a * b}")
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(4, 14)))
+        out.append(sentence.capitalize() + rng.choice(".?!:"))
+    return out
+
+
+def build_tiny_tokenizer(out_dir: str | os.PathLike, *, vocab_size: int = 2000, seed: int = 0) -> Path:
+    """A small byte-level BPE tokenizer (ChatML template, `<|im_end|>` as eos and pad), trained offline on a
+    built-in corpus (deterministic for a `seed`): a tokenizer other than the embedded model's, for tests and
+    examples of teams on several bases. Its vocabulary (`vocab_size` entries) and its special tokens' ids
+    (``<|im_start|>`` 0, ``<|im_end|>`` 1, ``<|endoftext|>`` 2) both differ from SmolLM2's."""
     out = Path(out_dir)
     if (out / "tokenizer_config.json").exists():
         return out
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(list(_TINY_CORPUS) * 4, trainer=trainer)
+    tok.train_from_iterator(_tiny_corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    pad_token="<|im_end|>", unk_token="<|endoftext|>")
     fast.chat_template = _CHATML

@@ -7,7 +7,9 @@ every base and every role (its `root`/`parent` the role's base), and everything 
 tokenizer (tool format detection, log-prob tokens) uses the role's base's (`team.tokenizer_for`).
 
 `return_token_ids` adds `prompt_token_ids` to the response and `token_ids` to each choice, as vLLM
-does, so the same client code reads both servers.
+does, so the same client code reads both servers. `return_tokens_as_token_ids` (with `logprobs`) writes
+each log-prob entry's token as ``token_id:{id}``, also as vLLM does: a client that keeps only the OpenAI
+fields (a plain LangChain `ChatOpenAI`) still carries the exact completion token ids to the trace.
 
 Tools: `tools`, `tool_choice` and `parallel_tool_calls` are honoured as OpenAI/vLLM do. The prompt
 shows the tools through the model's chat template when it renders tools, else in the text format of
@@ -323,6 +325,7 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto") -> t
         for i in range(n)
     ]
     opts = {"model": model, "base": base, "agent": agent, "logprobs": logprobs, "return_token_ids": bool(_field(body, "return_token_ids", bool, False)),
+            "tokens_as_ids": bool(_field(body, "return_tokens_as_token_ids", bool, False)),
             "stream": bool(_field(body, "stream", bool, False)),
             "tool_names": tool_names(tools) if tools_active(tools, tool_choice) else None,
             "parallel_tool_calls": parallel}
@@ -350,15 +353,20 @@ def known_models(team: ServedTeam) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _logprobs_block(tok: Any, c: Completion) -> dict[str, Any]:
+def _logprobs_block(tok: Any, c: Completion, tokens_as_ids: bool = False) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice; `tokens_as_ids`: tokens as ``token_id:{id}`` (vLLM's
+    `return_tokens_as_token_ids`)."""
+    def token(i: int) -> str:
+        return f"token_id:{i}" if tokens_as_ids else tok.decode([i])
+
     tops = c.extra.get("top_logprobs") or []
     content = []
     for k, (t, lp) in enumerate(zip(c.completion_token_ids, c.logprobs, strict=True)):
-        text = tok.decode([t])
+        text = token(t)
         entry = {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
         if k < len(tops):
             entry["top_logprobs"] = [
-                {"token": (s := tok.decode([i])), "logprob": v, "bytes": list(s.encode())} for i, v in tops[k].items()
+                {"token": (s := token(i)), "logprob": v, "bytes": list(s.encode())} for i, v in tops[k].items()
             ]
         content.append(entry)
     return {"content": content}
@@ -391,7 +399,7 @@ def completion_response(team: ServedTeam, completions: list[Completion], opts: d
         message, finish_reason = _message(c, opts)
         choice: dict[str, Any] = {
             "index": i, "message": message,
-            "logprobs": _logprobs_block(tok, c) if opts["logprobs"] else None,
+            "logprobs": _logprobs_block(tok, c, opts.get("tokens_as_ids", False)) if opts["logprobs"] else None,
             "finish_reason": finish_reason, "stop_reason": None,
         }
         if opts["return_token_ids"]:

@@ -359,6 +359,8 @@ class EpisodeRecorder(BaseCallbackHandler):
         logprobs = meta.get("logprobs")
         if logprobs is None:
             logprobs = _openai_logprobs(rmeta.get("logprobs"))
+        if completion_ids is None:  # vLLM's return_tokens_as_token_ids: the tokens are "token_id:{id}"
+            completion_ids = _openai_token_ids(rmeta.get("logprobs"))
         if prompt_ids is not None:
             attrs[A.MARFT_PROMPT_TOKEN_IDS] = A.encode_ints(prompt_ids)
         if completion_ids is not None:
@@ -474,6 +476,20 @@ def _outcome_json(outcome: Any, redact: Callable[[str], str] | None) -> str:
 def _plain(value: Any) -> Any:
     """A graph output -> JSON-compatible data (messages become chat dicts)."""
     return json.loads(_json(value))
+
+
+def _openai_token_ids(value: Any) -> list[int] | None:
+    """OpenAI-style log-probs whose every token is ``token_id:{id}`` (vLLM's and `marft-lg serve`'s
+    `return_tokens_as_token_ids`) -> the completion's token ids; None for plain text tokens."""
+    if not (isinstance(value, dict) and isinstance(value.get("content"), list) and value["content"]):
+        return None
+    ids = []
+    for entry in value["content"]:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not (isinstance(token, str) and token.startswith("token_id:") and token[9:].isascii() and token[9:].isdigit()):
+            return None
+        ids.append(int(token[9:]))
+    return ids
 
 
 def _openai_logprobs(value: Any) -> list[float] | None:

@@ -124,3 +124,18 @@ def test_load_and_unload_lora_adapter(served, tmp_path):
     r = client.post("/v1/load_lora_adapter", json={"lora_name": "ghost", "lora_path": str(reg.path("planner", "v1"))})
     assert r.status_code == 404
     assert team.versions()["planner"] == "v2"
+
+
+def test_tokens_as_token_ids(served):
+    """vLLM's `return_tokens_as_token_ids`: each log-prob token (and top token) is ``token_id:{id}``."""
+    client, team, _ = served
+    r = _chat(client, model="planner", logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True,
+              return_token_ids=True, seed=3, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+    assert all(c["bytes"] == list(c["token"].encode()) for c in content)
+    assert all(c["top_logprobs"][0]["token"].startswith("token_id:") for c in content)
+    plain = _chat(client, model="planner", logprobs=True, seed=3, ignore_eos=True).json()["choices"][0]
+    assert not any(c["token"].startswith("token_id:") for c in plain["logprobs"]["content"])

@@ -21,18 +21,26 @@ SOLVER_PROMPT = "You solve arithmetic. Follow the plan and end with the result a
 CHECKER_PROMPT = "You check a solution. Repeat the final number and say 'correct' or 'wrong'."
 
 
-def _chat(role: str, url_env: str, default_url: str, max_tokens: int) -> Any:
+def _chat(role: str, url_env: str, default_url: str, max_tokens: int, **kwargs: Any) -> Any:
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(model=role, base_url=os.environ.get(url_env, default_url),
-                      api_key=os.environ.get("OPENAI_API_KEY", "unused"), max_tokens=max_tokens, temperature=0.7)
+                      api_key=os.environ.get("OPENAI_API_KEY", "unused"), max_tokens=max_tokens, temperature=0.7,
+                      **kwargs)
+
+
+def _worker(role: str, max_tokens: int) -> Any:
+    # Log-probs with each token written as "token_id:N" (vLLM's `return_tokens_as_token_ids`, which `marft-lg
+    # serve` honours too): the trace then holds the exact tokens and behaviour log-probs of every worker action.
+    return _chat(role, "OPENAI_BASE_URL", "http://127.0.0.1:8000/v1", max_tokens, logprobs=True,
+                 extra_body={"return_tokens_as_token_ids": True})
 
 
 def build_graph(llm: Any = None) -> Any:
     """The compiled app; `llm` (any LangChain chat model) serves the two workers, the planner stays external."""
     planner_llm = _chat("external-planner", "EXTERNAL_BASE_URL", "http://127.0.0.1:8001/v1", 48)
-    solver_llm = llm if llm is not None else _chat("solver", "OPENAI_BASE_URL", "http://127.0.0.1:8000/v1", 48)
-    checker_llm = llm if llm is not None else _chat("checker", "OPENAI_BASE_URL", "http://127.0.0.1:8000/v1", 24)
+    solver_llm = llm if llm is not None else _worker("solver", 48)
+    checker_llm = llm if llm is not None else _worker("checker", 24)
 
     def question(state: MessagesState) -> str:
         return str(state["messages"][0].content)

@@ -51,11 +51,16 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
         assert set(actions["agent"]) == {"planner", "solver", "checker"}
         for _, episode in actions.groupby("episode_id"):
             acts = {a["agent"]: a for a in episode.to_dict("records")}
-            planner = acts["planner"]
+            planner = acts["planner"]  # the external API: text and usage only
             assert planner["completion_token_ids"] is None or len(planner["completion_token_ids"]) == 0
             assert planner["completion_logprobs"] is None or len(planner["completion_logprobs"]) == 0
             assert planner["order"] in list(acts["solver"]["depends_on"])
+            assert acts["solver"]["order"] in list(acts["checker"]["depends_on"])
             assert planner["model"] == "external-planner" and acts["solver"]["model"] == "solver"
+            for worker in ("solver", "checker"):  # served by marft-lg: the exact tokens and their log-probs
+                ids, lps = acts[worker]["completion_token_ids"], acts[worker]["completion_logprobs"]
+                assert ids is not None and 0 < len(ids) == len(lps) == acts[worker]["output_tokens"]
+                assert all(lp <= 0.0 for lp in lps)
         _cli(["score", "data", "--reward", "reward.yaml", "--scenarios", "scenarios.jsonl", "--out", "scores.parquet"],
              work, env)
         assert len(pd.read_parquet(work / "scores.parquet")) == 4
@@ -64,15 +69,17 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
         assert "saved as alias 'candidate'" in out
         aliases = json.loads((work / "registry" / "aliases.json").read_text())["aliases"]
         assert set(aliases["candidate"]) == {"solver", "checker"}  # the planner is never trained
-        bases = {role: json.loads((work / "registry" / role / version / "manifest.json").read_text())["base_name"]
-                 for role, version in aliases["candidate"].items()}
-        assert bases["solver"] != bases["checker"]
+        manifests = {role: json.loads((work / "registry" / role / version / "manifest.json").read_text())
+                     for role, version in aliases["candidate"].items()}
+        bases = {role: m["base_name"] for role, m in manifests.items()}
+        assert bases == {"solver": "embedded:smollm2-135m-instruct", "checker": "checker"}  # each on its own base
+        assert manifests["solver"]["base_hash"] != manifests["checker"]["base_hash"]
         rows = [json.loads(line) for line in (work / "runs" / "train" / "metrics.jsonl").read_text().splitlines()]
         assert rows and all(r["frozen_agents"] == ["planner"] for r in rows)
-        # a plain ChatOpenAI asks for no log-probs: the offline phase re-tokenises each worker's actions with its own
-        # base's tokenizer and recomputes them there
+        # the traces hold each worker's tokens and log-probs: the offline phase uses them as recorded
         offline = [r for r in rows if r["phase"] == "offline"]
-        assert offline and all(r["recomputed"].get("missing", 0) > 0 and r["skipped"] == {} for r in offline)
+        assert offline and all(r["recomputed"] == {} and r["skipped"] == {} for r in offline)
+        assert all(r["agent_bases"] == bases for r in rows)
         assert {a for r in rows for a in r["trained_agents"]} == {"solver", "checker"}  # agent by agent, across bases
 
         out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios.jsonl",
@@ -81,7 +88,9 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
         decision = json.loads((work / "runs" / "compare" / "decision.json").read_text())
         assert decision["decision"] in ("promote", "reject") and "gate:" in out
         report = (work / "runs" / "compare" / "report.md").read_text()
-        assert "Agents and their base models" in report and bases["checker"] in report and "planner" in report
+        assert "Agents and their base models" in report and "planner" in report
+        for role, base in bases.items():
+            assert f"| {role} | {base} |" in report
     finally:
         if server is not None:
             stop_server(server)

@@ -278,7 +278,7 @@ def main() -> None:
             save()
         prog.advance(task, 2 - prog.tasks[0].completed)
         if wanted("throughput_mixed"):
-            results["throughput_mixed"] = {**_sub("throughput", per_role=4 if q else 8, repeats=1, mixed=True,
+            results["throughput_mixed"] = {**_sub("throughput", per_role=4 if q else 8, repeats=1 if q else 3, mixed=True,
                                                   prompt_len=0, completion_len=0), "target": ">= 0.7"}
             save()
         prog.advance(task)

@@ -16,6 +16,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 EMBEDDED_PREFIX = "embedded:"
 
@@ -126,6 +127,19 @@ def _fsync_parent(path: Path) -> None:
     fsync_dir(path.parent)
 
 
+def _save_dir(out: Path, *objects: Any, extra: dict[str, str] | None = None) -> None:
+    """`save_pretrained` each object (and write `extra` files) into a temporary sibling of `out`, then rename it
+    into place: `out` is complete or absent, never half-written, and durable once this returns."""
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for obj in objects:
+        obj.save_pretrained(tmp)
+    for name, text in (extra or {}).items():
+        (tmp / name).write_text(text)
+    tmp.replace(out)
+    _fsync_parent(out)
+
+
 def embedded_tokenizer_dir(name: str = "smollm2-135m-instruct") -> Path:
     """A cached directory holding only the embedded model's tokenizer (fast: no weights converted)."""
     gguf = embedded_gguf(name)
@@ -137,12 +151,7 @@ def embedded_tokenizer_dir(name: str = "smollm2-135m-instruct") -> Path:
             return out
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tok.save_pretrained(tmp)
-        tmp.replace(out)
-        _fsync_parent(out)
+        _save_dir(out, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
     return out
 
 
@@ -157,13 +166,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    (tmp / "marft_lg_source.json").write_text(json.dumps({"gguf": str(gguf), "sha256_16": out.name.rsplit("-", 1)[-1]}))
-    tmp.replace(out)
-    _fsync_parent(out)
+    source = json.dumps({"gguf": str(gguf), "sha256_16": out.name.rsplit("-", 1)[-1]})
+    _save_dir(out, plain, tok, extra={"marft_lg_source.json": source})
 
 
 def resolve_model(spec: str | os.PathLike = DEFAULT_MODEL) -> Path:
@@ -268,13 +272,7 @@ def build_tiny_model(out_dir: str | os.PathLike, *, hidden_size: int = 64, num_l
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    tmp.replace(out)
-    _fsync_parent(out)
+    _save_dir(out, LlamaForCausalLM(cfg), tok)
     return out
 
 
@@ -334,9 +332,5 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, *, vocab_size: int = 2000, 
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    pad_token="<|im_end|>", unk_token="<|endoftext|>")
     fast.chat_template = _CHATML
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(tmp)
-    tmp.replace(out)
-    _fsync_parent(out)
+    _save_dir(out, fast)
     return out

@@ -4,12 +4,14 @@
 - `TrainableTeam`: the roles of a team and the base each sits on (`Team`, `MixedTeam`, `LocalPolicy`);
 - `Publisher`: a team that saves adapters as registry versions and hot-swaps them (`Team`, `MixedTeam`);
 - `Scorer`: a reward that scores a whole dataset (`CompositeReward`); a plain ``episode -> float`` works too;
-- `Collector`: where on-policy episodes come from (`GraphCollector`, `RayCollector`, `ChainCollector`).
+- `Collector`: where on-policy episodes come from (`GraphCollector`, `RayCollector`, `ChainCollector`);
+  `ReportingCollector`: one that reports progress and stats into the metrics, and may prefetch the next
+  iteration's rollouts while the update runs (`RayCollector`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -72,3 +74,17 @@ class Collector(Protocol):
     """K on-policy episodes per scenario, with the token ids and behaviour log-probs the engine produced."""
 
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset: ...
+
+
+@runtime_checkable
+class ReportingCollector(Collector, Protocol):
+    """A collector that shows progress (`progress(text)`), reports `last_stats` (e.g. episodes per rollout worker)
+    into the iteration's metrics, and with `async_` prefetches the next iteration's rollouts during the update."""
+
+    progress: Callable[[str], None] | None
+    last_stats: dict[str, Any]
+
+    @property
+    def async_(self) -> bool: ...
+
+    def prefetch(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> None: ...

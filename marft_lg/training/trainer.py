@@ -43,7 +43,14 @@ from marft_lg.training.ppo import (
     ppo_update,
     value_update,
 )
-from marft_lg.training.protocols import Collector, Publisher, Scorer, TrainablePolicy, TrainableTeam
+from marft_lg.training.protocols import (
+    Collector,
+    Publisher,
+    ReportingCollector,
+    Scorer,
+    TrainablePolicy,
+    TrainableTeam,
+)
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
 from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -309,7 +316,8 @@ class MARFTTrainer:
         deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None
         last_s = 0.0
         with self._progress(iterations - start_iter, "online MARFT") as advance:
-            if hasattr(collector, "progress"):  # a collector that reports (episodes per rollout worker) shows it here
+            reporting = isinstance(collector, ReportingCollector)
+            if reporting:  # a collector that reports (episodes per rollout worker) shows it on the bar
                 collector.progress = getattr(advance, "note", None)
             for it in range(start_iter, iterations):
                 if deadline is not None and rows and time.perf_counter() + last_s > deadline:
@@ -317,12 +325,12 @@ class MARFTTrainer:
                 t0 = time.perf_counter()
                 dataset = collector.collect(self._online_batch(items, it, scenarios_per_iteration), self.cfg.group_size,
                                             self.iteration, self.cfg.seed)
-                if getattr(collector, "async_", False) and it + 1 < iterations:  # the next rollouts overlap the update
+                if reporting and collector.async_ and it + 1 < iterations:  # the next rollouts overlap the update
                     collector.prefetch(self._online_batch(items, it + 1, scenarios_per_iteration), self.cfg.group_size,
                                        self.iteration + 1, self.cfg.seed)
                 rollout_s = time.perf_counter() - t0
                 table, action_rewards = self._scores(dataset, by_id)
-                extra = {"rollout_s": rollout_s, **getattr(collector, "last_stats", {})}  # e.g. episodes per worker
+                extra = {"rollout_s": rollout_s, **(collector.last_stats if reporting else {})}  # e.g. per worker
                 row = self._iteration(dataset, action_rewards, table, phase="online", extra=extra)
                 self._publish(row)
                 self.online_done += 1

@@ -87,7 +87,8 @@ class MixedTeam:
         """A readable name of the whole team: ``role=base`` for every role."""
         self.follows: str | None = next(iter(self._bases.values())).follows
         """The registry alias this team was started from (``"live"``), None when versions were pinned."""
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=len(self._bases),
+                                                                    thread_name_prefix="marft-mixed")
 
     # ---- where each role runs ------------------------------------------------------------------
     @property
@@ -190,7 +191,7 @@ class MixedTeam:
         if len(groups) == 1:  # one base: no thread needed
             return self._bases[next(iter(groups))].chat(requests)
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=len(self._bases), thread_name_prefix="marft-mixed")
+            raise RuntimeError("this MixedTeam is closed")
         futures = [(idx, self._pool.submit(self._bases[name].chat, [requests[i] for i in idx]))
                    for name, idx in groups.items()]
         return self._merge(len(requests), [(idx, f.result()) for idx, f in futures])

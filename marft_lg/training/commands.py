@@ -378,7 +378,7 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
             trainer.fit_online(app, list(chosen), iterations)
     published = {}
     serving = team.versions()
-    for role in team.agents():  # a role the online phase just published keeps that version: one version per update
+    for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
         if role in trainer.unpublished or serving.get(role, "init") == "init":
             published[role] = team.save_version(role, run_id=trainer.run_id,
                                                 metrics={"iteration": float(trainer.iteration)})

@@ -112,7 +112,7 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
             pass
 
     class FakeTrainer:
-        run_id, iteration, unpublished = "run", 1, set()
+        run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
 
         def __init__(self, *a, **kw):
             pass

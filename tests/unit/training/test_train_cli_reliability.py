@@ -141,7 +141,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
             pass
 
     class FakeTrainer:
-        run_id, iteration, unpublished = "run", 1, set()
+        run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
 
         def __init__(self, team, reward, cfg, run_dir):
             seen["run_dir_files"] = sorted(p.name for p in Path(run_dir).iterdir())
@@ -174,6 +174,8 @@ def test_damaged_checkpoints_on_resume_exit_2_naming_them(tmp_path, monkeypatch)
             pass
 
     class FakeTrainer:
+        frozen_roles: list[str] = []
+
         def __init__(self, *a, **kw):
             pass
 

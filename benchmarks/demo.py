@@ -69,6 +69,16 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _newest(commits: set[str | None]) -> str | None:
+    """The commit every other run's commit is an ancestor of (runs collected from several commits record the
+    newest at the top level and each seed's own under `seed_commits`)."""
+    known = sorted(c for c in commits if c)
+    for c in known:
+        if all(subprocess.run(["git", "merge-base", "--is-ancestor", o, c], cwd=ROOT).returncode == 0 for o in known):
+            return c
+    return known[-1] if known else None
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -86,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     runs = sorted((collect(Path(d)) for d in run_dirs), key=lambda r: r["seed"])
     commits = {(r["code"] or {}).get("commit") for r in runs}
     results = {
-        "commit": commits.pop() if len(commits) == 1 else sorted(c or "?" for c in commits),
+        "commit": _newest(commits),
+        "seed_commits": {r["seed"]: (r["code"] or {}).get("commit") for r in runs},
         "dirty": any((r["code"] or {}).get("dirty") for r in runs),
         "benchmark": "demo", "budget": "full", "goal": "promote (paired 95% CI lower bound > 0) on >= 2 of seeds "
                                                    "0, 1, 2, each run <= 15 min on 2 cores",

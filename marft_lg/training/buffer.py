@@ -60,15 +60,6 @@ class RolloutBuffer:
     recomputed: Counter = field(default_factory=Counter)
     frozen: Counter = field(default_factory=Counter)
 
-    def for_agent(self, agent: str) -> list[ActionRecord]:
-        return [r for r in self.records if r.agent == agent]
-
-    def episodes(self) -> dict[str, list[ActionRecord]]:
-        out: dict[str, list[ActionRecord]] = {}
-        for r in self.records:
-            out.setdefault(r.episode_id, []).append(r)
-        return out
-
     @property
     def n_recomputed(self) -> int:
         return sum(r.recomputed for r in self.records)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,11 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from training import _peak_rss_mb, run_case  # noqa: E402 - benchmarks/ is the script's folder
+
 ROLES = {"mixed": ["solver", "checker"], "single_a": ["solver"], "single_b": ["checker"]}
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _base_b(root: Path) -> Path:
@@ -106,11 +102,7 @@ def case(kind: str, n_episodes: int, repeats: int, root: str) -> dict:
 
 
 def _sub(kind: str, **kw) -> dict:
-    cmd = [sys.executable, __file__, "--case", kind, "--kw", json.dumps(kw)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"benchmark case {kind} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_case(__file__, kind, **kw)
 
 
 def main() -> None:

@@ -218,7 +218,13 @@ def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=
 
 
 def _sub(case: str, **kw) -> dict:
-    cmd = [sys.executable, __file__, "--case", case, "--kw", json.dumps(kw)]
+    return run_case(__file__, case, **kw)
+
+
+def run_case(script: str | Path, case: str, **kw) -> dict:
+    """Run `script --case CASE --kw JSON` in a fresh process (so its peak RSS is its own) and return the JSON
+    it prints last."""
+    cmd = [sys.executable, str(script), "--case", case, "--kw", json.dumps(kw)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"benchmark case {case} failed:\n{out.stderr[-3000:]}")

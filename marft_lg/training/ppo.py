@@ -213,8 +213,10 @@ def critic_values(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel
         by_base[critic.base_for(r)].append(i)
     for base, idx in by_base.items():
         b, head = bases[base], critic.heads[base]
-        rows = [r if r.base == base else replace(r, prompt_ids=r.critic_prompt_ids or [], completion_ids=[])
-                for r in records]
+        rows = list(records)
+        for i in idx:  # a record of another base is read as its observation in this base's tokens
+            if rows[i].base != base:
+                rows[i] = replace(rows[i], prompt_ids=rows[i].critic_prompt_ids or [], completion_ids=[])
         for part in _inference_batches(rows, idx, cfg, batch_size):
             t = collate([rows[i] for i in part], b.pad_id, model_device(b.model))
             got = critic_features(b.model, t["input_ids"], t["attention_mask"], t["prompt_lens"],

@@ -232,7 +232,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
                                 run_id=f"demo-{run_dir.name}", concurrency=min(2 * len(heldout), 48))
         log.record("compare", **result.to_dict())
-        accuracy = _side_accuracy(greedy, result, heldout)
+        accuracy = _side_accuracy(result, heldout)
         effect = result.team_detectable_effect()
         log.record("accuracy", **accuracy)
 
@@ -281,40 +281,31 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
 
 
 def _run_episodes(app: Any, jobs: list[tuple[Any, int]], *, seed: int, console: Any, concurrency: int = 8) -> int:
-    """Run (scenario, repeat) episodes concurrently so the engine batches them; a failed episode is
-    traced with error status by `wrap`, counted here, and does not stop the demo."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
+    """Run (scenario, repeat) episodes through the one episode runner, concurrently so the engine batches them; a
+    failed episode is traced with error status by `wrap`, counted here, and does not stop the demo."""
     from rich.progress import Progress
 
-    failed = 0
-    with Progress(console=console) as progress, ThreadPoolExecutor(concurrency) as pool:
-        task = progress.add_task("untuned episodes", total=len(jobs))
-        futures = [pool.submit(app.invoke, s.inputs, episode_id=f"untuned-{s.scenario_id}-{k}",
-                               scenario_id=s.scenario_id, seed=seed * 1000 + i) for i, (s, k) in enumerate(jobs)]
-        for fut in as_completed(futures):
-            if fut.exception() is not None:
-                failed += 1
-            progress.advance(task)
+    from marft_lg.graph.collect import EpisodeJob, GraphCollector
+
+    planned = [EpisodeJob(s, f"untuned-{s.scenario_id}-{k}", seed * 1000 + i) for i, (s, k) in enumerate(jobs)]
+    with Progress(console=console) as progress:
+        task = progress.add_task("untuned episodes", total=len(planned))
+        runner = GraphCollector(app, concurrency=concurrency, read_back=lambda ids: None,
+                                progress=lambda: progress.advance(task))
+        runner.run(planned)
     app.flush()
-    if failed:
-        console.print(f"[yellow]{failed} of {len(jobs)} untuned episodes failed (traced with error status)[/yellow]")
+    if runner.failures:
+        console.print(f"[yellow]{len(runner.failures)} of {len(jobs)} untuned episodes failed (traced with error "
+                      "status)[/yellow]")
     return len(jobs)
 
 
-def _side_accuracy(app: Any, result: Any, scenarios: ScenarioSet) -> dict[str, dict[str, Any]]:
-    """Strict / lenient answer accuracy of each side of the comparison, over the episodes it scored (read back
-    from the app's traces; a run that left no trace counts as wrong, as it does in the comparison)."""
-    from marft_lg.evaluation.shadow import mine_app_episodes, with_missing_as_errors
+def _side_accuracy(result: Any, scenarios: ScenarioSet) -> dict[str, dict[str, Any]]:
+    """Strict / lenient answer accuracy of each side of the comparison, over the episodes it compared (a run that
+    left no trace counts as wrong, as it does in the comparison)."""
     from marft_lg.examples.math_team.accuracy import answer_accuracy
 
-    sides = {side: getattr(result, side).episodes for side in ("baseline", "candidate")}
-    mined = mine_app_episodes(app, [e for frame in sides.values() for e in frame["episode_id"]])
-    out = {}
-    for side, frame in sides.items():
-        units = dict(zip(frame["episode_id"], frame["unit"], strict=True))
-        out[side] = answer_accuracy(with_missing_as_errors(mined.select(list(units)), units), scenarios)
-    return out
+    return {side: answer_accuracy(result.datasets[side], scenarios) for side in ("baseline", "candidate")}
 
 
 def _fmt(value: Any) -> str:

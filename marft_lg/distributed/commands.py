@@ -57,6 +57,8 @@ def mine(
     table.add_row("spans kept", f"{report.spans_kept:,}")
     for fmt, n in report.formats.items():
         table.add_row(f"  format {fmt}", f"{n:,}")
+    if report.served_merged:
+        table.add_row("LLM calls joined to the server's record", f"{report.served_merged:,}")
     if report.repaired_parents:
         table.add_row("parents repaired (orphans re-attached)", f"{report.repaired_parents:,}")
     if report.non_utf8_lines:
@@ -73,6 +75,11 @@ def mine(
         out_console.print(f"  [yellow]{reason}[/yellow]: {REASONS.get(reason, '')}")
     if report.quarantined_total and quarantine is None:
         out_console.print("[yellow]pass --quarantine FILE to keep the quarantined input for inspection[/yellow]")
+    if report.actions_without_token_ids:
+        counts = ", ".join(f"{agent}: {n:,}" for agent, n in report.actions_without_token_ids.items())
+        out_console.print(f"[yellow]warning: actions without exact token ids ({escape(counts)}): the trainer re-renders "
+                          "their prompts, which may differ from what the model saw. Mine the server's traces too "
+                          "(`marft-lg serve` records what it sampled), or use TeamChatModel.[/yellow]")
 
     if report.episodes == 0 and (report.episodes_before_since or report.files_before_since):
         out_console.print(f"no episode ended after --since {since}; writing empty tables")

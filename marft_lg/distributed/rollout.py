@@ -20,7 +20,7 @@ from typing import Any
 
 from marft_lg.distributed.config import RayConfig, connect
 from marft_lg.distributed.worker import RolloutWorker, WorkerSpec, version_files
-from marft_lg.graph.collect import EpisodeJob, plan_episodes
+from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, check_failures, check_served, plan_episodes
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
 
@@ -45,7 +45,7 @@ class RayCollector:
         self.cfg, self.spec, self.run_id = cfg, spec, run_id
         self.versions = versions
         self.progress: Callable[[str], None] | None = None
-        self.errors: list[str] = []
+        self.failures: list[EpisodeFailure] = []
         self.replaced = 0
         self.last_stats: dict[str, Any] = {}
         self._ray: Any = None
@@ -53,6 +53,7 @@ class RayCollector:
         self._workers: dict[int, Any] = {}
         self._next_index = 0
         self._loaded: dict[str, str] = {}
+        self._served: dict[str, str] = {}  # {role: version} the workers serve now (what their episodes must show)
         self._owns_cluster = False
         self._prefetched: tuple[tuple, _Batch] | None = None
 
@@ -107,7 +108,9 @@ class RayCollector:
         """Make `workers` serve the learner's current versions (all of them when the versions changed)."""
         if self.versions is None:
             return
-        current = {r: v for r, v in self.versions().items() if v != "init"}
+        served = dict(self.versions())
+        self._served = served
+        current = {r: v for r, v in served.items() if v != "init"}
         if current == self._loaded and not force:
             return
         files = None
@@ -128,13 +131,22 @@ class RayCollector:
         """This iteration's episodes: the ones `prefetch` started during the previous update (one step
         off-policy: staleness 1), else run now (staleness 0)."""
         key = _key(scenarios, k, iteration, seed)
+        dataset = None
         if self._prefetched is not None:
             prefetched_key, batch = self._prefetched
             self._prefetched = None
             if prefetched_key == key:
-                return self._gather(batch, staleness=1)
-            log.warning("prefetched episodes were for another iteration; running this one now")
-        return self.run(plan_episodes(self.run_id, scenarios, k, iteration, seed))
+                dataset, jobs = self._gather(batch, staleness=1), batch.jobs
+            else:
+                log.warning("prefetched episodes were for another iteration; running this one now")
+        if dataset is None:
+            jobs = plan_episodes(self.run_id, scenarios, k, iteration, seed)
+            dataset = self.run(jobs)
+        what = f"on-policy iteration {iteration} (Ray rollout workers)"
+        check_failures(len(jobs), self.failures, what)
+        served = dict(self._served)  # what the workers served while these episodes ran
+        check_served(dataset, {j.episode_id: served for j in jobs}, served, what)
+        return dataset
 
     def prefetch(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> None:
         """Start iteration `iteration`'s episodes now, on the versions served now; `collect` picks them up."""
@@ -161,7 +173,7 @@ class RayCollector:
 
         done: dict[int, TrajectoryDataset] = {}
         per_worker: dict[int, int] = {}
-        errors: list[str] = []
+        failures: list[EpisodeFailure] = []
         while batch.pending:
             ready, _ = self._ray.wait(list(batch.pending), num_returns=1)
             index, share = batch.pending.pop(ready[0])
@@ -174,10 +186,10 @@ class RayCollector:
                 continue
             done[worker] = _concat([done[worker], dataset]) if worker in done else dataset
             per_worker[worker] = per_worker.get(worker, 0) + len(share)
-            errors += failed
+            failures += failed
             if self.progress is not None:
                 self.progress("episodes per worker " + " ".join(f"w{i}:{n}" for i, n in sorted(per_worker.items())))
-        self.errors = errors
+        self.failures = failures
         dataset = _ordered(done, [j.episode_id for j in batch.jobs], staleness)
         self.last_stats = {"rollout_workers": len(self._workers), "workers_replaced": self.replaced,
                            "episodes_per_worker": {str(i): n for i, n in sorted(per_worker.items())},

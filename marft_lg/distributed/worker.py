@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marft_lg.graph.collect import EpisodeJob, GraphCollector
+from marft_lg.graph.app_spec import AppSpec
+from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, GraphCollector
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 AdapterFiles = dict[str, bytes]  # file name -> content of one registry version's folder
@@ -23,8 +24,9 @@ class WorkerSpec:
 
     `registry` is the adapter registry's folder. With `shared_registry` the workers read versions from it (a shared
     filesystem); without, the driver sends each version's files through the object store and a worker keeps its
-    own copy. `engine` (a `module:attr` factory taking this spec) replaces the embedded `Team`, e.g. with a client
-    of a vLLM server or a fake for tests.
+    own copy. `engine` (a `module:attr` factory taking the worker's `AppSpec`) replaces the embedded `Team`, e.g.
+    with a client of a vLLM server or a fake for tests. `WorkerSpec.of(app_spec)` makes one from the `AppSpec` every
+    config produces.
     """
 
     app: str
@@ -45,33 +47,47 @@ class WorkerSpec:
     serving: str = "hf"
     """The `Team` engine: `hf` (embedded transformers) or `vllm` (a vLLM server the worker starts)."""
     engine_options: dict[str, Any] = field(default_factory=dict)
+    chat_model: dict[str, Any] = field(default_factory=dict)
+    """More keyword arguments of an ``f(llm)`` app's `TeamChatModel` (they win over `max_tokens`/`temperature`)."""
+
+    @classmethod
+    def of(cls, app: AppSpec, **worker: Any) -> WorkerSpec:
+        """The workers' spec for an `AppSpec` (whose `app` must be a ``module:attr`` / ``file.py:attr`` string: the
+        workers load it themselves), plus worker settings (`trace_dir`, `concurrency`, `shared_registry`)."""
+        if not isinstance(app.app, str):
+            raise TypeError("Ray rollout workers load the app themselves: give it as module:attr or file.py:attr")
+        custom = app.engine not in ("hf", "vllm")
+        fields = dict(app=app.app, agents=list(app.agents), model=app.model, registry=app.registry,
+                      versions=app.versions, seed=app.seed, base_dir=app.base_dir, node_roles=app.node_roles,
+                      engine=app.engine if custom else None, serving="hf" if custom else app.engine,
+                      engine_options=dict(app.engine_options), chat_model=dict(app.chat_model))
+        return cls(**{**fields, **worker})
+
+    def app_spec(self, registry: str | None = None, versions: Any = ...) -> AppSpec:
+        """The `AppSpec` a worker builds its team and app from (its own `registry` copy and starting `versions` when
+        it does not share the registry)."""
+        return AppSpec(app=self.app, model=self.model, agents=list(self.agents),
+                       registry=self.registry if registry is None else registry,
+                       versions=self.versions if versions is ... else versions,
+                       engine=self.engine or self.serving, engine_options=dict(self.engine_options), seed=self.seed,
+                       node_roles=self.node_roles, base_dir=self.base_dir, what="online.app",
+                       chat_model={"max_tokens": self.max_tokens, "temperature": self.temperature, **self.chat_model})
 
 
 class RolloutWorker:
     """Builds the team and the wrapped app once; `run(jobs)` returns their trajectories (from the app's own records)."""
 
     def __init__(self, spec: WorkerSpec, index: int):
-        from marft_lg.graph.chat_model import TeamChatModel
-        from marft_lg.graph.wrap import wrap
-        from marft_lg.loading import load_object
-
         self.spec, self.index = spec, index
         self._scratch = Path(tempfile.mkdtemp(prefix=f"marft-worker{index}-"))
-        registry = spec.registry
-        if registry is not None and not spec.shared_registry:
-            registry = str(self._scratch / "registry")  # versions arrive as files (`load`)
-        build = load_object(spec.app, base_dir=spec.base_dir, what="online.app")
-        if spec.engine is not None:
-            self.team = load_object(spec.engine, base_dir=spec.base_dir, what="ray engine")(spec)
+        if spec.registry is not None and not spec.shared_registry:  # versions arrive as files (`load`), into a
+            app = spec.app_spec(registry=str(self._scratch / "registry"), versions=None)  # registry that starts empty
         else:
-            from marft_lg.serving.team import Team
-
-            versions = spec.versions if spec.shared_registry else None  # a private registry starts empty
-            self.team = Team(spec.model, spec.agents, engine=spec.serving, registry=registry, versions=versions,
-                             seed=spec.seed, engine_options=spec.engine_options or None)
-        llm = TeamChatModel(team=self.team, max_tokens=spec.max_tokens, temperature=spec.temperature)
+            app = spec.app_spec()
+        app.check_app()
+        self.team = app.build_team()
         trace_dir = Path(spec.trace_dir) / f"worker-{index}" if spec.trace_dir else self._scratch / "traces"
-        self.app = wrap(build(llm), team=self.team, trace_dir=trace_dir, node_roles=spec.node_roles)
+        self.app = app.build_app(self.team, trace_dir)
         self.collector = GraphCollector(self.app, concurrency=spec.concurrency)
 
     def ready(self) -> dict[str, Any]:
@@ -102,11 +118,10 @@ class RolloutWorker:
             self.team.load_version(role, version)
         return self.versions()
 
-    def run(self, jobs: list[EpisodeJob]) -> tuple[int, TrajectoryDataset, list[str]]:
+    def run(self, jobs: list[EpisodeJob]) -> tuple[int, TrajectoryDataset, list[EpisodeFailure]]:
         """(this worker's index, the jobs' trajectories in job order, the episodes that raised)."""
-        self.collector.errors = []
         dataset = self.collector.run(jobs)
-        return self.index, dataset, list(self.collector.errors)
+        return self.index, dataset, list(self.collector.failures)
 
     def close(self) -> None:
         self.app.close()

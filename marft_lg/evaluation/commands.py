@@ -31,34 +31,6 @@ def _formats(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def load_app(spec: str) -> Any:
-    """--app ``FILE.py:NAME`` (relative to the working directory; the file's folder is on the import path while it
-    loads, so its sibling modules import) or ``package.module:NAME``; a bad spec is a BadParameter saying what is missing."""
-    from marft_lg.loading import LoadError, load_object
-
-    try:
-        return load_object(spec, what="--app")
-    except LoadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--app") from None
-
-
-def build_app(app: Any, team: Any, trace_dir: Path, *, node_roles: dict[str, str] | None = None, **sampling: Any) -> Any:
-    """A WrappedGraph from --app (a spec, or the object it names): a WrappedGraph as is; a factory
-    ``f(llm) -> graph`` is given a TeamChatModel on `team` (with `sampling`: temperature, max_tokens); a compiled
-    graph is wrapped around `team`. `node_roles` ``{node: role}`` goes to `wrap` (or is added to a given WrappedGraph's)."""
-    from marft_lg.graph.chat_model import TeamChatModel
-    from marft_lg.graph.wrap import WrappedGraph, wrap
-
-    obj = load_app(app) if isinstance(app, str) else app
-    if not isinstance(obj, WrappedGraph):
-        obj = obj(TeamChatModel(team=team, **sampling)) if callable(obj) and not hasattr(obj, "invoke") else obj
-    if isinstance(obj, WrappedGraph):
-        if node_roles:
-            obj.node_roles = {**(obj.node_roles or {}), **node_roles}
-        return obj
-    return wrap(obj, team=team, trace_dir=trace_dir, node_roles=node_roles)
-
-
 def baseline_versions(spec: str | dict[str, str], registry: Any, roles: list[str]) -> tuple[str | dict[str, str], str | None]:
     """The baseline to compare against, and a note to print when it is not what was asked for.
 
@@ -116,10 +88,9 @@ def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
 
 
 @contextmanager
-def _ray_runner(ray: str | None, workers: int, app: str, roles: list[str], model: str | dict[str, str], registry: Any,
-                team: Any,
-                node_roles: Any, temperature: float, max_tokens: int) -> Iterator[Any]:
-    """`compare --ray`: rollout workers that build `--app` and the team's engine and replay there (None without)."""
+def _ray_runner(ray: str | None, workers: int, app: Any, team: Any) -> Iterator[Any]:
+    """`compare --ray`: rollout workers that build `--app` (an `AppSpec`) and the team's engine and replay there
+    (None without)."""
     if ray is None:
         yield None
         return
@@ -137,9 +108,7 @@ def _ray_runner(ray: str | None, workers: int, app: str, roles: list[str], model
             cfg = RayConfig(address=ray, rollout_workers=workers)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--ray") from None
-    spec = WorkerSpec(app=app, agents=list(roles), model=model, registry=None if registry is None else str(registry.root),
-                      versions=None, node_roles=node_roles or None, max_tokens=max_tokens, temperature=temperature)
-    with RayCollector(cfg, spec, versions=team.versions, run_id="compare") as collector:
+    with RayCollector(cfg, WorkerSpec.of(app), versions=team.versions, run_id="compare") as collector:
         yield collector
 
 
@@ -150,7 +119,7 @@ def compare(
     n_scenarios: int | None = typer.Option(None, help="With a trace directory as --scenarios: sample this many inputs."),
     baseline: str = typer.Option("live", help="Alias or role=ref,... of the team to compare against."),
     candidate: str = typer.Option("candidate", help="Alias or role=ref,... of the team to try (unlisted roles keep the baseline's)."),
-    app: str | None = typer.Option(None, help="The LangGraph app: FILE.py:NAME or module:NAME (a WrappedGraph, a compiled graph, or a factory f(llm) -> graph)."),
+    app: str | None = typer.Option(None, help="The LangGraph app: FILE.py:NAME or module:NAME (a compiled graph, a WrappedGraph, a factory f() -> graph, or f(llm) -> graph given a TeamChatModel); ChatOpenAI calls for the team's roles are served the versions under test."),
     reward: Path = typer.Option(..., help="Reward YAML (CompositeReward) scoring both sides."),
     from_traces: Path | None = typer.Option(None, "--from-traces", help="Compare the live/shadow pairs mirrored into this trace dir instead of replaying."),
     registry: Path | None = typer.Option(None, help="Adapter registry directory (resolves aliases, loads versions)."),
@@ -164,8 +133,9 @@ def compare(
     out: Path | None = typer.Option(None, help="Run directory for the report (default runs/compare-<time>)."),
     format: list[str] | None = typer.Option(None, "--format", help="ROLE=REGEX its completions must match (repeatable; *=REGEX for all)."),
     drift: bool = typer.Option(True, help="Measure per-agent policy drift (KL) between the two versions."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature of the replayed LLM calls (0: greedy)."),
-    max_tokens: int = typer.Option(256, help="Most tokens per replayed LLM call."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature of the replayed LLM calls (0: greedy) of an "
+                                      "f(llm) app; an app on its own chat models keeps their settings."),
+    max_tokens: int = typer.Option(256, help="Most tokens per replayed LLM call of an f(llm) app (as --temperature)."),
     promote_if_passed: bool = typer.Option(False, "--promote", help="Promote the candidate to live when the gate passes."),
     server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
@@ -223,11 +193,10 @@ def compare(
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
 
-    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg._config import ConfigError
+    from marft_lg.graph.app_spec import AppSpec
     from marft_lg.serving.registry import AdapterRegistry
-    from marft_lg.serving.team import Team
 
-    app_obj = load_app(app)  # before the model loads: a bad --app fails at once
     reg = AdapterRegistry(registry) if registry else None
     model_spec: str | dict[str, str] = model
     if agents and "=" in agents:  # role=MODEL items: a {role: model} mapping (maybe several base models)
@@ -253,21 +222,20 @@ def compare(
             f"alias {cand_spec!r} is not set" + (f" in registry {reg.root}" if reg else " (no --registry given)")
             + "; train first (`marft-lg train` sets `candidate`) or pass role=ref,..., e.g. writer=v2 or writer=latest",
             param_hint="--candidate")
+    spec = AppSpec(app=app, model=model_spec, agents=roles, registry=None if reg is None else str(reg.root),
+                   node_roles=roles_of_nodes, what="--app",
+                   chat_model={"max_tokens": max_tokens, "temperature": temperature})
+    try:
+        spec.check_app()  # before the model loads: a bad --app fails at once
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--app") from None
     if note:
         console.print(f"[yellow]{note}[/]")
     with console.status(f"loading {model if isinstance(model_spec, str) else 'the base models'} for {', '.join(roles)}"):
-        team = Team(model_spec, roles, registry=reg)
+        team = spec.build_team(registry=reg)
     try:
-        wrapped = build_app(app_obj, team, out / "traces", node_roles=roles_of_nodes, temperature=temperature,
-                            max_tokens=max_tokens)
-        with _ray_runner(ray, ray_workers, app, roles, model_spec, reg, team, roles_of_nodes, temperature,
-                         max_tokens) as runner:
-            result = shadow_compare(wrapped, base_spec, cand_spec, scenario_set, scorer,
-                                    samples_per_scenario=samples, seed=seed, formats=_formats(format), drift=drift,
-                                    runner=runner)
-        decision = _finish(result, gate_spec, out, console)
-        if hasattr(wrapped, "close"):
-            wrapped.close()
+        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
+                                            scorer, samples, seed, _formats(format), drift, gate_spec, console)
     finally:
         team.close()
     if promote_if_passed and decision.promote:
@@ -282,6 +250,31 @@ def compare(
             console.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
             raise typer.Exit(1) from None
         console.print(f"promoted: live = {rec.after}" + (f"; {server} now serves {rec.swapped}" if server else ""))
+
+
+def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_workers: int, baseline: Any, candidate: Any,
+                     scenarios: Any, scorer: Any, samples: int, seed: int, formats: dict[str, str], drift: bool,
+                     gate: Any, console: Any) -> tuple[Any, Any]:
+    """The replays (here or on Ray workers), the gate and the report; a comparison whose episodes failed or missed
+    the versions under test is an error, not a report."""
+    from marft_lg._config import ConfigError
+    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.graph.collect import RolloutError
+
+    try:
+        wrapped = spec.build_app(team, out / "traces")
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--app") from None
+    try:
+        with _ray_runner(ray, ray_workers, spec, team) as runner:
+            result = shadow_compare(wrapped, baseline, candidate, scenarios, scorer, samples_per_scenario=samples,
+                                    seed=seed, formats=formats, drift=drift, runner=runner)
+    except RolloutError as exc:
+        console.print(f"compare failed, no report: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        wrapped.close()
+    return _finish(result, gate, out, console), result
 
 
 def promote(

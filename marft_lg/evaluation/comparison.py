@@ -57,6 +57,9 @@ class ComparisonResult:
     # +1 when a rise of the component raises the reward, -1 for costs (negative weight, e.g. step_count)
     component_signs: dict[str, int] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    datasets: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The compared episodes, ``{"baseline": TrajectoryDataset, "candidate": ...}`` (in memory only: `save`
+    writes the scores, not the trajectories)."""
 
     @property
     def n_pairs(self) -> int:

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from marft_lg.evaluation.comparison import ComparisonResult, Scorer, compare_datasets
+from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, GraphCollector, check_failures, check_served
 from marft_lg.trajectories.dataset import EPISODE_COLUMNS, TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -63,18 +61,6 @@ def _registry_of(app: Any) -> Any:
     return getattr(team, "registry", None) if team is not None else None
 
 
-def _trace_paths(app: Any) -> list[Path]:
-    """Where a wrapped graph wrote its traces: its `trace_dir`, else the files its exporter wrote."""
-    value = getattr(app, "trace_dir", None)
-    if value is not None:
-        return [Path(value)]
-    files = [Path(f) for f in (getattr(app, "trace_files", None) or [])]
-    if files:
-        return files
-    raise ValueError(f"cannot tell where {type(app).__name__} writes its traces; wrap the graph with "
-                     f"marft_lg.graph.wrap(..., trace_dir=DIR) or pass collect=lambda ids: TrajectoryDataset(...)")
-
-
 def agent_bases(team: Any, datasets: Iterable[TrajectoryDataset]) -> dict[str, Any]:
     """``{"agent_bases": {role: base model}, "frozen_agents": [...]}`` for a comparison's meta: the base each
     served role runs on, and the agents that acted in the episodes without being served by the team (frozen:
@@ -83,15 +69,6 @@ def agent_bases(team: Any, datasets: Iterable[TrajectoryDataset]) -> dict[str, A
     bases = {r: team.base_of(r) for r in roles} if callable(getattr(team, "base_of", None)) else {}
     acted = {str(a) for ds in datasets for a in ds.actions["agent"].dropna().unique()} if roles else set()
     return {"agent_bases": bases, "frozen_agents": sorted(acted - set(roles))}
-
-
-def mine_app_episodes(app: Any, episode_ids: list[str]) -> TrajectoryDataset:
-    """Flush the app's exporter, mine the traces it wrote and keep the given episodes."""
-    from marft_lg.trajectories.mining import mine
-
-    if hasattr(app, "flush"):
-        app.flush()
-    return mine(_trace_paths(app)).select(episode_ids)
 
 
 def with_missing_as_errors(dataset: TrajectoryDataset, expected: Mapping[str, str]) -> TrajectoryDataset:
@@ -160,59 +137,21 @@ def shadow_compare(
     cand_map = {**base_map, **resolve_versions(candidate, registry, roles)}
     run_id = run_id or f"cmp-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
-    expected: dict[str, dict[str, str]] = {"baseline": {}, "candidate": {}}
+    jobs, side_of = _plan_replays(scenario_list, samples_per_scenario, seed, run_id, base_map, cand_map)
+    replayed, failed = _replay(app, jobs, runner, collect, concurrency, progress)
     failures = {"baseline": 0, "candidate": 0}
-    failures_lock = threading.Lock()
-    total = len(scenario_list) * samples_per_scenario * 2
-    runs = []
-    for scen in scenario_list:
-        for j in range(samples_per_scenario):
-            s = derive_seed(seed, scen.scenario_id, j)
-            for side, versions in (("baseline", base_map), ("candidate", cand_map)):
-                eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
-                expected[side][eid] = scen.scenario_id
-                runs.append((scen, j, s, side, versions, eid))
-
-    def metadata(side: str, j: int) -> dict[str, Any]:
-        return {"marft.compare.run": run_id, "marft.compare.side": side, "marft.compare.sample": j}
-
-    def replay(scen: Scenario, j: int, s: int, side: str, versions: dict[str, str], eid: str) -> None:
-        try:
-            app.invoke(scen.inputs, episode_id=eid, scenario_id=scen.scenario_id, seed=s, versions=dict(versions),
-                       metadata=metadata(side, j))
-        except Exception as exc:  # a crash is a result to count, not a reason to stop
-            with failures_lock:
-                failures[side] += 1
-            logger.warning("shadow compare: %s run of scenario %s (sample %d) failed: %s: %s",
-                           side, scen.scenario_id, j, type(exc).__name__, exc)
-
-    if runner is not None:  # one batch of pinned-version episodes, run elsewhere (Ray rollout workers)
-        from marft_lg.graph.collect import EpisodeJob
-
-        replayed = runner.run([EpisodeJob(scen, eid, s, dict(versions), metadata(side, j))
-                               for scen, j, s, side, versions, eid in runs])
-        for error in getattr(runner, "errors", []):  # "<episode id>: <exception>" (an id may hold a colon too)
-            failures["baseline" if any(error.startswith(f"{e}: ") for e in expected["baseline"]) else "candidate"] += 1
-        collect = collect or replayed.select
-    else:
-        # Runs go concurrently so the engine batches them; each run's seed is its own, so the results do not depend
-        # on which runs share a batch. The replayed episodes are read back from the app's own records when it can
-        # hand them over (no trace file is read), else mined from its trace directory.
-        capture = getattr(app, "capture", None) if collect is None else None
-        with (capture() if capture is not None else nullcontext()) as captured, _progress(progress) as bar, \
-                ThreadPoolExecutor(max(1, concurrency)) as pool:
-            task = bar.add_task("shadow compare: replaying scenarios", total=total) if bar is not None else None
-            for fut in as_completed([pool.submit(replay, *r) for r in runs]):
-                fut.result()
-                if bar is not None:
-                    bar.advance(task)
-        if captured is not None:
-            collect = captured.dataset
-    collect = collect or (lambda ids: mine_app_episodes(app, ids))
-    datasets = {}
-    for side in ("baseline", "candidate"):
-        ds = collect(list(expected[side]))
-        datasets[side] = with_missing_as_errors(ds, expected[side])
+    for f in failed:
+        failures[side_of[f.episode_id]] += 1
+        logger.warning("shadow compare: %s run %s failed: %s", side_of[f.episode_id], f.episode_id, f.error)
+    check_failures(len(jobs), failed, "shadow compare")
+    expected = {side: {j.episode_id: j.scenario.scenario_id for j in jobs if side_of[j.episode_id] == side}
+                for side in ("baseline", "candidate")}
+    if roles:  # every action of a served role came from the version its side pins (or the app missed the team)
+        current = dict(team.versions())
+        check_served(replayed, {j.episode_id: {r: (j.versions or {}).get(r, current.get(r)) for r in roles}
+                                for j in jobs}, roles, "shadow compare")
+    datasets = {side: with_missing_as_errors(replayed.select(list(expected[side])), expected[side])
+                for side in ("baseline", "candidate")}
     by_id = {s.scenario_id: s.to_dict() for s in scenario_list}
     meta = {"run_id": run_id, "baseline": base_map, "candidate": cand_map, "seed": seed,
             "samples_per_scenario": samples_per_scenario, "scenarios": len(scenario_list),
@@ -221,6 +160,7 @@ def shadow_compare(
             "invoke_failures": failures, "mode": "replay", **agent_bases(team, datasets.values())}
     result = compare_datasets(datasets["baseline"], datasets["candidate"], reward, scenarios=by_id,
                               formats=formats, confidence=confidence, n_resamples=n_resamples, seed=seed, meta=meta)
+    result.datasets = datasets
     if drift and callable(getattr(team, "team_of", None)):
         from marft_lg.evaluation.drift import policy_drift
 
@@ -229,6 +169,37 @@ def shadow_compare(
         except RuntimeError as exc:
             logger.warning("shadow compare: policy drift not computed: %s", exc)
     return result
+
+
+def _plan_replays(scenarios: list[Scenario], samples: int, seed: int, run_id: str, base_map: dict[str, str],
+                  cand_map: dict[str, str]) -> tuple[list[EpisodeJob], dict[str, str]]:
+    """The paired jobs (same seed for both sides of a scenario's sample) and each episode's side."""
+    jobs, side_of = [], {}
+    for scen in scenarios:
+        for j in range(samples):
+            s = derive_seed(seed, scen.scenario_id, j)
+            for side, versions in (("baseline", base_map), ("candidate", cand_map)):
+                eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
+                meta = {"marft.compare.run": run_id, "marft.compare.side": side, "marft.compare.sample": j}
+                jobs.append(EpisodeJob(scen, eid, s, dict(versions), meta))
+                side_of[eid] = side
+    return jobs, side_of
+
+
+def _replay(app: Any, jobs: list[EpisodeJob], runner: Any, collect: Callable[[list[str]], TrajectoryDataset] | None,
+            concurrency: int, progress: bool) -> tuple[TrajectoryDataset, list[EpisodeFailure]]:
+    """Run the jobs through `runner` (Ray rollout workers) or the app's own episode runner, concurrently so the
+    engine batches them (each run's seed is its own: results do not depend on which runs share a batch)."""
+    if runner is None:
+        runner = GraphCollector(app, concurrency=concurrency, read_back=collect)
+    with _progress(progress) as bar:
+        if bar is not None and isinstance(runner, GraphCollector):
+            task = bar.add_task("shadow compare: replaying scenarios", total=len(jobs))
+            runner.progress = lambda: bar.advance(task)
+        replayed = runner.run(jobs)
+    if collect is not None and not isinstance(runner, GraphCollector):
+        replayed = collect([j.episode_id for j in jobs])
+    return replayed, list(runner.failures)
 
 
 # ---- mirrored live traffic ------------------------------------------------------------------

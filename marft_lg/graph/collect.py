@@ -1,9 +1,16 @@
-"""Running planned on-policy episodes through a wrapped LangGraph app and reading them back as trajectories: the
-in-process collector the trainer uses, and what each Ray rollout worker runs (`marft_lg.distributed`)."""
+"""The one episode runner: planned episodes through a wrapped LangGraph app, read back as trajectories. The trainer's
+on-policy phase, a comparison's replays and each Ray rollout worker all run their episodes here.
+
+Failures are typed records (`EpisodeFailure`), and two checks guard what a batch of episodes may be used for:
+`check_failures` (a batch where fewer than half of the episodes succeeded is an error showing the first ones) and
+`check_served` (every action of a served role must come from the adapter version the episode asked for, or the
+app's calls did not reach the team under test).
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +37,62 @@ class EpisodeJob:
     metadata: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class EpisodeFailure:
+    """An episode whose run raised: which one, and the exception as ``Type: message``."""
+
+    episode_id: str
+    scenario_id: str | None
+    error: str
+
+    @classmethod
+    def of(cls, job: EpisodeJob, exc: BaseException) -> EpisodeFailure:
+        return cls(job.episode_id, job.scenario.scenario_id, f"{type(exc).__name__}: {exc}")
+
+    def __str__(self) -> str:
+        return f"{self.episode_id}: {self.error}"
+
+
+class RolloutError(RuntimeError):
+    """The episodes of a batch cannot be used: most of them failed, or they were not served by the versions under
+    test. `failures` holds the episodes that raised."""
+
+    def __init__(self, message: str, failures: Iterable[EpisodeFailure] = ()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+
+def check_failures(planned: int, failures: list[EpisodeFailure], what: str) -> None:
+    """Raise `RolloutError` when fewer than half of `planned` episodes succeeded, showing the first errors."""
+    if not failures or 2 * len(failures) <= planned:
+        return
+    shown = "\n  ".join(str(f) for f in failures[:3])
+    raise RolloutError(f"{what}: {len(failures)} of {planned} episodes failed; the first errors:\n  {shown}", failures)
+
+
+def check_served(dataset: TrajectoryDataset, expected: Mapping[str, Mapping[str, str]], roles: Iterable[str],
+                 what: str) -> None:
+    """Every action of a served role in episode `e` must have been answered by ``expected[e][role]``; otherwise the
+    app's calls went elsewhere (a `ChatOpenAI` asking for a model that is not a role, a URL nobody redirected) and
+    the batch says nothing about the versions under test: `RolloutError` naming the first mismatches."""
+    roles = set(roles)
+    actions = dataset.actions
+    if actions.empty or not roles:
+        return
+    wrong = []
+    for eid, agent, version in zip(actions["episode_id"], actions["agent"], actions["adapter_version"], strict=True):
+        want = expected.get(eid, {}).get(agent) if agent in roles else None
+        if want is not None and version != want:
+            wrong.append((eid, agent, version, want))
+    if not wrong:
+        return
+    first = "; ".join(f"{e}: {a} answered by {v or 'nothing the team served'}, expected {w}" for e, a, v, w in wrong[:3])
+    raise RolloutError(
+        f"{what}: {len(wrong)} of {len(actions)} actions of the team's roles were not answered by the versions under "
+        f"test ({first}). The app's LLM calls did not reach the served team: a ChatOpenAI / openai client must ask "
+        f"for model='<role>' (the team serves {sorted(roles)}), and a TeamChatModel must be the team's")
+
+
 def plan_episodes(run_id: str, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> list[EpisodeJob]:
     """K episodes per scenario, each with its id and seed: the same plan whichever process or worker runs them, so
     the same seeds give the same episodes in one process and on a cluster."""
@@ -39,24 +102,46 @@ def plan_episodes(run_id: str, scenarios: list[Scenario], k: int, iteration: int
 
 
 class GraphCollector:
-    """Runs K episodes per scenario through a `WrappedGraph` concurrently and reads them back from the app's own span
-    records (`WrappedGraph.capture`: no file is read, so an iteration costs the same however many came before; the
-    spans still go to the trace files). An app without `capture` is mined from its trace directory instead."""
+    """Runs episodes through a `WrappedGraph` concurrently and reads them back from the app's own span records
+    (`WrappedGraph.capture`: no file is read, so an iteration costs the same however many came before; the spans
+    still go to the trace files). An app without `capture` is mined from its trace directory instead.
 
-    def __init__(self, app: Any, *, trace_dir: str | Path | None = None, concurrency: int = 8, run_id: str | None = None):
+    `collect` (the trainer's call) runs K episodes per scenario on the versions the app's team serves and checks
+    the batch (`check_failures`, `check_served`); `run` runs any planned jobs and leaves judging them to the caller.
+    `failures` holds the episodes of the last call that raised.
+    """
+
+    def __init__(self, app: Any, *, trace_dir: str | Path | None = None, concurrency: int = 8, run_id: str | None = None,
+                 progress: Callable[[], None] | None = None,
+                 read_back: Callable[[list[str]], TrajectoryDataset] | None = None):
         self.app = app
+        self.read_back = read_back  # how the episodes are read back instead (a test double's own records)
         self.trace_dir = Path(trace_dir or getattr(app, "trace_dir", "traces"))
         self.concurrency = concurrency
         self.run_id = run_id or uuid.uuid4().hex[:8]
-        self.errors: list[str] = []
+        self.failures: list[EpisodeFailure] = []
+        self.progress = progress  # called with no argument after each episode, when set
 
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
-        return self.run(plan_episodes(self.run_id, scenarios, k, iteration, seed))
+        jobs = plan_episodes(self.run_id, scenarios, k, iteration, seed)
+        team = getattr(self.app, "team", None)
+        versions = dict(team.versions()) if team is not None else {}
+        dataset = self.run(jobs)
+        check_failures(len(jobs), self.failures, f"on-policy iteration {iteration}")
+        if team is not None:
+            check_served(dataset, {j.episode_id: versions for j in jobs}, team.agents(),
+                         f"on-policy iteration {iteration}")
+        return dataset
 
     def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
-        """Run the planned episodes (up to `concurrency` at once) and return their trajectories (in mining order: by episode)."""
+        """Run the planned episodes (up to `concurrency` at once) and return their trajectories (in mining order: by
+        episode); the ones that raised are in `failures`."""
+        self.failures = []
         ids = [j.episode_id for j in jobs]
         capture = getattr(self.app, "capture", None)
+        if self.read_back is not None:
+            self._run_all(jobs)
+            return self.read_back(ids)
         if capture is None:
             from marft_lg.trajectories.mining import mine
 
@@ -78,7 +163,9 @@ class GraphCollector:
                 self.app.invoke(job.scenario.inputs, episode_id=job.episode_id, scenario_id=job.scenario.scenario_id,
                                 seed=job.seed, **extra)
             except Exception as exc:  # a failed episode is still traced (status error) and scored by the reward
-                self.errors.append(f"{job.episode_id}: {type(exc).__name__}: {exc}")
+                self.failures.append(EpisodeFailure.of(job, exc))
+            if self.progress is not None:
+                self.progress()
 
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             list(pool.map(run, jobs))

@@ -27,8 +27,10 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 
-from marft_lg.graph.routing import EpisodeRoute
+from marft_lg.graph.routing import EpisodeRoute, derive_seed
 from marft_lg.graph.shadow import ShadowJob, ShadowMirror
+from marft_lg.tracing import propagation
+from marft_lg.tracing.attributes import agent_from_namespace
 from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
 
 RUN_KEY = "marft_lg"  # config["metadata"][RUN_KEY]: this run's options (plain, serialisable data)
@@ -46,6 +48,7 @@ class _Episode:
     pair: tuple[str, str] | None
     thread_id: str | None
     is_async: bool
+    baggage: dict[str, str]
 
 
 def run_options(episode_id: str | None = None, scenario_id: str | None = None, seed: int | None = None,
@@ -91,7 +94,9 @@ class EpisodeTracer(BaseCallbackHandler):
 
     def __init__(self, *, sink: Any, graph: Any, team: Any = None, node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
-                 workflow_name: str = "LangGraph", shadow: Any = None, mirror: ShadowMirror | None = None):
+                 workflow_name: str = "LangGraph", shadow: Any = None, mirror: ShadowMirror | None = None,
+                 redirect: Callable[[Any], None] | None = None):
+        self.redirect = redirect  # where the episodes' HTTP chat calls go instead (a loopback server), if anywhere
         self.sink = sink
         self.graph = graph
         self.team = team
@@ -153,10 +158,33 @@ class EpisodeTracer(BaseCallbackHandler):
             is_async = True
         except RuntimeError:
             is_async = False
+        baggage = {propagation.EPISODE_KEY: episode_id}
+        if route.versions:
+            baggage[propagation.VERSIONS_KEY] = propagation.encode_versions(route.versions)
         episode = _Episode(EpisodeRecorder.start(self.sink, info), route, run_id, inputs, opts, pair,
-                           str(thread_id) if thread_id is not None else None, is_async)
+                           str(thread_id) if thread_id is not None else None, is_async, baggage)
         self._episodes[episode_id] = episode
         return episode
+
+    def _enter_outbound(self, episode: _Episode, run_id: UUID, md: Mapping[str, Any] | None, chat: bool) -> None:
+        """Make the span just opened for `run_id` what this context's HTTP calls carry (`tracing.propagation`):
+        its trace context, the episode's baggage and a seed per call derived as `TeamChatModel` derives its own."""
+        recorder = episode.recorder
+        span = recorder.root if run_id.int == episode.root_run else recorder.span_of(run_id.int)
+        if span is None:
+            return
+        route, md = episode.route, md or {}
+        seed = None
+        if route.seed is not None:
+            ns = md.get("langgraph_checkpoint_ns") or ""
+            place = f"{agent_from_namespace(ns, md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
+            if chat:  # one seed for the call (a retried request keeps it)
+                fixed = derive_seed(route.seed, place, route.next_call_index("http|" + ns))
+                seed = lambda: fixed  # noqa: E731
+            else:  # calls made by the node's own code (a raw client): one seed each, in the order they are made
+                seed = lambda: derive_seed(route.seed, place, route.next_call_index("http|" + ns))  # noqa: E731
+        propagation.enter(propagation.Outbound(span.trace_id, span, propagation.current(), episode.baggage, seed,
+                                               self.redirect))
 
     def _finish(self, episode: _Episode, error: BaseException | None = None, outcome: Any = _SENTINEL) -> None:
         """Close the episode (never raises into the app), then queue its mirrored run if it was sampled."""
@@ -234,6 +262,8 @@ class EpisodeTracer(BaseCallbackHandler):
             self._runs[run_id.int] = episode
         episode.recorder.on_chain_start(serialized, inputs, run_id=run_id, parent_run_id=parent_run_id, tags=tags,
                                         metadata=metadata, **kwargs)
+        if run_id.int == episode.root_run or episode.recorder.span_of(run_id.int) is not None:
+            self._enter_outbound(episode, run_id, metadata, chat=False)
 
     def _end_chain(self, run_id: UUID, error: BaseException | None, outputs: Any, kwargs: dict[str, Any]) -> None:
         episode = self._runs.pop(run_id.int, None)
@@ -257,11 +287,13 @@ class EpisodeTracer(BaseCallbackHandler):
         if episode is not None:
             episode.recorder.on_chat_model_start(serialized, messages, run_id=run_id, parent_run_id=parent_run_id,
                                                  **kwargs)
+            self._enter_outbound(episode, run_id, kwargs.get("metadata"), chat=True)
 
     def on_llm_start(self, serialized, prompts, *, run_id, parent_run_id=None, **kwargs):
         episode = self._child(run_id, parent_run_id)
         if episode is not None:
             episode.recorder.on_llm_start(serialized, prompts, run_id=run_id, parent_run_id=parent_run_id, **kwargs)
+            self._enter_outbound(episode, run_id, kwargs.get("metadata"), chat=True)
 
     def on_llm_end(self, response, *, run_id, **kwargs):
         episode = self._runs.pop(run_id.int, None)

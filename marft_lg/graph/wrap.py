@@ -27,6 +27,7 @@ from marft_lg.graph.agents import prebuilt_agent_roles
 from marft_lg.graph.capture import EpisodeCapture
 from marft_lg.graph.scope import RUN_KEY, EpisodeTracer, run_options, with_handler
 from marft_lg.graph.shadow import ShadowMirror
+from marft_lg.tracing import propagation
 from marft_lg.tracing.sink import RecordSink, make_record_sink
 
 Versions = Mapping[str, str] | str | None
@@ -38,10 +39,16 @@ class WrappedGraph(Runnable):
     def __init__(self, graph: Any, *, team: Any = None, sink: RecordSink, trace_dir: str | os.PathLike | None = None,
                  node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
-                 shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None):
+                 shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None,
+                 serve_http: bool = False):
         self.graph = graph
         self.team = team
         self.sink = sink
+        self.server = None
+        if serve_http and team is not None:
+            from marft_lg.serving.local_server import LocalServer
+
+            self.server = LocalServer(team, sink, capture_messages=capture_messages)
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self._node_roles = {**prebuilt_agent_roles(graph), **dict(node_roles or {})} or None
         self.shadow = shadow
@@ -49,8 +56,10 @@ class WrappedGraph(Runnable):
         self.workflow_name = workflow_name or getattr(graph, "name", None) or "LangGraph"
         self.tracer = EpisodeTracer(sink=sink, graph=graph, team=team, node_roles=self._node_roles,
                                     capture_messages=capture_messages, redact=redact,
-                                    workflow_name=self.workflow_name, shadow=shadow, mirror=mirror)
+                                    workflow_name=self.workflow_name, shadow=shadow, mirror=mirror,
+                                    redirect=self.server.redirect if self.server is not None else None)
         self.last_episode_id: str | None = None
+        propagation.install()
 
     @property
     def node_roles(self) -> dict[str, str] | None:
@@ -159,6 +168,8 @@ class WrappedGraph(Runnable):
         """Stop the shadow workers and flush and shut down the private tracer provider."""
         if self.mirror:
             self.mirror.close()
+        if self.server is not None:
+            self.server.close()
         self.sink.shutdown()
 
     # -- the per-run config: the one place a run gets its episode options and the tracer --------------
@@ -171,6 +182,10 @@ class WrappedGraph(Runnable):
         opts.setdefault("episode_id", str(md.get("episode_id") or uuid.uuid4().hex))
         md[RUN_KEY] = opts
         cfg["metadata"] = md
+        configurable = dict(cfg.get("configurable") or {})
+        if configurable.get("thread_id") is None and _has_checkpointer(self.graph):
+            configurable["thread_id"] = opts["episode_id"]  # a checkpointed graph needs one: the episode's own
+            cfg["configurable"] = configurable
         if self.mirror is not None:
             self.tracer.remember_config(opts["episode_id"], config or {})
         self.last_episode_id = opts["episode_id"]
@@ -265,6 +280,12 @@ class WrappedGraph(Runnable):
         return await self.graph.abatch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
 
+def _has_checkpointer(graph: Any) -> bool:
+    """Whether runs of `graph` need a thread id: compiled with a checkpointer saver (not None/False/True)."""
+    saver = getattr(graph, "checkpointer", None)
+    return saver is not None and not isinstance(saver, bool)
+
+
 def _collect(chunks: Iterator[Any]) -> Any:
     final: Any = None
     for i, chunk in enumerate(chunks):
@@ -298,6 +319,7 @@ def wrap(
     shadow_seed: int | None = None,
     service_name: str = "marft_lg",
     max_file_bytes: int = 64 * 2**20,
+    serve_http: bool = False,
 ) -> WrappedGraph:
     """Route and trace a compiled LangGraph app.
 
@@ -309,6 +331,13 @@ def wrap(
     alias name, or another engine; with probability `sample_rate` each episode (`invoke`, `ainvoke`,
     `stream`, `astream`, and each input of `batch`/`abatch`) is re-run on it in the background (the
     shadow runs the whole graph with ``invoke``) and both episodes are tagged as a mirrored pair.
+    serve_http: serve `team` on a loopback OpenAI server in this process and send the episodes' HTTP chat calls
+    for its roles there (an app on `ChatOpenAI` / `openai` runs unchanged on the team's adapters, with each run's
+    version pins and seeds); what that server samples is recorded beside the app's spans.
+
+    Every entry point of a graph compiled with a checkpointer gets the episode id as its thread id when the run's
+    config names none. The app's HTTP calls made inside an episode carry W3C trace context and baggage
+    (`marft_lg.tracing.propagation`), so a `marft-lg serve` answering them records its side joined to the app's.
     """
     if shadow is None and sample_rate > 0:
         raise ValueError("wrap: sample_rate > 0 needs shadow=<{role: ref} map, alias or engine> to mirror to")
@@ -321,4 +350,5 @@ def wrap(
     mirror = (ShadowMirror(sample_rate, queue_size=shadow_queue_size, timeout_s=shadow_timeout_s, seed=shadow_seed)
               if shadow is not None and sample_rate > 0 else None)
     return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles,
-                        capture_messages=capture_messages, redact=redact, shadow=shadow, mirror=mirror)
+                        capture_messages=capture_messages, redact=redact, shadow=shadow, mirror=mirror,
+                        serve_http=serve_http)

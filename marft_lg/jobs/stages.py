@@ -67,11 +67,17 @@ class LibraryStages:
     def roles(self) -> list[str]:
         return list(self.job.agents) or sorted(self.registry.alias("live"))
 
-    def new_team(self, versions: dict[str, str]):
-        from marft_lg.serving.team import Team
+    def app_spec(self) -> Any:
+        """The job's team and app (`AppSpec`): `app` relative to job.yaml, its `chat_model` and `node_roles`."""
+        from marft_lg.graph.app_spec import AppSpec
 
-        return Team(self.job.model, agents=self.roles(), registry=self.registry, versions=dict(versions),
-                    seed=self.job.seed)
+        return AppSpec(app=self.job.app, model=self.job.model, agents=self.roles(), registry=str(self.registry.root),
+                       seed=self.job.seed, node_roles=self.job.node_roles, chat_model=dict(self.job.chat_model),
+                       base_dir=None if self.job.base_dir is None else str(self.job.base_dir),
+                       source=self.job.where("app"), what="app")
+
+    def new_team(self, versions: dict[str, str]):
+        return self.app_spec().build_team(registry=self.registry, versions=dict(versions))
 
     def reward(self):
         if self._reward is None:
@@ -90,16 +96,25 @@ class LibraryStages:
         if self._app_factory is None:
             self._app_factory = load_object(self.job.app, base_dir=self.job.base_dir, what="app",
                                             source=self.job.config_path)
+            self.app_spec().check_app()
         return self._app_factory
 
     def app(self, ctx: RunContext, team: Any, name: str):
-        """The job's LangGraph app (`app: module:function`, called with a chat model) on `team`, traced
-        into the run folder, with the job's `node_roles`."""
-        from marft_lg.graph.chat_model import TeamChatModel
-        from marft_lg.graph.wrap import wrap
+        """The job's LangGraph app on `team` (`AppSpec.build_app`: an ``f(llm)`` factory gets a `TeamChatModel`
+        with `chat_model`; an app on its own ChatOpenAI models runs as it is), traced into the run folder."""
+        return self.app_spec().build_app(team, ctx.run_dir / name)
 
-        graph = self.app_factory()(TeamChatModel(team=team, **self.job.chat_model))
-        return wrap(graph, team=team, trace_dir=str(ctx.run_dir / name), node_roles=self.job.node_roles)
+    @contextmanager
+    def _wrapped(self, ctx: RunContext, team: Any, name: str, needed: bool = True) -> Iterator[Any]:
+        """`app` for the length of a stage (closed after: its trace files flushed, its loopback server stopped)."""
+        if not needed:
+            yield None
+            return
+        app = self.app(ctx, team, name)
+        try:
+            yield app
+        finally:
+            app.close()
 
     @contextmanager
     def runner(self, ctx: RunContext, team: Any, name: str) -> Iterator[Any]:
@@ -111,12 +126,7 @@ class LibraryStages:
         from marft_lg.distributed.rollout import RayCollector
         from marft_lg.distributed.worker import WorkerSpec
 
-        chat = dict(self.job.chat_model)
-        spec = WorkerSpec(app=str(self.job.app), agents=self.roles(), model=self.job.model,
-                          registry=str(self.registry.root), versions=team.versions(), seed=self.job.seed,
-                          base_dir=None if self.job.base_dir is None else str(self.job.base_dir),
-                          node_roles=self.job.node_roles, max_tokens=int(chat.get("max_tokens", 256)),
-                          temperature=float(chat.get("temperature", 1.0)), trace_dir=str(ctx.run_dir / name))
+        spec = WorkerSpec.of(self.app_spec(), versions=team.versions(), trace_dir=str(ctx.run_dir / name))
         with RayCollector(self.job.ray, spec, versions=team.versions, run_id=f"{ctx.run_id}-{name}") as collector:
             yield collector
 
@@ -128,15 +138,20 @@ class LibraryStages:
 
     # --- stages -------------------------------------------------------------------------------
     def live_versions(self, ctx: RunContext) -> dict[str, str]:
+        """The versions serving now: `live`, and for a role with no live version yet (nothing promoted) its
+        initial adapter, as `marft-lg compare` does; the run's log says so."""
+        from marft_lg.serving.team import FRESH
+
         live = self.registry.alias("live")
         roles = self.roles()
+        if not roles:
+            raise ValueError(f"job {self.job.name!r}: no agent roles; list them under `agents:` (registry "
+                             f"{self.registry.root} has no live versions to take them from)")
         missing = [r for r in roles if r not in live]
         if missing:
-            raise ValueError(
-                f"registry {self.registry.root} has no live version for {missing}; "
-                "promote a first version with `marft-lg promote` before scheduling retraining"
-            )
-        return {r: live[r] for r in roles}
+            ctx.log(f"  registry {self.registry.root} has no live version for {missing} (nothing promoted yet): "
+                    f"starting them from their initial adapters ({FRESH})")
+        return {r: live.get(r, FRESH) for r in roles}
 
     def mine(self, ctx: RunContext, since: datetime | None) -> TrajectoryDataset:
         from marft_lg.trajectories.mining import mine
@@ -151,6 +166,7 @@ class LibraryStages:
         return mine(files, since=since, quarantine=ctx.run_dir / "quarantine.jsonl")
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
+        from marft_lg.serving.team import FRESH
         from marft_lg.training.trainer import MARFTTrainer
 
         cfg = self.trainer_config()
@@ -160,19 +176,21 @@ class LibraryStages:
             trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id)
             rows = trainer.fit_offline(dataset, scenarios)
             if self.job.online_iterations:
-                with self.runner(ctx, team, "online_traces") as runner:
-                    rows += trainer.fit_online(runner or self.app(ctx, team, "online_traces"), self.scenarios("train"),
+                with self.runner(ctx, team, "online_traces") as runner, self._wrapped(ctx, team, "online_traces",
+                                                                                      runner is None) as app:
+                    rows += trainer.fit_online(runner or app, self.scenarios("train"),
                                                iterations=self.job.online_iterations)
             trained = {role for row in rows for role in row.get("trained_agents", [])}
             candidate = dict(baseline)
-            for role in sorted(trained):
+            for role in sorted(trained | {r for r, v in baseline.items() if v == FRESH}):
                 current = team.adapter_name(role).split("@", 1)[1]
-                if current == baseline[role]:  # trained in memory, not yet published by the trainer
-                    current = team.save_version(role, parent=baseline[role], run_id=ctx.run_id)
+                if current == baseline[role]:  # trained in memory (or initial weights): not in the registry yet
+                    current = team.save_version(role, parent=None if current == FRESH else current,
+                                                run_id=ctx.run_id)
                 candidate[role] = current
         finally:
             team.close()
-        if candidate == baseline:
+        if not trained:
             raise RuntimeError("training updated no adapter (no agent had actions in the mined episodes?); "
                                "nothing to compare")
         return candidate
@@ -184,8 +202,8 @@ class LibraryStages:
         gate = self.gate_config()
         team = self.new_team(baseline)
         try:
-            with self.runner(ctx, team, "shadow_traces") as runner:
-                result = shadow_compare(self.app(ctx, team, "shadow_traces"), baseline, candidate,
+            with self.runner(ctx, team, "shadow_traces") as runner, self._wrapped(ctx, team, "shadow_traces") as app:
+                result = shadow_compare(app, baseline, candidate,
                                         self.scenarios(self.job.compare_split), self.reward(),
                                         samples_per_scenario=self.job.samples_per_scenario, seed=self.job.seed,
                                         run_id=f"{ctx.run_id}-cmp", runner=runner)

@@ -93,6 +93,13 @@ def serve(
     lora: Path | None = typer.Option(None, help="LoRA settings YAML of the fresh (initial) adapters."),
     max_batch_size: int = typer.Option(32, help="Most requests batched together (hf engine)."),
     threads: int | None = typer.Option(None, help="torch CPU threads (hf engine); 1 is fastest on a busy machine."),
+    trace_dir: Path = typer.Option(Path("traces"), help="Where each answered request's record goes (rendered prompt "
+                                   "token ids, completion ids, log-probs, adapter version), joined at mining to the "
+                                   "app's spans (OTLP/JSON lines, files served-*.jsonl)."),
+    no_trace: bool = typer.Option(False, "--no-trace", help="Record nothing (apps on ChatOpenAI then train on "
+                                  "re-rendered prompts)."),
+    capture_messages: bool = typer.Option(True, help="Keep the requests' messages and the completions' text in "
+                                          "the records (--no-capture-messages: token ids and log-probs only)."),
 ) -> None:
     """Serve an agent team over an OpenAI-compatible API (the endpoints and fields vLLM uses).
 
@@ -169,11 +176,21 @@ def serve(
                   markup=False, highlight=False)
     for name, base in team.bases.items():
         console.print(f"  base {name}: {', '.join(base.agents())}", markup=False, highlight=False)
+    recorder = None
+    if not no_trace:
+        from marft_lg.serving.served_spans import ServedRecorder
+        from marft_lg.tracing.sink import make_record_sink
+
+        recorder = ServedRecorder(make_record_sink(trace_dir, service_name="marft_lg.serve", file_prefix="served"),
+                                  capture_messages=capture_messages, owns_sink=True)
+        console.print(f"recording what it samples in {trace_dir}", markup=False, highlight=False)
     try:
-        app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20))
+        app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20), recorder=recorder)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=actual_port, log_level="warning"))
         server.run(sockets=[sock])
     finally:
+        if recorder is not None:
+            recorder.close()
         team.close()
         sock.close()
 

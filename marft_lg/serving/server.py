@@ -48,6 +48,7 @@ from marft_lg.serving.errors import (
     RegistryError,
     UnknownAgentError,
 )
+from marft_lg.serving.served_spans import CallContext, ServedRecorder
 from marft_lg.serving.team import FRESH, SHARED
 from marft_lg.serving.types import ChatRequest, Completion, ServedTeam
 from marft_lg.tool_calls import (
@@ -281,15 +282,19 @@ def prompt_messages(team: ServedTeam, messages: list[Any], tools: list[dict[str,
     return render_messages(messages, tools, tool_choice, parallel_tool_calls), None
 
 
-def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto") -> tuple[list[ChatRequest], dict[str, Any]]:
+def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
+                    context: CallContext | None = None) -> tuple[list[ChatRequest], dict[str, Any]]:
     """A /v1/chat/completions JSON body -> one ChatRequest per choice, plus response options (``base``: the
-    name of the base model that answers, ``agent``: the role, None for a base model name)."""
+    name of the base model that answers, ``agent``: the role, None for a base model name). `context`: the caller's
+    baggage; its version pin and seed apply where the body names none (``model: role@version`` and ``seed`` win)."""
     if not isinstance(body, dict):
         raise _BadRequest("the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _BadRequest("'model' is required: an agent role, 'role@version', or the base model name", "model")
     agent, version, base = _parse_model(model, team)
+    if version is None and context is not None:
+        version = context.version_for(agent)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -309,6 +314,8 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto") -> t
     seed = _field(body, "seed", int, None)
     if seed is not None and not -(2**63) <= seed <= 2**63 - 1 - n:
         raise _BadRequest(f"seed must be a 64-bit integer, got {seed}", "seed")
+    if seed is None and context is not None:
+        seed = context.seed
     tools = _parse_tools(body)
     tool_choice = _parse_tool_choice(body, tools)
     parallel = bool(_field(body, "parallel_tool_calls", bool, True))
@@ -328,7 +335,7 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto") -> t
             "tokens_as_ids": bool(_field(body, "return_tokens_as_token_ids", bool, False)),
             "stream": bool(_field(body, "stream", bool, False)),
             "tool_names": tool_names(tools) if tools_active(tools, tool_choice) else None,
-            "parallel_tool_calls": parallel}
+            "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel}
     return reqs, opts
 
 
@@ -456,9 +463,10 @@ def _stream_chunks(team: ServedTeam, response: dict[str, Any]):
 
 
 def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str = "auto",
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
-    /v1/* needs ``Authorization: Bearer <key>``.
+    /v1/* needs ``Authorization: Bearer <key>``. `recorder`: every answered chat request is recorded as server
+    spans (`served_spans`), joined to the caller's span through its W3C trace context.
 
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
     tools, else the text format), "template" or "text" (`marft_lg.tool_calls`).
@@ -522,13 +530,21 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        start_ns = time.time_ns()
+        context = CallContext.from_headers(request.headers)
         try:
-            reqs, opts = parse_chat_body(await _json(request), team, tool_format)
+            body = await _json(request)
+            reqs, opts = parse_chat_body(body, team, tool_format, context)
             # a role goes through the team (which routes it to its base); a base model name to that base
             completions = await (team.achat(reqs) if opts["agent"] is not None else team.bases[opts["base"]].achat(reqs))
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
             return _handle(e, registry_status=404, adapter_param="model")
         response = completion_response(team, completions, opts)
+        if recorder is not None:
+            try:
+                recorder.record(context, body["messages"], opts, reqs, completions, response["id"], start_ns)
+            except Exception:  # noqa: BLE001 - a record that cannot be made never fails the answer
+                log.exception("request %s: recording the served completion failed", request.state.request_id)
         if opts["stream"]:
             return StreamingResponse(_stream_chunks(team, response), media_type="text/event-stream")
         return response

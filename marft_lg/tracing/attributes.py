@@ -31,6 +31,7 @@ GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
 GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"  # the server's completion id: both sides record it (a join key)
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: [{"role":..., "parts":[{"type":"text","content":...}]}]
@@ -76,6 +77,10 @@ MARFT_FEEDBACK_COMMENT = "marft.feedback.comment"
 MARFT_FEEDBACK_METADATA = "marft.feedback.metadata"  # JSON object given to record_feedback(metadata=...)
 MARFT_FEEDBACK_TIME = "marft.feedback.time"  # ISO-8601 UTC time the feedback was given
 MARFT_EPISODE_SIDE_STATUS = "marft.mirror.shadow_status"  # on shadow roots: "ok" | "error" | "timeout"
+# Server spans (serving/served_spans.py): what `marft-lg serve` sampled, joined to the app's LLM span by mining.
+MARFT_SERVED = "marft.served"  # true on a span a marft_lg server recorded for a request it answered
+MARFT_CHOICE_INDEX = "marft.choice.index"  # which of the request's `n` choices the span records
+MARFT_TOOL_CHOICE = "marft.request.tool_choice"  # the request's tool_choice: "auto", "required", a tool name
 # AIMessage.response_metadata key under which TeamChatModel puts the engine's Completion fields
 # (prompt_token_ids, completion_token_ids, logprobs, adapter_version, agent, model, seed, latency_s).
 RESPONSE_METADATA_KEY = "marft"

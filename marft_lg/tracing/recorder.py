@@ -177,6 +177,10 @@ class EpisodeRecorder(BaseCallbackHandler):
             self.root_ended = True
         self._end(self.root)
 
+    def span_of(self, run_id: int) -> SpanRecord | None:
+        """The span this recorder opened for run `run_id` (as an int) and has not ended, if any."""
+        return self._own.get(run_id)
+
     # -- helpers ------------------------------------------------------------------------------
     def _end(self, span: SpanRecord) -> None:
         span.end_ns = time.time_ns()
@@ -387,6 +391,9 @@ class EpisodeRecorder(BaseCallbackHandler):
                 # TeamChatModel learns its engine (hence the model) only when the call runs.
                 attrs[A.GEN_AI_REQUEST_MODEL] = str(model)
                 span.name = f"{A.OP_CHAT} {model}"
+        response_id = _response_id(response, message, rmeta)
+        if response_id:
+            attrs[A.GEN_AI_RESPONSE_ID] = response_id
         finish = meta.get("finish_reason") or rmeta.get("finish_reason") or (getattr(gen, "generation_info", None) or {}).get(
             "finish_reason"
         )
@@ -476,6 +483,16 @@ def _outcome_json(outcome: Any, redact: Callable[[str], str] | None) -> str:
 def _plain(value: Any) -> Any:
     """A graph output -> JSON-compatible data (messages become chat dicts)."""
     return json.loads(_json(value))
+
+
+def _response_id(response: Any, message: Any, rmeta: dict[str, Any]) -> str | None:
+    """The server's id of the completion (OpenAI's ``chatcmpl-...``), wherever the client kept it."""
+    llm_output = getattr(response, "llm_output", None) or {}
+    for value in (rmeta.get("id"), llm_output.get("id") if isinstance(llm_output, dict) else None,
+                  getattr(message, "id", None)):
+        if isinstance(value, str) and value and not value.startswith(("run-", "lc_run-")):
+            return value
+    return None
 
 
 def _openai_token_ids(value: Any) -> list[int] | None:

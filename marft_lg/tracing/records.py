@@ -18,8 +18,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-# OTLP enum values (what the file carries): SpanKind INTERNAL=1, CLIENT=3; Status UNSET=0, OK=1, ERROR=2.
+# OTLP enum values (what the file carries): SpanKind INTERNAL=1, SERVER=2, CLIENT=3; Status UNSET=0, OK=1, ERROR=2.
 KIND_INTERNAL = 1
+KIND_SERVER = 2
 KIND_CLIENT = 3
 STATUS_UNSET = 0
 STATUS_OK = 1

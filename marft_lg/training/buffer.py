@@ -59,6 +59,10 @@ class RolloutBuffer:
     skipped: Counter = field(default_factory=Counter)
     recomputed: Counter = field(default_factory=Counter)
     frozen: Counter = field(default_factory=Counter)
+    retokenised: Counter = field(default_factory=Counter)
+    """Kept records per agent whose trace held no prompt token ids: their prompt was rendered again with the chat
+    template, which may differ from what the model saw (tools, tool-call turns). Never the case for a record of
+    `marft-lg serve` or `TeamChatModel`, whose prompts are the engine's own ids."""
 
     @property
     def n_recomputed(self) -> int:
@@ -84,6 +88,7 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
     skipped: Counter = Counter()
     recomputed: Counter = Counter()
     frozen: Counter = Counter()
+    retokenised: Counter = Counter()
     records: list[ActionRecord] = []
     sid_by_ep = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
     for eid, group in dataset.actions.groupby("episode_id", sort=False):
@@ -112,6 +117,8 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             if len(prompt_ids) + len(completion_ids) > max_context:
                 skipped["context"] += 1
                 continue
+            if not _has_ids(row.get("prompt_token_ids")):
+                retokenised[agent] += 1
             problem = None
             if logprobs is None:
                 problem = "missing"
@@ -145,7 +152,12 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
         for k, fields in enumerate(kept):
             fields.pop("index")
             records.append(ActionRecord(**fields, done=k == len(kept) - 1))
-    return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed, frozen=frozen)
+    return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed, frozen=frozen,
+                         retokenised=retokenised)
+
+
+def _has_ids(value: Any) -> bool:
+    return value is not None and len(value) > 0
 
 
 def _tokenizer(tokenizer: Tokenizers, base: str) -> Any:
@@ -162,8 +174,9 @@ def _prompt_ids(row: dict[str, Any], tokenizer: Any) -> list[int]:
 
 
 def _tokens(row: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The recorded ids, as the engine produced them; only a trace without them is tokenised again."""
     prompt, completion = row.get("prompt_token_ids"), row.get("completion_token_ids")
-    if prompt is None or len(prompt) == 0:
+    if not _has_ids(prompt):
         prompt = _prompt_ids(row, tokenizer)
     if completion is None:
         completion = tokenizer(str(row.get("completion") or ""), add_special_tokens=False)["input_ids"]

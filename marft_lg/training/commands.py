@@ -40,6 +40,7 @@ DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
 PHASES = ("offline", "online")
 EXIT_BAD_INPUT = 2
+EXIT_ROLLOUTS = 1  # the online phase's episodes failed (or missed the versions under test): nothing published
 
 
 @dataclass
@@ -81,6 +82,20 @@ class TrainFile:
         """`online.app` loaded (relative to train.yaml's folder); a bad spec is a `LoadError` naming the file."""
         return load_object(self.online.get("app", DEFAULT_APP), base_dir=self.base_dir, what="online.app",
                            source=self._source("online", "app"))
+
+    def app_spec(self, cfg: Any = None) -> Any:
+        """The team and the online phase's app as an `AppSpec` (`cfg`: the `MARFTConfig`, for its seed and the
+        sampling of an ``f(llm)`` app's `TeamChatModel`)."""
+        from marft_lg.graph.app_spec import AppSpec
+
+        cfg = cfg if cfg is not None else self.config()
+        return AppSpec(app=self.online.get("app", DEFAULT_APP), model=self.model, agents=list(self.agents),
+                       registry=self.registry, versions=self.versions, seed=cfg.seed,
+                       node_roles=self.online.get("node_roles"),
+                       chat_model={"max_tokens": int(self.online.get("max_tokens", cfg.max_new_tokens)),
+                                   "temperature": float(self.online.get("temperature", cfg.temperature))},
+                       base_dir=None if self.base_dir is None else str(self.base_dir),
+                       source=self._source("online", "app"), what="online.app")
 
     def config(self) -> Any:
         """The `marft` section as a `MARFTConfig` (checked, errors name train.yaml's line)."""
@@ -260,9 +275,9 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, LoadError, FileNotFoundError, CheckpointError, MetricsError, RunDirError)
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
+    return typer.Exit(code)
 
 
 def train(
@@ -273,8 +288,9 @@ def train(
 ) -> None:
     """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph).
 
-    Exit codes: 0 trained; 2 bad input (train.yaml, a file it names, a run directory that already holds
-    another run, a damaged checkpoint or metrics file), printed without a traceback."""
+    Exit codes: 0 trained; 1 the online phase's episodes failed (fewer than half succeeded, or they were not
+    served by the adapters being trained), nothing published; 2 bad input (train.yaml, a file it names, a run
+    directory that already holds another run, a damaged checkpoint or metrics file), printed without a traceback."""
     from rich.console import Console
 
     from marft_lg.serving.errors import ServingError
@@ -287,9 +303,11 @@ def train(
         raise _fail("--resume continues the run in run_dir and --overwrite deletes it; give one of them")
     try:
         spec = TrainFile.load(config)
-        build = spec.app_factory() if "online" in spec.phases else None  # a bad online.app fails before any work
-        spec.check_inputs()
         cfg = spec.config()
+        app = spec.app_spec(cfg)
+        if "online" in spec.phases:
+            app.check_app()  # a bad online.app fails before any work
+        spec.check_inputs()
         reward = spec.load_reward()
         scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
         if not resume and not overwrite:
@@ -304,39 +322,28 @@ def train(
         if removed:
             console.print(f"--overwrite: deleted {', '.join(removed)} from {spec.run_dir}")
     try:
-        team = _team(spec, cfg)
+        team = app.build_team()
     except (OSError, ValueError, ServingError) as exc:
         raise _fail(f"{config}: cannot build the team: {exc}") from None
     try:
-        _train(spec, cfg, team, reward, scenarios, dataset, build, resume, console, errors)
+        _train(spec, cfg, app, team, reward, scenarios, dataset, resume, console, errors)
     finally:
         team.close()
 
 
-def _ray_collector(spec: TrainFile, cfg: Any, team: Any, run_id: str) -> Any:
+def _ray_collector(spec: TrainFile, app: Any, cfg: Any, team: Any, run_id: str) -> Any:
     """The online phase's collector on Ray: every worker builds `online.app` and the team's engine itself and loads
     the versions the learner's `team` serves before each iteration (from the registry folder, which it shares)."""
     from marft_lg.distributed.rollout import RayCollector
     from marft_lg.distributed.worker import WorkerSpec
 
-    opts = spec.online
-    worker = WorkerSpec(app=str(opts.get("app", DEFAULT_APP)), agents=list(spec.agents), model=spec.model,
-                        registry=spec.registry, versions=spec.versions, seed=cfg.seed,
-                        base_dir=None if spec.base_dir is None else str(spec.base_dir),
-                        node_roles=opts.get("node_roles"), max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
-                        temperature=float(opts.get("temperature", cfg.temperature)),
-                        concurrency=cfg.rollout_concurrency, trace_dir=str(Path(spec.run_dir) / "traces"))
+    worker = WorkerSpec.of(app, concurrency=cfg.rollout_concurrency, trace_dir=str(Path(spec.run_dir) / "traces"))
     return RayCollector(spec.ray, worker, versions=team.versions, run_id=run_id)
 
 
-def _team(spec: TrainFile, cfg: Any) -> Any:
-    from marft_lg.serving.team import Team
-
-    return Team(spec.model, spec.agents, registry=spec.registry, versions=spec.versions, seed=cfg.seed)
-
-
-def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, dataset: Any, build: Any, resume: bool,
+def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenarios: Any, dataset: Any, resume: bool,
            console: Any, errors: tuple[type[BaseException], ...]) -> None:
+    from marft_lg.graph.collect import RolloutError
     from marft_lg.training.trainer import MARFTTrainer
 
     try:
@@ -359,23 +366,32 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
         console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
         trainer.fit_offline(dataset, scenarios)
     if "online" in spec.phases:
-        from marft_lg.graph.chat_model import TeamChatModel
-        from marft_lg.graph.wrap import wrap
+        try:
+            _online(spec, cfg, app, team, trainer, scenarios, console)
+        except RolloutError as exc:
+            raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}", code=EXIT_ROLLOUTS) from None
+    _publish(spec, team, trainer, console)
 
-        opts = dict(spec.online)
-        split = opts.get("split", "train")
-        iterations = int(opts.get("iterations", 10))
-        llm = TeamChatModel(team=team, max_tokens=int(opts.get("max_tokens", cfg.max_new_tokens)),
-                            temperature=float(opts.get("temperature", cfg.temperature)))
-        chosen = scenarios.split(split) if split else scenarios
-        if spec.ray is not None:
-            with _ray_collector(spec, cfg, team, trainer.run_id) as collector:
-                console.print(f"online: {spec.ray.rollout_workers} Ray rollout workers at {spec.ray.address}")
-                trainer.fit_online(collector, list(chosen), iterations)
-        else:
-            app = wrap(build(llm), team=team, trace_dir=Path(spec.run_dir) / "traces",
-                       node_roles=opts.get("node_roles"))
-            trainer.fit_online(app, list(chosen), iterations)
+
+def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenarios: Any, console: Any) -> None:
+    opts = dict(spec.online)
+    split = opts.get("split", "train")
+    iterations = int(opts.get("iterations", 10))
+    chosen = list(scenarios.split(split) if split else scenarios)
+    if spec.ray is not None:
+        with _ray_collector(spec, app, cfg, team, trainer.run_id) as collector:
+            console.print(f"online: {spec.ray.rollout_workers} Ray rollout workers at {spec.ray.address}")
+            trainer.fit_online(collector, chosen, iterations)
+        return
+    wrapped = app.build_app(team, Path(spec.run_dir) / "traces")
+    try:
+        trainer.fit_online(wrapped, chosen, iterations)
+    finally:
+        wrapped.close()
+
+
+def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any) -> None:
+    """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated."""
     published = {}
     serving = team.versions()
     for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
@@ -385,5 +401,15 @@ def _train(spec: TrainFile, cfg: Any, team: Any, reward: Any, scenarios: Any, da
         else:
             published[role] = serving[role]
     team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
-    console.print(f"[green]trained[/] {trainer.iteration} iterations; adapters {published} saved as alias "
-                  f"'candidate' in {spec.registry}; metrics and plots in {spec.run_dir}")
+    steps = trainer.update_steps
+    updated = [r for r in trainer.roles if steps.get(r, 0) > 0]
+    never = [r for r in trainer.roles if steps.get(r, 0) == 0]
+    console.print(f"[green]trained[/] {trainer.iteration} iterations; updated {', '.join(updated) or 'no role'}; "
+                  f"adapters {published} saved as alias 'candidate' in {spec.registry}; metrics and plots in "
+                  f"{spec.run_dir}")
+    if never:
+        why = (f"the {trainer.cfg.update_scheme} scheme trains one role per {trainer.cfg.agent_iteration_interval} "
+               f"iteration(s) and {trainer.update_count} updates did not reach them, or they had no actions"
+               if trainer.cfg.update_scheme == "sequential" else "they had no actions in the episodes")
+        console.print(f"[yellow]warning: never updated: {', '.join(never)} ({why}); their candidate versions are "
+                      "their starting weights[/]")

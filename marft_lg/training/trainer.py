@@ -215,6 +215,9 @@ class MARFTTrainer:
         self.offline_cursor = 0
         self.online_done = 0
         self.unpublished: set[str] = set()
+        self.update_steps: dict[str, int] = {r: 0 for r in self.roles}
+        """Optimizer steps each trained role has taken in this run (0: never updated, e.g. the sequential scheme's
+        turn never came to it, or it had no actions)."""
         """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
 
@@ -358,6 +361,10 @@ class MARFTTrainer:
                               max_context=cfg.max_context, behaviour_logprobs=cfg.behaviour_logprobs,
                               agents=self.roles, base_of=self.base_of.__getitem__,
                               critic_base=self.critic.on if self.critic is not None and several else None)
+        if buffer.retokenised:
+            log.warning("iteration %d: prompts re-rendered from messages (no token ids in the trace) for %s; they may "
+                        "differ from what the model saw: mine the server's records too (`marft-lg serve` keeps them)",
+                        self.iteration, ", ".join(f"{a}: {n}" for a, n in sorted(buffer.retokenised.items())))
         agents = self._agents_to_train(buffer.records)
         restored: list[str] = []
         post: dict[str, dict[str, float]] = {}
@@ -371,6 +378,8 @@ class MARFTTrainer:
                 snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
                          for a in agents}
                 stats = self._update(batch, agents)
+                for a in agents:
+                    self.update_steps[a] = self.update_steps.get(a, 0) + stats.agents[a].steps
                 for a in agents:
                     if stats.agents[a].steps == 0:
                         continue
@@ -503,6 +512,7 @@ class MARFTTrainer:
         return {"iteration": self.iteration, "update_count": self.update_count, "offline_cursor": self.offline_cursor,
                 "online_done": self.online_done, "config": self.cfg.to_dict(), "run_id": self.run_id,
                 "unpublished": sorted(self.unpublished),
+                "update_steps": dict(self.update_steps),
                 "value_heads": {b: h.state_dict() for b, h in (self.critic.heads.items() if self.critic else ())},
                 "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
                 "critic_optimizers": {b: o.state_dict() for b, o in self.critic_optimizers.items()},
@@ -548,6 +558,7 @@ class MARFTTrainer:
         self.iteration, self.update_count = state["iteration"], state["update_count"]
         self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
         self.unpublished = set(state.get("unpublished", self.roles))  # older checkpoints: assume every role changed
+        self.update_steps = {r: 0 for r in self.roles} | dict(state.get("update_steps", {}))
         self.run_id = state.get("run_id", self.run_id)
         heads, opts = state.get("value_heads") or {}, state.get("critic_optimizers") or {}
         if state.get("value_head") is not None and self.critic is not None and len(self.critic.heads) == 1:
@@ -583,7 +594,7 @@ class MARFTTrainer:
             "skipped": dict(buffer.skipped), "recomputed": dict(buffer.recomputed),
             "frozen_agents": sorted(set(self.frozen_roles) | set(buffer.frozen)),
             "frozen_actions": dict(buffer.frozen), "agent_bases": dict(self.base_of),
-            "recomputed_logprobs": buffer.n_recomputed, "time_s": elapsed,
+            "recomputed_logprobs": buffer.n_recomputed, "retokenised": dict(buffer.retokenised), "time_s": elapsed,
         }
         if stats is not None:
             row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,

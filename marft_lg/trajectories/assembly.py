@@ -153,10 +153,11 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     trace_ids = set(map(_TRACE, spans))
     repair_parents(spans, stats, trace_ids)
     tree = _Tree(spans)
-    calls = sorted([s for s in spans if s.kind == LLM], key=_BY_START_END)
+    calls = [s for s in spans if s.kind == LLM]
     for c in calls:
         if c.raw_io is not None:
             materialise(c)
+    calls = sorted(merge_served(calls, stats), key=_BY_START_END)
     if not calls:
         stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
         return None
@@ -180,6 +181,10 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             c.input_tokens, c.output_tokens, latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
             c.model, c.adapter_version, c.trace_id,
         ])
+    for c in calls:
+        if c.prompt_token_ids is None or c.completion_token_ids is None:  # re-tokenised by the trainer: not exact
+            key_ = f"{NO_TOKEN_IDS}{c.agent or tree.agent_of(c) or 'unknown'}"
+            stats[key_] = stats.get(key_, 0) + 1
     tools = [s for s in spans if s.kind == TOOL]
     if tools:
         _attach_tools(tools, calls, tasks, actions, tree, quarantine)
@@ -208,6 +213,54 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "trace_ids": sorted(trace_ids),
     }
     return episode, actions
+
+
+NO_TOKEN_IDS = "no_token_ids:"  # stats key prefix: actions per agent whose trace holds no exact token ids
+
+
+def merge_served(calls: list[SpanInfo], stats: dict[str, int]) -> list[SpanInfo]:
+    """Fold every server span (`served`: what a marft_lg server sampled) into the app's LLM call it answered: its
+    parent span, else the call that recorded the same response id. The server's record of what was sampled wins
+    (rendered prompt ids, completion ids and text, log-probs, adapter version, tool calls with their errors, the
+    role whose adapter answered); the app keeps its place in the graph and its view of the prompt. A server span
+    that answered no recorded call (a raw client's, or server traces mined alone) is an action of its own; a
+    request's further choices (``n > 1``) are not actions."""
+    served = [c for c in calls if c.served]
+    if not served:
+        return calls
+    apps = [c for c in calls if not c.served]
+    by_id = {(c.trace_id, c.span_id): c for c in apps}
+    by_response = {c.response_id: c for c in apps if c.response_id}
+    alone: list[SpanInfo] = []
+    for srv in sorted(served, key=attrgetter("end_ns")):  # a retried request: its latest answer wins
+        app = by_id.get((srv.trace_id, srv.parent_id)) if srv.parent_id else None
+        if app is None and srv.response_id:
+            app = by_response.get(srv.response_id)
+        if srv.choice:
+            stats["served_extra_choices"] = stats.get("served_extra_choices", 0) + 1
+            continue
+        if app is None:
+            alone.append(srv)
+            continue
+        stats["served_merged"] = stats.get("served_merged", 0) + 1
+        _absorb(app, srv)
+    return apps + alone
+
+
+def _absorb(app: SpanInfo, srv: SpanInfo) -> None:
+    app.prompt_token_ids, app.completion_token_ids = srv.prompt_token_ids, srv.completion_token_ids
+    app.completion_logprobs, app.adapter_version = srv.completion_logprobs, srv.adapter_version
+    if srv.completion is not None:
+        app.completion = srv.completion
+    if srv.tool_calls:
+        app.tool_calls = srv.tool_calls
+    if srv.agent:
+        app.agent = srv.agent
+    if not app.messages and srv.messages:
+        app.messages = srv.messages
+    app.model = srv.model or app.model
+    app.input_tokens, app.output_tokens = srv.input_tokens, srv.output_tokens
+    app.response_id = app.response_id or srv.response_id
 
 
 def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[list[Any]],

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marft_lg.tracing.files import trace_files
-from marft_lg.trajectories.assembly import group_episodes
+from marft_lg.trajectories.assembly import NO_TOKEN_IDS, group_episodes
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange
@@ -66,6 +66,11 @@ class MiningReport:
     """Files last written more than `SINCE_FILE_MARGIN_S` before `since`: skipped unread (see `_fresh_files`)."""
     non_utf8_lines: int = 0
     """Lines holding bytes that are not UTF-8 (read with those bytes replaced by U+FFFD, as a text-mode read would)."""
+    actions_without_token_ids: dict[str, int] = field(default_factory=dict)
+    """Actions per agent whose trace holds no exact prompt/completion token ids (no server record joined to a
+    client that keeps none): the trainer re-renders their prompts, which may not be what the model saw."""
+    served_merged: int = 0
+    """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
 
     @property
@@ -255,6 +260,9 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
     report.episodes_before_since = stats.get("episodes_before_since", 0)
     report.non_utf8_lines = stats.get("non_utf8_lines", 0)
     report.actions_per_agent = {str(k): int(v) for k, v in sorted(agents.items())}
+    report.actions_without_token_ids = {k[len(NO_TOKEN_IDS):]: v for k, v in sorted(stats.items())
+                                        if k.startswith(NO_TOKEN_IDS) and v}
+    report.served_merged = stats.get("served_merged", 0)
 
 
 def _watermark(since: datetime | str | None) -> int | None:

@@ -143,7 +143,9 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
         by_id = {s.scenario_id: s.to_dict() for s in scenarios}
         side = {k: everything.select([e for e in everything.episode_ids if e.startswith(f"cmp-{k}-")])
                 for k in ("baseline", "candidate")}
-        return compare_datasets(side["baseline"], side["candidate"], reward, scenarios=by_id)
+        result = compare_datasets(side["baseline"], side["candidate"], reward, scenarios=by_id)
+        result.datasets = side  # shadow_compare keeps both sides' episodes, which the accuracy is read from
+        return result
 
     app = types.SimpleNamespace(trace_dir=tmp_path / "compare-traces", flush=lambda: True)
     monkeypatch.setattr("marft_lg.serving.team.Team", _Team)

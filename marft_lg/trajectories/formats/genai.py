@@ -40,7 +40,8 @@ USAGE = (Attr("input_tokens", (A.GEN_AI_USAGE_INPUT_TOKENS, "gen_ai.usage.prompt
          Attr("output_tokens", (A.GEN_AI_USAGE_OUTPUT_TOKENS, "gen_ai.usage.completion_tokens"), as_int, pick="present"),
          Attr("model", (A.GEN_AI_RESPONSE_MODEL, A.GEN_AI_REQUEST_MODEL), model_name))
 LLM_FIELDS = (Derive(("raw_io", "messages", "completion", "tool_calls"), io), *USAGE,
-              Attr("agent", A.GEN_AI_AGENT_NAME, as_name, mode="fill"))
+              Attr("agent", A.GEN_AI_AGENT_NAME, as_name, mode="fill"),
+              Attr("response_id", A.GEN_AI_RESPONSE_ID, as_name))
 TOOL_FIELDS = (Attr("tool_name", (A.GEN_AI_TOOL_NAME, SPAN_NAME), as_name),
                Attr("tool_call_id", A.GEN_AI_TOOL_CALL_ID),
                Attr("tool_args", A.GEN_AI_TOOL_CALL_ARGUMENTS, json_or),

@@ -43,6 +43,10 @@ def _tool_calls(value: Any) -> list[dict[str, Any]] | None:
     return None
 
 
+def _true(value: Any) -> bool:
+    return value is True or value == "true"
+
+
 def _dict(value: Any) -> dict[str, Any] | None:
     value = json_or(value)
     return value if isinstance(value, dict) else None
@@ -67,11 +71,14 @@ _LLM = (Attr("prompt_token_ids", A.MARFT_PROMPT_TOKEN_IDS),
         Attr("completion_logprobs", A.MARFT_COMPLETION_LOGPROBS),
         Attr("adapter_version", A.MARFT_ADAPTER_VERSION, as_name),
         Attr("latency_s", A.MARFT_LATENCY_S, _latency),
-        Attr("tool_calls", A.MARFT_TOOL_CALLS, _tool_calls, mode="replace"))
+        Attr("tool_calls", A.MARFT_TOOL_CALLS, _tool_calls, mode="replace"),
+        Attr("served", A.MARFT_SERVED, _true),
+        Attr("choice", A.MARFT_CHOICE_INDEX, as_int))
 
 FORMAT = Format(
     NAME,
-    detect=lambda a: A.MARFT_EPISODE_ID in a or A.MARFT_AGENT_ROLE in a or A.MARFT_FEEDBACK_NAME in a,
+    detect=lambda a: (A.MARFT_EPISODE_ID in a or A.MARFT_AGENT_ROLE in a or A.MARFT_FEEDBACK_NAME in a
+                      or A.MARFT_SERVED in a),
     kind=Kind(A.GEN_AI_OPERATION_NAME, genai.OPERATION_KINDS, rule=_feedback_or_operation),
     fields=(Attr("episode_id", A.MARFT_EPISODE_ID, as_name), Attr("scenario_id", A.MARFT_SCENARIO_ID, as_name)),
     by_kind={FEEDBACK: (Attr("feedback_name", A.MARFT_FEEDBACK_NAME, as_str), Attr("feedback_value", A.MARFT_FEEDBACK_VALUE)),

@@ -290,14 +290,16 @@ def test_versions_travel_as_files_when_the_workers_share_no_registry(cluster, tm
 
 def test_replays_that_fail_on_a_runner_count_against_their_own_side():
     from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.graph.collect import EpisodeFailure
     from marft_lg.rewards.composite import CompositeReward
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
     class FailingRunner:  # every baseline replay raises, as a worker reports it
-        errors: list[str] = []
+        failures: list[EpisodeFailure] = []
 
         def run(self, jobs):
-            self.errors = [f"{j.episode_id}: RuntimeError: boom" for j in jobs if "-baseline-" in j.episode_id]
+            self.failures = [EpisodeFailure(j.episode_id, j.scenario.scenario_id, "RuntimeError: boom")
+                             for j in jobs if "-baseline-" in j.episode_id]
             return TrajectoryDataset()
 
     reward = CompositeReward.from_yaml({"weights": {"step_count": -0.05}})

@@ -47,7 +47,13 @@ def test_cli_offline_training_publishes_candidate(chain_dataset, tiny_model_dir,
 def _app_next_to(folder, name: str) -> None:
     """`<name>.py` with `build(llm)` that imports a sibling module, written next to train.yaml."""
     (folder / f"{name}_helper.py").write_text("SUFFIX = 'ok'\n")
-    (folder / f"{name}.py").write_text(f"import {name}_helper\n\ndef build(llm):\n    return ('graph', {name}_helper.SUFFIX)\n")
+    (folder / f"{name}.py").write_text(
+        f"import {name}_helper\n\n"
+        "class Graph:  # a stand-in compiled graph: it has invoke, and equals the tag it was built with\n"
+        "    def __init__(self, tag):\n        self.tag = tag\n\n"
+        "    def invoke(self, *a, **k):\n        return None\n\n"
+        "    def __eq__(self, other):\n        return getattr(other, 'tag', other) == self.tag\n\n"
+        f"def build(llm):\n    return Graph(('graph', {name}_helper.SUFFIX))\n")
 
 
 def test_online_app_next_to_train_yaml_loads_without_pythonpath(tmp_path):
@@ -113,6 +119,7 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
 
     class FakeTrainer:
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
+        roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
 
         def __init__(self, *a, **kw):
             pass
@@ -120,9 +127,11 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
         def fit_online(self, wrapped, scenarios, iterations):
             seen["app"], seen["scenarios"] = wrapped, scenarios
 
+    wrapped = types.SimpleNamespace(close=lambda: seen.setdefault("closed", True))
+
     def fake_wrap(graph, **kw):
         seen["graph"], seen["wrap"] = graph, kw
-        return "wrapped"
+        return wrapped
 
     monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
@@ -137,8 +146,9 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
                                             "node_roles": {"think": "reasoner", "answer": "actor"}}}))
     result = CliRunner().invoke(app, ["train", "--config", str(p)])
     assert result.exit_code == 0, result.output
-    assert seen["graph"] == ("graph", "ok") and seen["app"] == "wrapped"
+    assert seen["graph"] == ("graph", "ok") and seen["app"] is wrapped and seen["closed"]
     assert seen["wrap"]["node_roles"] == {"think": "reasoner", "answer": "actor"}
+    assert seen["wrap"]["serve_http"] is True  # an app's own ChatOpenAI calls for a role reach the trained team
 
 
 # --- model: {role: model spec} (a team of several base models) ----------------------------------------
@@ -182,7 +192,7 @@ def test_ray_worker_spec_gets_the_model_mapping(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(rollout, "RayCollector", lambda cfg, worker, **kw: seen.setdefault("worker", worker))
     cfg = SimpleNamespace(seed=0, max_new_tokens=8, temperature=1.0, rollout_concurrency=2)
-    commands._ray_collector(spec, cfg, SimpleNamespace(versions=dict), "run")
+    commands._ray_collector(spec, spec.app_spec(cfg), cfg, SimpleNamespace(versions=dict), "run")
     assert seen["worker"].model == {"planner": "a", "writer": "b"} and seen["worker"].agents == ["planner", "writer"]
 
 

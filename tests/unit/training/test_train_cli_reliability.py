@@ -142,6 +142,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
 
     class FakeTrainer:
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
+        roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
 
         def __init__(self, team, reward, cfg, run_dir):
             seen["run_dir_files"] = sorted(p.name for p in Path(run_dir).iterdir())

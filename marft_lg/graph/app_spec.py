@@ -1,0 +1,163 @@
+"""`AppSpec`: how marft_lg builds the team and the wrapped app it runs episodes through, from any config.
+
+train.yaml, job.yaml, the `compare` flags, a Ray rollout worker and the demo each produce one `AppSpec` and call
+`build_team()` and `build_app(team, trace_dir)`; nothing else builds a team and an app.
+
+What the app may be (the `app` setting, ``module:attr`` / ``file.py:attr``, or the object itself):
+
+- a factory whose first parameter is required, ``f(llm) -> graph``: it is given a `TeamChatModel` on the team
+  (with the `chat_model` settings);
+- a factory callable with no argument, a compiled graph, or a `WrappedGraph`: the app as its authors wrote it. Its
+  agents keep their own chat models and settings; calls a `ChatOpenAI` (or the `openai` client) makes for one of
+  the team's roles (``model="<role>"``) reach the team through a loopback server in this process
+  (`wrap(..., serve_http=True)`), with each episode's version pins and seeds, whatever URL the app was built with.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marft_lg._config import ConfigError
+from marft_lg.loading import is_import_path, load_object
+from marft_lg.serving.models import DEFAULT_MODEL
+
+
+@dataclass
+class AppSpec:
+    """Everything that builds a team and its wrapped app (see the module docstring)."""
+
+    app: Any = None
+    """``module:attr`` / ``file.py:attr`` (loaded relative to `base_dir`), or the factory, graph or wrapped app."""
+    model: str | dict[str, str] = DEFAULT_MODEL
+    """One base model spec for every role, or ``{role: model spec}`` (a team on several bases)."""
+    agents: list[str] = field(default_factory=list)
+    registry: str | None = None
+    versions: Any = None
+    """The versions the team starts on: an alias (``live``), ``{role: ref}``, or None (fresh adapters)."""
+    engine: str = "hf"
+    """``hf``, ``vllm``, or ``module:attr`` of a factory ``f(spec) -> ChatEngine`` (a stand-in engine)."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    node_roles: dict[str, str] | None = None
+    chat_model: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the `TeamChatModel` an ``f(llm)`` factory is given (``max_tokens``, ``temperature``...)."""
+    base_dir: str | None = None
+    """The folder of the config that names `app` (relative files and sibling modules load from it)."""
+    source: str | None = None
+    """Where `app` is named (``train.yaml:12``), for error messages."""
+    what: str = "app"
+    """The setting's name in error messages (``online.app``, ``--app``)."""
+
+    # -- the app ------------------------------------------------------------------------------------------------
+    def load_app(self) -> Any:
+        """The object `app` names (`LoadError` naming the config and line when it cannot be loaded)."""
+        if self.app is None:
+            raise ConfigError(f"{self._where()}: no app given; name the LangGraph app as module:attr or file.py:attr")
+        if not isinstance(self.app, str):
+            return self.app
+        return load_object(self.app, base_dir=self.base_dir, what=self.what, source=self.source)
+
+    def check_app(self) -> str:
+        """Load the app and say what it is (``llm factory``, ``factory``, ``graph``, ``wrapped``), so that a bad
+        setting fails before any work: a `ConfigError` naming the config otherwise."""
+        return app_kind(self.load_app(), self._where())
+
+    def _where(self) -> str:
+        spec = self.app if isinstance(self.app, str) else type(self.app).__name__
+        return f"{self.source or 'config'}: {self.what} {spec!r}"
+
+    # -- building -----------------------------------------------------------------------------------------------
+    def build_team(self, *, registry: Any = None, versions: Any = ...) -> Any:
+        """The team serving `agents` on `model` (a `MixedTeam` for several bases), from `registry` at `versions`
+        (both default to the spec's); an `engine` given as ``module:attr`` is that factory's engine."""
+        if is_import_path(self.engine) and self.engine not in ("hf", "vllm"):
+            return load_object(self.engine, base_dir=self.base_dir, what="engine", source=self.source)(self)
+        from marft_lg.serving.team import Team
+
+        return Team(self.model, list(self.agents), engine=self.engine,
+                    registry=self.registry if registry is None else registry,
+                    versions=self.versions if versions is ... else versions, seed=self.seed,
+                    engine_options=dict(self.engine_options) or None)
+
+    def build_app(self, team: Any, trace_dir: str | Path | None, *, capture_messages: bool = True) -> Any:
+        """The app as a `WrappedGraph` on `team`, traced into `trace_dir` (see the module docstring)."""
+        from marft_lg.graph.wrap import WrappedGraph, wrap
+
+        graph = app_graph(self.load_app(), lambda: self.team_chat_model(team), self._where())
+        node_roles = dict(self.node_roles or {})
+        if isinstance(graph, WrappedGraph):
+            node_roles = {**(graph.node_roles or {}), **node_roles}
+            capture_messages, graph = graph.tracer.capture_messages, graph.graph
+        check_node_roles(graph, node_roles, self._where())
+        return wrap(graph, team=team, trace_dir=trace_dir, node_roles=node_roles or None,
+                    capture_messages=capture_messages, serve_http=True)
+
+    def team_chat_model(self, team: Any) -> Any:
+        from marft_lg.graph.chat_model import TeamChatModel
+
+        return TeamChatModel(team=team, **self.chat_model)
+
+
+def app_kind(obj: Any, where: str = "app") -> str:
+    """``wrapped``, ``graph``, ``llm factory`` (first parameter required) or ``factory`` (callable with none)."""
+    from marft_lg.graph.wrap import WrappedGraph
+
+    if isinstance(obj, WrappedGraph):
+        return "wrapped"
+    if hasattr(obj, "invoke"):
+        return "graph"
+    if callable(obj):
+        return "llm factory" if _wants_llm(obj) else "factory"
+    raise ConfigError(f"{where} is a {type(obj).__name__}, not a compiled LangGraph graph, a wrapped app or a factory "
+                      "of one (f(llm) -> graph, or f() -> graph)")
+
+
+def app_graph(obj: Any, llm: Any, where: str = "app") -> Any:
+    """The compiled graph (or wrapped app) `obj` stands for: a factory is called, given ``llm()`` if it takes one."""
+    kind = app_kind(obj, where)
+    if kind in ("wrapped", "graph"):
+        return obj
+    graph = obj(llm()) if kind == "llm factory" else obj()
+    if not hasattr(graph, "invoke"):
+        raise ConfigError(f"{where} returned a {type(graph).__name__}, not a compiled LangGraph graph")
+    return graph
+
+
+def _wants_llm(factory: Any) -> bool:
+    """Whether a factory's first parameter must be given (then it is the chat model)."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the historical contract, f(llm)
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return bool(params) and params[0].kind in positional and params[0].default is inspect.Parameter.empty
+
+
+def node_names(graph: Any) -> set[str] | None:
+    """Every name a `node_roles` key may use for a node of `graph`: top-level nodes, and each subgraph node as
+    ``outer|inner`` and by its bare name. None when the graph cannot list its nodes."""
+    try:
+        names = {n for n in graph.nodes if not n.startswith("__")}
+        for ns, sub in graph.get_subgraphs(recurse=True):
+            for node in sub.nodes:
+                if not node.startswith("__"):
+                    names.update((f"{ns}|{node}", node))
+            names.update(part for part in ns.split("|") if part)
+    except Exception:  # noqa: BLE001 - not a LangGraph graph: nothing to check against
+        return None
+    return names
+
+
+def check_node_roles(graph: Any, node_roles: Mapping[str, str] | None, where: str = "app") -> None:
+    """A `node_roles` key that names no node of the app is a typo that would leave an agent untrained: refused."""
+    names = node_names(graph) if node_roles else None
+    if not names:
+        return
+    unknown = sorted(set(node_roles) - names)
+    if unknown:
+        raise ConfigError(f"{where}: node_roles names {unknown}, which {'is' if len(unknown) == 1 else 'are'} not a "
+                          f"node of the app (its nodes: {sorted(names)})")

@@ -62,9 +62,18 @@ class AppSpec:
         return load_object(self.app, base_dir=self.base_dir, what=self.what, source=self.source)
 
     def check_app(self) -> str:
-        """Load the app and say what it is (``llm factory``, ``factory``, ``graph``, ``wrapped``), so that a bad
-        setting fails before any work: a `ConfigError` naming the config otherwise."""
-        return app_kind(self.load_app(), self._where())
+        """Load the app, build its graph once (an ``f(llm)`` factory on a `TeamChatModel` without a team, which
+        nothing calls) and check `node_roles` against its nodes, so that a bad setting fails before any work: a
+        `ConfigError` naming the config. Returns what the app is (``llm factory``, ``factory``, ``graph``, ``wrapped``)."""
+        from marft_lg.graph.wrap import WrappedGraph
+
+        obj = self.load_app()
+        kind = app_kind(obj, self._where())
+        graph = app_graph(obj, lambda: self.team_chat_model(None), self._where())
+        if isinstance(graph, WrappedGraph):
+            graph = graph.graph
+        check_node_roles(graph, self.node_roles, self._where())
+        return kind
 
     def _where(self) -> str:
         spec = self.app if isinstance(self.app, str) else type(self.app).__name__

@@ -82,6 +82,7 @@ def check_served(dataset: TrajectoryDataset, expected: Mapping[str, Mapping[str,
     wrong = []
     for eid, agent, version in zip(actions["episode_id"], actions["agent"], actions["adapter_version"], strict=True):
         want = expected.get(eid, {}).get(agent) if agent in roles else None
+        version = version if isinstance(version, str) and version else None  # pandas gives NaN for "no version"
         if want is not None and version != want:
             wrong.append((eid, agent, version, want))
     if not wrong:

@@ -17,9 +17,7 @@ from typing import Any
 
 from marft_lg.serving.served_spans import ServedRecorder
 from marft_lg.serving.types import ServedTeam
-from marft_lg.tracing.propagation import rewrite_origin
-
-_CHAT_PATHS = ("/chat/completions", "/completions")
+from marft_lg.tracing.propagation import is_llm_call, rewrite_origin
 
 
 class LocalServer:
@@ -73,11 +71,11 @@ class LocalServer:
         """Whether a request for `model` (``role``, ``role@version`` or a base model name) is the team's to answer."""
         if not isinstance(model, str):
             return False
-        return model.partition("@")[0] in self.team.agents() or model in self.team.bases
+        return model.partition("@")[0] in self.team.agents() or model in getattr(self.team, "bases", {})
 
     def redirect(self, request: Any) -> None:
         """Send an httpx request here when it is a chat completion for one of the team's models."""
-        if request.method != "POST" or not request.url.path.endswith(_CHAT_PATHS):
+        if not is_llm_call(request):
             return
         try:
             model = json.loads(request.content).get("model")

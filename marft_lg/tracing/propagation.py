@@ -1,7 +1,7 @@
 """W3C trace context and baggage on the HTTP calls an app makes inside a wrapped episode.
 
-While an episode's LLM call (or node task) runs, every httpx request made in its context (a LangChain
-`ChatOpenAI`, the raw `openai` client, streaming or not) carries ``traceparent`` naming the app's span as its
+While an episode's LLM call (or node task) runs, every OpenAI-compatible completion request made in its context
+over httpx (a LangChain `ChatOpenAI`, the raw `openai` client, streaming or not) carries ``traceparent`` naming the app's span as its
 parent and ``baggage`` with the episode id, its adapter version pins and the call's seed. A server that records
 what it sampled (`marft-lg serve`) makes its span a child of the app's, which is how mining joins the two. An
 episode may also send its calls elsewhere (`Outbound.redirect`: the loopback server of an on-policy or
@@ -46,7 +46,7 @@ class Outbound:
 _CURRENT: contextvars.ContextVar[Outbound | None] = contextvars.ContextVar("marft_outbound", default=None)
 
 
-def enter(outbound: Outbound) -> None:
+def enter(outbound: Outbound | None) -> None:
     """Make `outbound` what HTTP calls in the current context carry (until a later `enter` or its span ends)."""
     _CURRENT.set(outbound)
 
@@ -119,12 +119,23 @@ def outbound_headers(out: Outbound, existing: Mapping[str, str]) -> dict[str, st
     return headers
 
 
+CHAT_PATHS = ("/chat/completions", "/completions")  # the calls that get the episode's context: LLM calls only
+
+
+def is_llm_call(request: Any) -> bool:
+    """An OpenAI-compatible completion request (what a server may record); other HTTP calls a tool makes are left
+    as they are, so an episode's ids and pins never reach unrelated services."""
+    return request.method == "POST" and request.url.path.endswith(CHAT_PATHS)
+
+
 def prepare(request: Any) -> None:
-    """Add the current episode's headers to an httpx request (and send it where the episode asks); never raises."""
+    """Add the current episode's headers to an LLM call (and send it where the episode asks); never raises."""
     out = current()
     if out is None:
         return
     try:
+        if not is_llm_call(request):
+            return
         if out.redirect is not None:
             out.redirect(request)
         request.headers.update(outbound_headers(out, request.headers))

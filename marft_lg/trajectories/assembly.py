@@ -60,10 +60,29 @@ def group_episodes(spans: Iterable[SpanInfo]) -> tuple[dict[str, list[SpanInfo]]
     feedback: list[SpanInfo] = []
     for s in spans:
         (feedback if s.kind == FEEDBACK else traces[s.trace_id]).append(s)
+    answered = _answered_elsewhere(traces)
     episodes: dict[str, list[SpanInfo]] = defaultdict(list)
     for trace_id in sorted(traces):
-        episodes[episode_key(traces[trace_id])].extend(traces[trace_id])
+        owner = answered.get(trace_id, trace_id)
+        episodes[episode_key(traces[owner])].extend(traces[trace_id])
     return episodes, feedback
+
+
+def _answered_elsewhere(traces: dict[str, list[SpanInfo]]) -> dict[str, str]:
+    """Traces of server records alone (no episode id of their own: the request carried another tracer's context)
+    -> the trace of the app call that recorded the same response id, whose episode they belong to."""
+    lonely = {t: members for t, members in traces.items()
+              if all(s.served for s in members) and not any(s.episode_id for s in members)}
+    if not lonely:
+        return {}
+    by_response = {s.response_id: t for t, members in traces.items() if t not in lonely
+                   for s in members if s.kind == LLM and s.response_id}
+    out = {}
+    for t, members in lonely.items():
+        owner = next((by_response[s.response_id] for s in members if s.response_id in by_response), None)
+        if owner is not None:
+            out[t] = owner
+    return out
 
 
 def repair_parents(spans: list[SpanInfo], stats: dict[str, int], trace_ids: set[str] | None = None) -> None:

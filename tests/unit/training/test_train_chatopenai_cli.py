@@ -1,0 +1,106 @@
+"""`marft-lg train` on an app written on plain ChatOpenAI, named as a compiled graph in train.yaml (tiny model): the
+online phase runs the app as it is on the adapters being trained; an app whose every rollout fails stops it with
+exit 1 and the first errors, publishing no candidate; a role no update reached is named, not reported trained."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+
+import yaml
+from typer.testing import CliRunner
+
+from marft_lg.cli import app as cli
+
+APP = '''
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+from typing import TypedDict
+
+
+class State(TypedDict, total=False):
+    question: str
+    notes: str
+    answer: str
+
+
+def llm(model, **kw):  # the URL the app was written for: nothing listens there during training
+    return ChatOpenAI(model=model, base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0, **kw)
+
+
+planner_llm, writer_llm = llm("planner", max_tokens=6, temperature=1.0), llm("writer", max_tokens=4)
+
+
+def plan(state):
+    return {"notes": planner_llm.invoke(state["question"]).content}
+
+
+def write(state):
+    if state["question"].startswith("boom"):
+        raise RuntimeError("the writer's tool is down")
+    return {"answer": writer_llm.invoke(state["question"] + state["notes"]).content}
+
+
+g = StateGraph(State)
+g.add_node("plan", plan)
+g.add_node("write", write)
+g.add_edge(START, "plan")
+g.add_edge("plan", "write")
+g.add_edge("write", END)
+graph = g.compile()
+'''
+
+
+def _project(tmp_path, model_dir, questions, **marft):
+    (tmp_path / "desk.py").write_text(APP)
+    (tmp_path / "scenarios.jsonl").write_text("".join(
+        json.dumps({"scenario_id": f"s{i}", "inputs": {"question": q}, "split": "train"}) + "\n"
+        for i, q in enumerate(questions)))
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": model_dir, "agents": ["planner", "writer"], "registry": "registry", "versions": None,
+        "reward": {"weights": {"step_count": -0.1}}, "scenarios": "scenarios.jsonl", "phases": ["online"],
+        "online": {"app": "desk:graph", "iterations": 1, "node_roles": {"plan": "planner", "write": "writer"}},
+        "marft": {"group_size": 2, "plots": False, "rollout_concurrency": 4, **marft}}))
+    return config
+
+
+def _flat(text: str) -> str:
+    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+
+
+def test_a_compiled_graph_on_chatopenai_trains_on_policy(tmp_path, tiny_model_dir):
+    config = _project(tmp_path, tiny_model_dir, ["What is 2+2?", "Name a color."], update_scheme="sequential")
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = _flat(result.output)
+    assert result.exit_code == 0, result.output
+    assert "updated planner" in text and "warning: never updated: writer" in text  # one turn of the scheme
+    row = json.loads((tmp_path / "runs" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["episodes"] == 4 and row["retokenised"] == {} and row["actions"] == 8
+    aliases = json.loads((tmp_path / "registry" / "aliases.json").read_text())["aliases"]
+    assert set(aliases["candidate"]) == {"planner", "writer"}
+
+
+def test_an_app_whose_every_rollout_fails_stops_with_the_errors(tmp_path, tiny_model_dir):
+    config = _project(tmp_path, tiny_model_dir, ["boom one", "boom two"])
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = _flat(result.output)
+    assert result.exit_code == 1, result.output
+    assert "the online phase stopped; alias 'candidate' not set: on-policy iteration 0: 4 of 4 episodes failed" in text
+    assert "RuntimeError: the writer's tool is down" in text and "Traceback" not in result.output
+    registry = tmp_path / "registry" / "aliases.json"
+    assert not registry.exists() or "candidate" not in json.loads(registry.read_text())["aliases"]
+
+
+def test_a_typo_in_node_roles_fails_before_any_work(tmp_path, tiny_model_dir, monkeypatch):
+    config = _project(tmp_path, tiny_model_dir, ["hi"])
+    spec = yaml.safe_load(config.read_text())
+    spec["online"]["node_roles"] = {"plan": "planner", "wirte": "writer"}
+    config.write_text(yaml.safe_dump(spec))
+    monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer",
+                        lambda *a, **k: types.SimpleNamespace(frozen_roles=[]))  # never reached
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = _flat(result.output)
+    assert result.exit_code == 2, result.output
+    assert "online.app 'desk:graph': node_roles names ['wirte'], which is not a node of the app" in text

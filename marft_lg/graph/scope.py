@@ -173,16 +173,8 @@ class EpisodeTracer(BaseCallbackHandler):
         span = recorder.root if run_id.int == episode.root_run else recorder.span_of(run_id.int)
         if span is None:
             return
-        route, md = episode.route, md or {}
-        seed = None
-        if route.seed is not None:
-            ns = md.get("langgraph_checkpoint_ns") or ""
-            place = f"{agent_from_namespace(ns, md.get('langgraph_node'))}|{md.get('langgraph_step')}|{md.get('langgraph_path')}"
-            if chat:  # one seed for the call (a retried request keeps it)
-                fixed = derive_seed(route.seed, place, route.next_call_index("http|" + ns))
-                seed = lambda: fixed  # noqa: E731
-            else:  # calls made by the node's own code (a raw client): one seed each, in the order they are made
-                seed = lambda: derive_seed(route.seed, place, route.next_call_index("http|" + ns))  # noqa: E731
+        route = episode.route
+        seed = None if route.seed is None else _call_seeds(route, md or {}, once=chat)
         propagation.enter(propagation.Outbound(span.trace_id, span, propagation.current(), episode.baggage, seed,
                                                self.redirect))
 
@@ -328,6 +320,25 @@ class EpisodeTracer(BaseCallbackHandler):
 
     def on_retriever_error(self, error, *, run_id, **kwargs):
         self._runs.pop(run_id.int, None)
+
+
+def _call_seeds(route: EpisodeRoute, md: Mapping[str, Any], *, once: bool) -> Callable[[], int]:
+    """The seeds of the HTTP calls made under one span, derived when a call is made (nothing is computed for the
+    calls that never leave the process): `once`, one seed for the span's call (a retried request keeps it); else
+    one per call of the node's own code (a raw client), in the order they are made."""
+    ns = md.get("langgraph_checkpoint_ns") or ""
+    node, step, path = md.get("langgraph_node"), md.get("langgraph_step"), md.get("langgraph_path")
+    made: list[int] = []
+
+    def seed() -> int:
+        if once and made:
+            return made[0]
+        value = derive_seed(route.seed, f"{agent_from_namespace(ns, node)}|{step}|{path}",
+                            route.next_call_index("http|" + ns))
+        made.append(value)
+        return value
+
+    return seed
 
 
 def route_of(run_manager: Any) -> EpisodeRoute | None:

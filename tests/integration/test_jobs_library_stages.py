@@ -107,3 +107,27 @@ def test_strict_gate_rejects_then_lenient_gate_promotes_the_same_window(world):
     again = run_once(job, now=now + timedelta(seconds=1), log=lambda m: None)
     assert again.status == st.SKIPPED and again.record.n_episodes == 0
     assert reg.alias("live") == live
+
+
+def test_a_registry_with_nothing_promoted_starts_from_the_initial_adapters(world, tmp_path):
+    """`retrain` copes without a live version as `compare` does: the roles start from their initial adapters,
+    which are published beside the trained ones so the candidate can be compared and promoted; the log says so."""
+    import shutil
+
+    from marft_lg.jobs import store as st
+    from marft_lg.jobs.pipeline import run_once
+
+    root = world["root"]
+    shutil.copytree(root / "adapters", root / "empty", ignore=shutil.ignore_patterns("aliases.json"))
+    (root / "empty" / "aliases.json").unlink(missing_ok=True)
+    from marft_lg.serving.registry import AdapterRegistry
+
+    assert AdapterRegistry(root / "empty").alias("live") == {}
+    logged: list[str] = []
+    result = run_once(job_for(world, LENIENT, registry="empty", output_dir="runs-empty", name="first"),
+                      now=world["first_batch_done"] + timedelta(seconds=1), log=logged.append)
+    assert result.status == st.PROMOTED, result.message
+    assert result.record.baseline == {r: "init" for r in ROLES}
+    assert any("no live version for ['planner', 'writer'] (nothing promoted yet)" in line for line in logged)
+    live = AdapterRegistry(root / "empty").alias("live")
+    assert set(live) == set(ROLES) and all(v.startswith("v") for v in live.values())

@@ -49,17 +49,17 @@ def external(model: str, text: str = "Paris is in France.") -> Any:
     return chat(model, "https://api.example.com/v1", http_client=httpx.Client(transport=httpx.MockTransport(answer)))
 
 
-def swarm(base_url: str = "http://127.0.0.1:9/v1", *, models: tuple[str, str] = ("alice", "bob")) -> Any:
+def swarm(base_url: str = "http://127.0.0.1:9/v1", *, models: tuple[str, str] = ("alice", "bob"), **llm: Any) -> Any:
     """A langgraph-swarm support desk: alice (math, can hand off to bob) and bob (weather, can hand off to alice),
-    each a prebuilt ReAct agent on its own ChatOpenAI, compiled with a checkpointer."""
+    each a prebuilt ReAct agent on its own ChatOpenAI (`llm`: more of its settings), compiled with a checkpointer."""
     from langgraph.prebuilt import create_react_agent
     from langgraph_swarm import create_handoff_tool, create_swarm
 
     with warnings.catch_warnings():  # LangGraph 1.x moved create_react_agent; the tutorials still use it
         warnings.simplefilter("ignore")
-        alice = create_react_agent(chat(models[0], base_url), [add, create_handoff_tool(agent_name="bob")],
+        alice = create_react_agent(chat(models[0], base_url, **llm), [add, create_handoff_tool(agent_name="bob")],
                                    prompt="You are Alice, a math helper. Weather questions go to Bob.", name="alice")
-        bob = create_react_agent(chat(models[1], base_url, max_tokens=24),
+        bob = create_react_agent(chat(models[1], base_url, **{"max_tokens": 24, **llm}),
                                  [weather, create_handoff_tool(agent_name="alice")],
                                  prompt="You are Bob, a weather expert. Call the weather tool.", name="bob")
     return create_swarm([alice, bob], default_active_agent="alice").compile(checkpointer=InMemorySaver())

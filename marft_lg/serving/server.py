@@ -340,13 +340,14 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
 
 
 def _parse_model(model: str, team: ServedTeam) -> tuple[str | None, str | None, str]:
-    """A request's `model` -> (role or None, pinned version or None, the name of the base model that answers)."""
+    """A request's `model` -> (role or None, pinned version or None, the name of the base model that answers).
+    A role wins over a base model of the same name (a base in a folder named after the role it serves)."""
+    role, _, version = model.partition("@")
+    if role in team.agents():
+        return role, (version or None), team.base_of(role)
     if model in team.bases:
         return None, None, model
-    role, _, version = model.partition("@")
-    if role not in team.agents():
-        raise UnknownAgentError(model, known_models(team), what="model")
-    return role, (version or None), team.base_of(role)
+    raise UnknownAgentError(model, known_models(team), what="model")
 
 
 def known_models(team: ServedTeam) -> list[str]:

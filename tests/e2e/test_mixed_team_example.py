@@ -56,11 +56,15 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
             assert planner["completion_logprobs"] is None or len(planner["completion_logprobs"]) == 0
             assert planner["order"] in list(acts["solver"]["depends_on"])
             assert acts["solver"]["order"] in list(acts["checker"]["depends_on"])
-            assert planner["model"] == "external-planner" and acts["solver"]["model"] == "solver"
+            # the model that answered: the hosted one, and each worker's base (the server's record, joined)
+            assert planner["model"] == "external-planner"
+            assert (acts["solver"]["model"], acts["checker"]["model"]) == ("embedded:smollm2-135m-instruct", "checker")
             for worker in ("solver", "checker"):  # served by marft-lg: the exact tokens and their log-probs
                 ids, lps = acts[worker]["completion_token_ids"], acts[worker]["completion_logprobs"]
                 assert ids is not None and 0 < len(ids) == len(lps) == acts[worker]["output_tokens"]
                 assert all(lp <= 0.0 for lp in lps)
+                assert len(acts[worker]["prompt_token_ids"]) == acts[worker]["input_tokens"] > 0  # as it rendered
+                assert acts[worker]["adapter_version"] == "init"
         _cli(["score", "data", "--reward", "reward.yaml", "--scenarios", "scenarios.jsonl", "--out", "scores.parquet"],
              work, env)
         assert len(pd.read_parquet(work / "scores.parquet")) == 4
@@ -79,6 +83,7 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
         # the traces hold each worker's tokens and log-probs: the offline phase uses them as recorded
         offline = [r for r in rows if r["phase"] == "offline"]
         assert offline and all(r["recomputed"] == {} and r["skipped"] == {} for r in offline)
+        assert all(r["retokenised"] == {} for r in rows)  # no prompt re-rendered: the server's ids, offline and online
         assert all(r["agent_bases"] == bases for r in rows)
         assert {a for r in rows for a in r["trained_agents"]} == {"solver", "checker"}  # agent by agent, across bases
 

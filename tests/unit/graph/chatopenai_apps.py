@@ -33,7 +33,7 @@ def chat(model: str, base_url: str = "http://127.0.0.1:9/v1", **kwargs: Any) -> 
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0,
-                      **{"max_tokens": 16, "temperature": 1.0, **kwargs})
+                      **{"max_tokens": 32, "temperature": 1.0, **kwargs})
 
 
 def external(model: str, text: str = "Paris is in France.") -> Any:

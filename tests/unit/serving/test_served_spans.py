@@ -133,3 +133,23 @@ def test_the_loopback_server_takes_only_its_teams_models(served):
     assert chat.url.host == "127.0.0.1" and chat.url.path == "/v1/chat/completions"
     assert chat.headers["host"] == f"127.0.0.1:{chat.url.port}"
     assert other.url.host == "10.0.0.1" and server.redirected == 1
+
+
+def test_a_role_named_like_its_base_model_is_served_its_adapter(tiny_model_dir, tmp_path):
+    """A base in a folder named after its role (`checker=bases/checker`): `model: checker` is the role, on its
+    adapter, not the bare base (which answered before, untrainable, with no version)."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "writer")
+    team = Team({"planner": tiny_model_dir, "writer": str(tmp_path / "writer")}, seed=0)
+    sink = RecordSink(schedule_delay_s=None)
+    server = LocalServer(team, sink)
+    try:
+        assert "writer" in team.bases
+        with sink.tap() as spans:
+            out = _ask(server)
+        assert out["marft"] == {"agent": "writer", "adapter_version": "init"}
+        assert spans[0].attributes[A.MARFT_AGENT_ROLE] == "writer"
+    finally:
+        server.close()
+        team.close()

@@ -7,7 +7,7 @@ its own (`build_tiny_tokenizer`), so the two bases differ in size and tokenizer.
 (an external API: in the episodes, never trained), `solver` on A and `checker` on B. Each case runs in a
 fresh process so its peak RSS is its own:
 
-- `mixed`: `Team({"solver": A, "checker": B})`, one offline MARFT iteration updating both roles;
+- `mixed`: `team({"solver": A, "checker": B})`, one offline MARFT iteration updating both roles;
 - `single_a` / `single_b`: a one-base team of the one role on A / B, the same episodes, the same iteration.
 
 The update time is the iteration's own (`time_s`: build the batch — re-tokenise, behaviour log-probs,
@@ -76,14 +76,14 @@ def case(kind: str, n_episodes: int, repeats: int, root: str) -> dict:
     import torch
 
     from marft_lg.serving.models import resolve_model
-    from marft_lg.serving.team import Team
+    from marft_lg.serving.team_factory import team as build_team
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.trainer import MARFTTrainer
 
     torch.set_num_threads(2)
     a, b = str(resolve_model("embedded:smollm2-135m-instruct")), str(_base_b(Path(root)))
     models = {"solver": a, "checker": b}
-    team = Team({r: models[r] for r in ROLES[kind]}, versions=None, seed=0)
+    team = build_team({r: models[r] for r in ROLES[kind]}, versions=None, seed=0)
     rss_before = _peak_rss_mb()
     cfg = MARFTConfig(update_scheme="simultaneous", learning_rate=1e-5, kl_cut=None, plots=False,
                       offline_episodes_per_iteration=n_episodes, checkpoint_every=10_000)

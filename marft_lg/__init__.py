@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "ChatRequest": "marft_lg.serving.types",
     "Completion": "marft_lg.serving.types",
     "Team": "marft_lg.serving.team",
+    "team": "marft_lg.serving.team_factory",
     "AdapterRegistry": "marft_lg.serving.registry",
     "resolve_model": "marft_lg.serving.models",
     # graph + tracing

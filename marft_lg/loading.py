@@ -194,6 +194,55 @@ def _on_path(folder: Path | None) -> Iterator[None]:
             sys.path.append(entry)
 
 
+# --- agent roles and the {role: model} mapping ------------------------------------------------------------
+
+def role_problem(role: Any) -> str | None:
+    """Why `role` cannot name an agent (None when it can): the one rule for configs, command-line flags and `Team`.
+    A role is a non-empty name without '@' (``role@version``), '.' or '/' (registry paths), or surrounding spaces."""
+    if not isinstance(role, str) or not role or any(c in role for c in "@./") or role != role.strip():
+        return f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or surrounding spaces"
+    return None
+
+
+def check_roles(roles: Any, key: str = "agents") -> list[str]:
+    """A list of agent roles, each valid and named once; a `ConfigError` keyed at the bad entry otherwise."""
+    roles = list(roles)
+    for i, role in enumerate(roles):
+        problem = role_problem(role)
+        if problem:
+            raise ConfigError(problem, key=(key, i))
+    dup = sorted({r for r in roles if roles.count(r) > 1})
+    if dup:
+        raise ConfigError(f"duplicate agent roles {dup}; list each role once", key=key)
+    return roles
+
+
+def check_model_mapping(model: Mapping[Any, Any], agents: list[str]) -> list[str]:
+    """`model` given as ``{role: model spec}``: valid roles, non-empty specs, and `agents` empty (then the mapping's
+    roles, which are returned) or naming exactly its roles. A `ConfigError` keyed at what is wrong otherwise."""
+    if not model:
+        raise ConfigError("model is an empty mapping; give {role: model spec}, e.g. {planner: "
+                          "embedded:smollm2-135m-instruct}, or one model spec for every role", key="model")
+    for role, spec in model.items():
+        problem = role_problem(role)
+        if problem:
+            raise ConfigError(problem, key=("model", role))
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError(f"the model of role {role!r} is empty; give a model spec (embedded:NAME or a local "
+                              "directory)", key=("model", role))
+    roles = list(model)
+    if not agents:
+        return roles
+    missing = [r for r in roles if r not in agents]
+    extra = [a for a in agents if a not in model]
+    if missing or extra:
+        raise ConfigError(f"agents {list(agents)} do not match the roles of the model mapping {roles}"
+                          + (f" (no model for {extra})" if extra else "")
+                          + (f" (not in agents: {missing})" if missing else "")
+                          + "; omit agents or list the same roles", key="agents")
+    return list(agents)
+
+
 # --- node_roles ---------------------------------------------------------------------------------------
 
 def parse_node_roles(value: Any, *, source: str | Path | None = None, key: str = "node_roles",

@@ -85,9 +85,9 @@ class AppSpec:
         (both default to the spec's); an `engine` given as ``module:attr`` is that factory's engine."""
         if is_import_path(self.engine) and self.engine not in ("hf", "vllm"):
             return load_object(self.engine, base_dir=self.base_dir, what="engine", source=self.source)(self)
-        from marft_lg.serving.team import Team
+        from marft_lg.serving.team_factory import team
 
-        return Team(self.model, list(self.agents), engine=self.engine,
+        return team(self.model, list(self.agents), engine=self.engine,
                     registry=self.registry if registry is None else registry,
                     versions=self.versions if versions is ... else versions, seed=self.seed,
                     engine_options=dict(self.engine_options) or None)

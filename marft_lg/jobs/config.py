@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
-from marft_lg.loading import parse_node_roles
+from marft_lg.loading import check_model_mapping, check_roles, parse_node_roles
 
 _PATH_FIELDS = ("traces", "registry", "reward", "trainer", "scenarios", "gate", "output_dir", "store", "lock")
 
@@ -163,31 +163,10 @@ class RetrainJob:
                               key="timezone") from None
 
     def _check_model(self) -> None:
-        """`model` as a ``{role: model spec}`` mapping: non-empty specs, `agents` empty (then the mapping's roles)
-        or naming exactly its roles."""
-        if not isinstance(self.model, dict):
-            return
-        if not self.model:
-            raise ConfigError("is an empty mapping; give {role: model spec}, e.g. {planner: "
-                              "embedded:smollm2-135m-instruct}, or one model spec for every role", key="model")
-        for role, spec in self.model.items():
-            if not isinstance(role, str) or not role or any(c in role for c in "@./") or role != role.strip():
-                raise ConfigError(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
-                                  "surrounding spaces", key=("model", role))
-            if not isinstance(spec, str) or not spec.strip():
-                raise ConfigError(f"the model of role {role!r} must be a model spec (embedded:NAME or a local "
-                                  f"directory), got {spec!r:.60}", key=("model", role))
-        roles = list(self.model)
-        if not self.agents:
-            self.agents = roles
-            return
-        missing = [r for r in roles if r not in self.agents]
-        extra = [a for a in self.agents if a not in self.model]
-        if missing or extra:
-            raise ConfigError(f"{self.agents} do not match the roles of the model mapping {roles}"
-                              + (f" (no model for {extra})" if extra else "")
-                              + (f" (not in agents: {missing})" if missing else "")
-                              + "; omit agents or list the same roles", key="agents")
+        """`model` as a ``{role: model spec}`` mapping (`loading.check_model_mapping`), and the agents' names."""
+        if isinstance(self.model, dict):
+            self.agents = check_model_mapping(self.model, self.agents)
+        check_roles(self.agents)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RetrainJob:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from marft_lg.loading import role_problem
+
 
 def _is_loopback(host: str) -> bool:
     import ipaddress
@@ -67,6 +69,8 @@ def parse_agents(spec: str, default_model: str) -> dict[str, str]:
         role, model = role.strip(), model.strip() if sep else default_model
         if not role or not model:
             raise ValueError(f"--agents {spec!r}: {item.strip()!r} is not ROLE or ROLE=MODEL")
+        if role_problem(role):
+            raise ValueError(f"--agents {spec!r}: {role_problem(role)}")
         if role in out:
             raise ValueError(f"--agents {spec!r}: role {role!r} is named twice")
         out[role] = model
@@ -148,7 +152,7 @@ def serve(
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the status line says what loads; stderr stays for errors
-        from marft_lg.serving.team import Team
+        from marft_lg.serving.team_factory import team as build_team
 
         kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
         options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
@@ -156,7 +160,7 @@ def serve(
         roles = list(models)
         with console.status(f"loading {', '.join(dict.fromkeys(models.values()))} with adapters for "
                             f"{', '.join(roles)} ({engine} engine)"):
-            team = Team(spec, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
+            team = build_team(spec, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
                         engine_options=options, lora=settings, **kwargs)
     except KeyboardInterrupt:
         sock.close()

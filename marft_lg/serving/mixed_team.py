@@ -1,6 +1,6 @@
 """A team whose roles run on several base models: one single-base `Team` per base, behind the `Team` API.
 
-``Team({"planner": "embedded:smollm2-135m-instruct", "writer": "/models/writer"})`` returns a `MixedTeam` when
+``team({"planner": "embedded:smollm2-135m-instruct", "writer": "/models/writer"})`` builds a `MixedTeam` when
 the roles' specs resolve to more than one model directory (`marft_lg.serving.team.plan_bases`). Each base gets
 its own `Team`: its roles, its own engine ("hf" or "vllm" as `engine` says), the same registry object, LoRA
 settings, seed and engine options, and the versions of its roles. A batch of requests for several roles is
@@ -42,7 +42,7 @@ def unique_names(names: list[str]) -> list[str]:
 class MixedTeam:
     """Roles on several base models: one `Team` per base (see the module docstring).
 
-    Built by ``Team(mapping, ...)`` (or directly, with the same arguments). `bases` maps each base's name to
+    Built by ``team(mapping, ...)`` (`team_factory`), or directly with the same arguments. `bases` maps each base's name to
     its `Team`; `base_of(role)`, `team_of(role)` and `tokenizer_for(role)` say where a role runs. Everything
     that acts on one role (versions, hot swap, saving) goes to that role's base; `exclusive()` has no single
     model to hand out: use ``team.team_of(role).exclusive()``.

@@ -5,11 +5,11 @@ in-flight requests per adapter and makes hot swaps safe on any engine: `load_ver
 adapter beside the old one, switches the role's pointer, and unloads the old adapter only once the
 last request using it has finished.
 
-Several base models in one team: ``Team({"planner": "embedded:smollm2-135m-instruct", "writer": "/models/x"})``
-takes a ``{role: model spec}`` mapping. Roles whose specs resolve to the same directory share one base; with
-one base the result is a plain `Team`, with several `Team(...)` returns a
-`marft_lg.serving.mixed_team.MixedTeam` (one `Team` per base, the same API). `bases`, `base_of`, `team_of`
-and `tokenizer_for` answer the same on both, so callers need not tell them apart.
+A ``{role: model spec}`` mapping is accepted when its specs resolve to one model directory. Several base models in
+one team: ``team({"planner": "embedded:smollm2-135m-instruct", "writer": "/models/x"})``
+(`marft_lg.serving.team_factory.team`) builds a `marft_lg.serving.mixed_team.MixedTeam` (one `Team` per base, the
+same API). `bases`, `base_of`, `team_of` and `tokenizer_for` answer the same on both, so callers need not tell
+them apart.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from marft_lg.loading import role_problem
 from marft_lg.serving.errors import RegistryError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
 from marft_lg.serving.models import DEFAULT_MODEL, model_content_hash, model_fingerprint, resolve_model
@@ -94,21 +95,9 @@ class Team:
     alias lacks start fresh; None starts every role fresh; ``{role: ref}`` pins versions (refs the
     registry cannot resolve are an error). Default: "live" with a registry, None without.
 
-    `model` may also be a ``{role: model spec}`` mapping (then `agents` may be omitted, or must name the same
-    roles): roles on one base make a plain `Team`; roles on several bases make ``Team(...)`` return a
-    `MixedTeam` (`marft_lg.serving.mixed_team`) of one `Team` per base, with the same API (`shared_adapter`
-    then is an error: one adapter cannot sit on two base models).
+    `model` may also be a ``{role: model spec}`` mapping on one base (then `agents` may be omitted, or must name
+    the same roles); a mapping over several bases is `team(...)`'s (`team_factory`), which builds a `MixedTeam`.
     """
-
-    def __new__(cls, model: ModelSpec | Mapping[str, ModelSpec] = DEFAULT_MODEL,
-                agents: list[str] | tuple[str, ...] = (), **kwargs: Any):
-        if cls is Team and isinstance(model, Mapping):
-            _, groups = plan_bases(model, agents)
-            if len(groups) > 1:
-                from marft_lg.serving.mixed_team import MixedTeam
-
-                return MixedTeam(model, agents, **kwargs)
-        return super().__new__(cls)
 
     def __init__(self, model: ModelSpec | Mapping[str, ModelSpec] = DEFAULT_MODEL,
                  agents: list[str] | tuple[str, ...] = (), *,
@@ -119,15 +108,15 @@ class Team:
         if isinstance(model, Mapping):
             agents, groups = plan_bases(model, agents)
             if len(groups) > 1:
-                raise ValueError(f"the model mapping puts the roles on {len(groups)} base models; "
-                                 f"Team(...) builds a MixedTeam for that, {type(self).__name__}(...) serves one base")
+                raise ValueError(f"the model mapping puts the roles on {len(groups)} base models; a Team serves one "
+                                 "base: use marft_lg.team(...), which builds a MixedTeam (a Team per base) for it")
             model = groups[0][0]
         agents = list(agents)
         if not agents:
             raise ValueError("a Team needs at least one agent role, e.g. agents=['planner', 'writer']")
         for role in agents:
-            if not isinstance(role, str) or not role or "@" in role or "." in role or "/" in role:
-                raise ValueError(f"invalid agent role {role!r}: no '@', '.' or '/' and not empty")
+            if role_problem(role):
+                raise ValueError(role_problem(role))
         if len(set(agents)) != len(agents):
             raise ValueError(f"duplicate agent roles in {agents}")
         self._agents = agents

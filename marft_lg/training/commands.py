@@ -34,7 +34,7 @@ from typing import Any
 import typer
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, convert, load_yaml
-from marft_lg.loading import LoadError, load_object, parse_node_roles
+from marft_lg.loading import LoadError, check_model_mapping, check_roles, load_object, parse_node_roles
 
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
@@ -163,16 +163,14 @@ class TrainFile:
         return out
 
     def _check_agents(self, doc: YamlDoc) -> None:
-        _check_model_mapping(self, doc)
-        if not self.agents:
-            raise doc.error("agents is empty; list the agent roles, e.g. agents: [reasoner, actor]", ("agents",))
-        for i, role in enumerate(self.agents):
-            if not role or any(c in role for c in "@./") or role != role.strip():
-                raise doc.error(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
-                                "surrounding spaces", ("agents", i))
-        dup = sorted({r for r in self.agents if self.agents.count(r) > 1})
-        if dup:
-            raise doc.error(f"duplicate agent roles {dup}; list each role once", ("agents",))
+        try:
+            if isinstance(self.model, dict):
+                self.agents = check_model_mapping(self.model, self.agents)
+            if not self.agents:
+                raise ConfigError("agents is empty; list the agent roles, e.g. agents: [reasoner, actor]", key="agents")
+            check_roles(self.agents)
+        except ConfigError as exc:
+            raise doc.locate(exc) from None
 
     def _check_versions(self, doc: YamlDoc) -> None:
         v = self.versions
@@ -224,35 +222,6 @@ class TrainFile:
                                                key="online.node_roles", roles=self.agents)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-
-
-def _check_model_mapping(spec: Any, doc: YamlDoc) -> None:
-    """`model` as a ``{role: model spec}`` mapping: non-empty specs; `agents` omitted (then the mapping's roles)
-    or naming exactly its roles. Errors name ``file:line: key``. (A plain string is left alone.)"""
-    model = spec.model
-    if not isinstance(model, dict):
-        return
-    if not model:
-        raise doc.error("model is an empty mapping; give {role: model spec}, e.g. {planner: "
-                        "embedded:smollm2-135m-instruct}, or one model spec for every role", ("model",))
-    for role, value in model.items():
-        if not value.strip():
-            raise doc.error(f"the model of role {role!r} is empty; give a model spec (embedded:NAME or a local "
-                            "directory)", ("model", role))
-    roles = list(model)
-    if not spec.agents:
-        for role in roles:
-            if not role or any(c in role for c in "@./") or role != role.strip():
-                raise doc.error(f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or "
-                                "surrounding spaces", ("model", role))
-        spec.agents = roles
-        return
-    missing = [r for r in roles if r not in spec.agents]
-    extra = [a for a in spec.agents if a not in model]
-    if missing or extra:
-        raise doc.error(f"agents {spec.agents} do not match the roles of the model mapping {roles}"
-                        + (f" (no model for {extra})" if extra else "") + (f" (not in agents: {missing})" if missing else "")
-                        + "; omit agents or list the same roles", ("agents",))
 
 
 def _load_dataset(spec: str):

@@ -13,7 +13,7 @@ from marft_lg.evaluation.shadow import shadow_compare
 from marft_lg.graph.chat_model import TeamChatModel
 from marft_lg.graph.wrap import wrap
 from marft_lg.rewards.composite import CompositeReward
-from marft_lg.serving.team import Team
+from marft_lg.serving.team_factory import team as build_team
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.trainer import MARFTTrainer
 from marft_lg.trajectories.scenarios import Scenario
@@ -28,7 +28,7 @@ def test_real_base_beside_a_small_one_and_a_frozen_planner(embedded_model_dir, t
     torch.set_num_threads(2)
     scenarios = [Scenario(f"s{i}", {"question": f"What is {i + 2} + {i + 5}?"}) for i in range(2)]
     with ExternalEndpoint(reply=lambda messages: "Add the two numbers.") as external, \
-            Team({"solver": embedded_model_dir, "checker": tiny_model_dir_b}, registry=tmp_path / "registry",
+            build_team({"solver": embedded_model_dir, "checker": tiny_model_dir_b}, registry=tmp_path / "registry",
                  versions=None, seed=0) as team:
         planner = ChatOpenAI(base_url=external.base_url, api_key="x", model="external-planner", max_retries=0)
         app = wrap(build_graph(planner, TeamChatModel(team=team, max_tokens=8, temperature=1.0)), team=team,

@@ -137,3 +137,26 @@ def test_parse_node_roles_accepts_mappings_and_cli_text():
 def test_parse_node_roles_errors_name_the_file_and_key(value, message):
     with pytest.raises(ValueError, match=message):
         parse_node_roles(value, source="train.yaml", key="online.node_roles", roles=["planner", "writer"])
+
+
+def test_one_role_rule_for_configs_flags_and_the_team():
+    import pytest
+
+    from marft_lg._config import ConfigError
+    from marft_lg.loading import check_model_mapping, check_roles, role_problem
+    from marft_lg.serving.commands import parse_agents
+    from marft_lg.serving.team import Team
+
+    assert role_problem("planner") is None
+    for bad in (" planner", "a@b", "a.b", "a/b", "", 3):
+        assert "invalid agent role" in role_problem(bad)
+        with pytest.raises(ValueError, match="invalid agent role"):
+            Team("never-loaded", [bad])  # refused before any model is read
+    with pytest.raises(ValueError, match="invalid agent role 'a.b'"):
+        parse_agents("a.b=embedded:x", "m")
+    with pytest.raises(ConfigError, match="duplicate agent roles"):
+        check_roles(["a", "a"])
+    assert check_model_mapping({"a": "m1", "b": "m2"}, []) == ["a", "b"]
+    with pytest.raises(ConfigError, match="invalid agent role ' a'") as err:
+        check_model_mapping({" a": "m1"}, [])
+    assert err.value.key == ("model", " a")

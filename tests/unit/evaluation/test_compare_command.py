@@ -43,7 +43,7 @@ def project(tmp_path, monkeypatch):
         seen.update(app=wrapped, baseline=baseline, candidate=candidate)
         return types.SimpleNamespace(meta={"candidate": candidate})
 
-    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.evaluation.shadow.shadow_compare", fake_shadow_compare)
     monkeypatch.setattr("marft_lg.evaluation.commands._finish",
                         lambda result, gate, out, console: types.SimpleNamespace(promote=False))

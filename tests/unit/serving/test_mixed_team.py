@@ -1,4 +1,4 @@
-"""Heterogeneous teams: roles on several base models (`Team(mapping)` -> `MixedTeam`), the base recorded in each
+"""Heterogeneous teams: roles on several base models (`team(mapping)` -> `MixedTeam`), the base recorded in each
 adapter's manifest (`base_name`, `base_hash`) and checked on load, the server and the CLI over a mixed team."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from marft_lg.serving.mixed_team import MixedTeam, unique_names
 from marft_lg.serving.models import build_tiny_model, model_content_hash, model_fingerprint
 from marft_lg.serving.registry import AdapterRegistry
 from marft_lg.serving.team import Team
+from marft_lg.serving.team_factory import team as build_team
 from marft_lg.serving.types import ChatRequest, ServedTeam
 
 MSG = [{"role": "user", "content": "Who goes first?"}]
@@ -42,7 +43,7 @@ def twin_dir(tmp_path_factory) -> str:
 def mixed(tiny_model_dir, small_dir, tmp_path_factory):
     torch.set_num_threads(1)
     reg = AdapterRegistry(tmp_path_factory.mktemp("mixed-reg"))
-    team = Team({"planner": tiny_model_dir, "writer": small_dir}, registry=reg, versions=None, lora=LORA, seed=3)
+    team = build_team({"planner": tiny_model_dir, "writer": small_dir}, registry=reg, versions=None, lora=LORA, seed=3)
     yield team
     team.close()
 
@@ -53,7 +54,7 @@ def _req(agent, **kw):
 
 
 def test_a_mapping_on_one_base_is_a_plain_team(tiny_model_dir):
-    with Team({"planner": tiny_model_dir, "writer": tiny_model_dir}, lora=LORA, model_name="tiny") as team:
+    with build_team({"planner": tiny_model_dir, "writer": tiny_model_dir}, lora=LORA, model_name="tiny") as team:
         assert type(team) is Team and team.agents() == ["planner", "writer"]
         assert team.bases == {"tiny": team} and team.base_of("writer") == "tiny" and team.team_of("planner") is team
         assert team.tokenizer_for("planner") is team.tokenizer
@@ -89,15 +90,12 @@ def test_a_mapping_on_two_bases_is_a_mixed_team(mixed, tiny_model_dir, small_dir
 def test_mapping_errors(tiny_model_dir, small_dir):
     spec = {"planner": tiny_model_dir, "writer": small_dir}
     with pytest.raises(ValueError, match="shared_adapter=True needs one base model"):
-        Team(spec, shared_adapter=True)
+        build_team(spec, shared_adapter=True)
     with pytest.raises(ValueError, match=r"agents \['planner', 'critic'\] do not match"):
-        Team(spec, ["planner", "critic"])
-
-    class Sub(Team):  # only Team itself builds a MixedTeam; a subclass serves one base
-        pass
-
-    with pytest.raises(ValueError, match="puts the roles on 2 base models"):
-        Sub(spec)
+        build_team(spec, ["planner", "critic"])
+    with pytest.raises(ValueError, match=r"puts the roles on 2 base models; a Team serves one base: use "
+                                         r"marft_lg.team\(\.\.\.\)"):
+        Team(spec)  # a Team is one base, always: the factory builds the MixedTeam
 
 
 def test_a_mixed_batch_is_answered_by_each_role_s_base_in_request_order(mixed):
@@ -162,7 +160,7 @@ def test_bases_with_the_same_name_are_told_apart(small_dir, tmp_path):
     assert unique_names(["a", "b", "a", "a"]) == ["a", "b", "a#2", "a#3"]
     copy = tmp_path / "other" / "small-llama"
     shutil.copytree(small_dir, copy)
-    with Team({"x": small_dir, "y": str(copy)}, lora=LORA) as team:
+    with build_team({"x": small_dir, "y": str(copy)}, lora=LORA) as team:
         assert list(team.bases) == ["small-llama", "small-llama#2"]
         assert [c.model for c in team.chat([_req("y", max_tokens=1), _req("x", max_tokens=1)])] == [
             "small-llama#2", "small-llama"]

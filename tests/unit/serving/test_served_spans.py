@@ -9,6 +9,7 @@ import pytest
 from marft_lg.serving.local_server import LocalServer
 from marft_lg.serving.served_spans import CallContext, schema_error, tool_calls_of
 from marft_lg.serving.team import Team
+from marft_lg.serving.team_factory import team as build_team
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing import propagation as P
 from marft_lg.tracing.sink import RecordSink
@@ -141,7 +142,7 @@ def test_a_role_named_like_its_base_model_is_served_its_adapter(tiny_model_dir, 
     import shutil
 
     shutil.copytree(tiny_model_dir, tmp_path / "writer")
-    team = Team({"planner": tiny_model_dir, "writer": str(tmp_path / "writer")}, seed=0)
+    team = build_team({"planner": tiny_model_dir, "writer": str(tmp_path / "writer")}, seed=0)
     sink = RecordSink(schedule_delay_s=None)
     server = LocalServer(team, sink)
     try:

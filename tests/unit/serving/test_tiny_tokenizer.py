@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from marft_lg.serving.engine_hf import HFEngine
 from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
 from marft_lg.serving.team import Team
+from marft_lg.serving.team_factory import team as build_team
 from marft_lg.serving.types import ChatRequest
 
 MSG = [{"role": "system", "content": "You solve problems."}, {"role": "user", "content": "What is 12 + 30?"}]
@@ -119,7 +120,7 @@ def test_two_bases_answer_with_their_own_tokenizers(tiny_model_dir, tiny_model_d
             assert tok.decode(c.completion_token_ids, skip_special_tokens=True) == c.text
         assert any(other.decode(c.completion_token_ids, skip_special_tokens=True) != c.text for c in outs)
     # one Team over both bases: each role's ids come from its own base's tokenizer
-    with Team({"solver": tiny_model_dir, "checker": tiny_model_dir_b}, versions=None, seed=0) as mixed:
+    with build_team({"solver": tiny_model_dir, "checker": tiny_model_dir_b}, versions=None, seed=0) as mixed:
         a, b = mixed.chat([ChatRequest(MSG, agent="solver", max_tokens=6, seed=1, ignore_eos=True),
                            ChatRequest(MSG, agent="checker", max_tokens=6, seed=1, ignore_eos=True)])
         assert a.prompt_token_ids == tok_a.apply_chat_template(MSG, add_generation_prompt=True, tokenize=True,

@@ -133,7 +133,7 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
         seen["graph"], seen["wrap"] = graph, kw
         return wrapped
 
-    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
     monkeypatch.setattr(importlib.import_module("marft_lg.graph.wrap"), "wrap", fake_wrap)
     name = f"trainapp_{uuid.uuid4().hex[:8]}"

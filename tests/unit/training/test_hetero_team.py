@@ -11,7 +11,7 @@ import torch
 from examples.mixed_team.external import ExternalEndpoint
 from marft_lg.graph.chat_model import TeamChatModel
 from marft_lg.graph.wrap import wrap
-from marft_lg.serving.team import Team
+from marft_lg.serving.team_factory import team as build_team
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.trainer import MARFTTrainer
@@ -28,7 +28,7 @@ def external():
 def hetero(tmp_path, tiny_model_dir, tiny_model_dir_b, external):
     from langchain_openai import ChatOpenAI
 
-    team = Team({"solver": tiny_model_dir, "checker": tiny_model_dir_b}, registry=tmp_path / "registry",
+    team = build_team({"solver": tiny_model_dir, "checker": tiny_model_dir_b}, registry=tmp_path / "registry",
                 versions=None, seed=0)
     planner = ChatOpenAI(base_url=external.base_url, api_key="x", model="external-planner", max_retries=0)
     app = wrap(build_graph(planner, TeamChatModel(team=team, max_tokens=6, temperature=1.0)), team=team,

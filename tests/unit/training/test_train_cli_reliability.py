@@ -150,7 +150,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
         def fit_offline(self, dataset, scenarios):
             seen["fit"] = True
 
-    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
     monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _EmptyDataset())
     (tmp_path / "data").mkdir()
@@ -183,7 +183,7 @@ def test_damaged_checkpoints_on_resume_exit_2_naming_them(tmp_path, monkeypatch)
         def resume(self):
             raise CheckpointError("cannot resume runs/train: no checkpoint can be used:\n  - iter_000002: truncated")
 
-    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
     monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _EmptyDataset())
     (tmp_path / "data").mkdir()

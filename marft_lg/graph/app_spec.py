@@ -1,7 +1,8 @@
 """`AppSpec`: how marft_lg builds the team and the wrapped app it runs episodes through, from any config.
 
 train.yaml, job.yaml, the `compare` flags, a Ray rollout worker and the demo each produce one `AppSpec` and call
-`build_team()` and `build_app(team, trace_dir)`; nothing else builds a team and an app.
+`build_team()` (its `TeamSpec` half, which is all `marft-lg serve` needs) and `build_app(team, trace_dir)`; nothing
+else builds a team and an app.
 
 What the app may be (the `app` setting, ``module:attr`` / ``file.py:attr``, or the object itself):
 
@@ -22,33 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg._config import ConfigError
-from marft_lg.loading import is_import_path, load_object
-from marft_lg.serving.models import DEFAULT_MODEL
+from marft_lg.loading import load_object
+from marft_lg.serving.team_factory import TeamSpec
 
 
 @dataclass
-class AppSpec:
-    """Everything that builds a team and its wrapped app (see the module docstring)."""
+class AppSpec(TeamSpec):
+    """Everything that builds a team (`TeamSpec`) and its wrapped app (see the module docstring)."""
 
     app: Any = None
     """``module:attr`` / ``file.py:attr`` (loaded relative to `base_dir`), or the factory, graph or wrapped app."""
-    model: str | dict[str, str] = DEFAULT_MODEL
-    """One base model spec for every role, or ``{role: model spec}`` (a team on several bases)."""
-    agents: list[str] = field(default_factory=list)
-    registry: str | None = None
-    versions: Any = None
-    """The versions the team starts on: an alias (``live``), ``{role: ref}``, or None (fresh adapters)."""
-    engine: str = "hf"
-    """``hf``, ``vllm``, or ``module:attr`` of a factory ``f(spec) -> ChatEngine`` (a stand-in engine)."""
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
     node_roles: dict[str, str] | None = None
     chat_model: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the `TeamChatModel` an ``f(llm)`` factory is given (``max_tokens``, ``temperature``...)."""
-    base_dir: str | None = None
-    """The folder of the config that names `app` (relative files and sibling modules load from it)."""
-    source: str | None = None
-    """Where `app` is named (``train.yaml:12``), for error messages."""
     what: str = "app"
     """The setting's name in error messages (``online.app``, ``--app``)."""
 
@@ -80,18 +67,6 @@ class AppSpec:
         return f"{self.source or 'config'}: {self.what} {spec!r}"
 
     # -- building -----------------------------------------------------------------------------------------------
-    def build_team(self, *, registry: Any = None, versions: Any = ...) -> Any:
-        """The team serving `agents` on `model` (a `MixedTeam` for several bases), from `registry` at `versions`
-        (both default to the spec's); an `engine` given as ``module:attr`` is that factory's engine."""
-        if is_import_path(self.engine) and self.engine not in ("hf", "vllm"):
-            return load_object(self.engine, base_dir=self.base_dir, what="engine", source=self.source)(self)
-        from marft_lg.serving.team_factory import team
-
-        return team(self.model, list(self.agents), engine=self.engine,
-                    registry=self.registry if registry is None else registry,
-                    versions=self.versions if versions is ... else versions, seed=self.seed,
-                    engine_options=dict(self.engine_options) or None)
-
     def build_app(self, team: Any, trace_dir: str | Path | None, *, capture_messages: bool = True) -> Any:
         """The app as a `WrappedGraph` on `team`, traced into `trace_dir` (see the module docstring)."""
         from marft_lg.graph.wrap import WrappedGraph, wrap

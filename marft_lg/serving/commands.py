@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -111,39 +112,56 @@ def serve(
     naming the cause and exits with code 2. With ``--agents role=MODEL`` items the roles may run on several
     base models (one engine each); the start-up lines say which base each role is on.
     """
-    import logging
-
     from rich.console import Console
 
     console = Console(stderr=True, soft_wrap=True)
-
-    def fail(message: str) -> typer.Exit:
-        typer.echo(f"marft-lg serve: {message}", err=True)
-        return typer.Exit(2)
-
     try:
         models = parse_agents(agents, model)
         pinned = parse_versions(versions)
     except ValueError as e:
-        raise fail(str(e)) from None
+        raise _serve_failed(str(e)) from None
     if not _is_loopback(host) and not api_key and not insecure_no_auth:
-        raise fail(f"refusing to bind {host} without --api-key: anyone who can reach it could use and swap the "
-                   "adapters; pass --api-key KEY (or MARFT_LG_API_KEY), bind 127.0.0.1, or pass --insecure-no-auth")
+        raise _serve_failed(f"refusing to bind {host} without --api-key: anyone who can reach it could use and swap "
+                            "the adapters; pass --api-key KEY (or MARFT_LG_API_KEY), bind 127.0.0.1, or pass "
+                            "--insecure-no-auth")
     if not max_body_mb > 0:
-        raise fail(f"--max-body-mb must be > 0, got {max_body_mb}")
-    settings = None
-    if lora is not None:
-        from marft_lg.serving.lora import LoraSettings
-
-        try:
-            settings = LoraSettings.from_yaml(lora)
-        except ValueError as e:
-            raise fail(_one_line(e)) from None
+        raise _serve_failed(f"--max-body-mb must be > 0, got {max_body_mb}")
+    settings = _lora_settings(lora)
     try:
         sock = _bind(host, port)
     except OSError as e:
-        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}"
-                   + (" (another server is using it: pick another --port)" if e.errno in (98, 48) else "")) from None
+        raise _serve_failed(f"cannot listen on {host}:{port}: {e.strerror or e}"
+                            + (" (another server is using it: pick another --port)" if e.errno in (98, 48) else "")
+                            ) from None
+    from marft_lg.serving.team_factory import TeamSpec
+
+    spec = TeamSpec(model=models if "=" in agents else model, agents=list(models), registry=registry, engine=engine,
+                   engine_options={"max_batch_size": max_batch_size} if engine == "hf" else {}, lora=settings,
+                   shared_adapter=shared_adapter)
+    team = _load_team(spec, "live" if pinned is None and registry is not None else pinned, threads, sock, console)
+    _announce(team, host, sock.getsockname()[1], api_key, console)
+    recorder = None if no_trace else _recorder(trace_dir, capture_messages, console)
+    _run(team, sock, host, api_key, max_body_mb, recorder)
+
+
+def _serve_failed(message: str) -> typer.Exit:
+    typer.echo(f"marft-lg serve: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _lora_settings(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from marft_lg.serving.lora import LoraSettings
+
+    try:
+        return LoraSettings.from_yaml(path)
+    except ValueError as e:
+        raise _serve_failed(_one_line(e)) from None
+
+
+def _load_team(spec: Any, versions: Any, threads: int | None, sock: Any, console: Any) -> Any:
+    """The team the flags describe (`AppSpec.build_team`); any failure closes the socket and is one line, exit 2."""
     try:
         if threads:
             import torch
@@ -152,45 +170,49 @@ def serve(
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the status line says what loads; stderr stays for errors
-        from marft_lg.serving.team_factory import team as build_team
-
-        kwargs = {} if pinned is None and registry is not None else {"versions": pinned}
-        options = {"max_batch_size": max_batch_size} if engine == "hf" else {}
-        spec = models if "=" in agents else model  # role=MODEL items: a {role: model} mapping (maybe several bases)
-        roles = list(models)
-        with console.status(f"loading {', '.join(dict.fromkeys(models.values()))} with adapters for "
-                            f"{', '.join(roles)} ({engine} engine)"):
-            team = build_team(spec, roles, engine=engine, registry=registry, shared_adapter=shared_adapter,
-                        engine_options=options, lora=settings, **kwargs)
+        models = spec.model.values() if isinstance(spec.model, dict) else [spec.model]
+        with console.status(f"loading {', '.join(dict.fromkeys(models))} with adapters for "
+                            f"{', '.join(spec.agents)} ({spec.engine} engine)"):
+            return spec.build_team(versions=versions)
     except KeyboardInterrupt:
         sock.close()
         raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - start-up errors are one line naming the cause, never a traceback
         sock.close()
-        raise fail(_one_line(e)) from None
+        raise _serve_failed(_one_line(e)) from None
+
+
+def _announce(team: Any, host: str, port: int, api_key: str | None, console: Any) -> None:
+    if not _is_loopback(host) and not api_key:
+        console.print(f"warning: serving {host} without an API key (--insecure-no-auth)", style="yellow", markup=False)
+    console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{port}/v1",
+                  markup=False, highlight=False)
+    for name, base in team.bases.items():
+        console.print(f"  base {name}: {', '.join(base.agents())}", markup=False, highlight=False)
+
+
+def _recorder(trace_dir: Path, capture_messages: bool, console: Any) -> Any:
+    """What the server records every answered request into (`served_spans`): files served-*.jsonl in `trace_dir`."""
+    from marft_lg.serving.served_spans import ServedRecorder
+    from marft_lg.tracing.sink import make_record_sink
+
+    console.print(f"recording what it samples in {trace_dir}", markup=False, highlight=False)
+    return ServedRecorder(make_record_sink(trace_dir, service_name="marft_lg.serve", file_prefix="served"),
+                          capture_messages=capture_messages, owns_sink=True)
+
+
+def _run(team: Any, sock: Any, host: str, api_key: str | None, max_body_mb: float, recorder: Any) -> None:
+    """Serve until stopped; the recorder, the team and the socket are closed whatever happens."""
+    import logging
+
     import uvicorn
 
     from marft_lg.serving.server import create_app
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    actual_port = sock.getsockname()[1]
-    if not _is_loopback(host) and not api_key:
-        console.print(f"warning: serving {host} without an API key (--insecure-no-auth)", style="yellow", markup=False)
-    console.print(f"serving {team.model_name} roles {team.versions()} on http://{host}:{actual_port}/v1",
-                  markup=False, highlight=False)
-    for name, base in team.bases.items():
-        console.print(f"  base {name}: {', '.join(base.agents())}", markup=False, highlight=False)
-    recorder = None
-    if not no_trace:
-        from marft_lg.serving.served_spans import ServedRecorder
-        from marft_lg.tracing.sink import make_record_sink
-
-        recorder = ServedRecorder(make_record_sink(trace_dir, service_name="marft_lg.serve", file_prefix="served"),
-                                  capture_messages=capture_messages, owns_sink=True)
-        console.print(f"recording what it samples in {trace_dir}", markup=False, highlight=False)
     try:
         app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20), recorder=recorder)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=actual_port, log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning"))
         server.run(sockets=[sock])
     finally:
         if recorder is not None:

@@ -60,7 +60,7 @@ def test_a_request_is_recorded_under_its_callers_span_with_the_episodes_pins_and
 
 
 def _request(team):
-    from marft_lg.serving.server import parse_chat_body
+    from marft_lg.serving.chat_api import parse_chat_body
 
     reqs, _ = parse_chat_body({"model": "writer", "messages": [{"role": "user", "content": "hi"}]}, team)
     return reqs[0]

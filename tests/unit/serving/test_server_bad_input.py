@@ -19,8 +19,9 @@ import uvicorn
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from marft_lg.serving.http import MAX_JSON_DEPTH
 from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import MAX_JSON_DEPTH, create_app
+from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
 
 MSG = [{"role": "user", "content": "Say hi."}]

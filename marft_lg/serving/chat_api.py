@@ -1,0 +1,297 @@
+"""The OpenAI chat-completions wire format of `marft-lg serve`: a request body -> `ChatRequest`s (model, sampling,
+tools, the caller's baggage defaults), and `Completion`s -> the response JSON or its server-sent events.
+
+`model` is a role (its current adapter), ``role@version`` (a pinned version) or a base model name (adapters off).
+`return_token_ids` adds `prompt_token_ids` to the response and `token_ids` to each choice, as vLLM does;
+`return_tokens_as_token_ids` (with `logprobs`) writes each log-prob entry's token as ``token_id:{id}``, also as vLLM
+does. Tools: `tools`, `tool_choice` and `parallel_tool_calls` are honoured as OpenAI/vLLM do; the prompt shows the
+tools through the model's chat template when it renders tools, else in the text format of `marft_lg.tool_calls`;
+the completion's ``<tool_call>`` blocks come back as ``message.tool_calls`` with ``finish_reason: "tool_calls"``,
+malformed ones stay in ``content`` and are listed in ``message.invalid_tool_calls``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from marft_lg.serving.errors import UnknownAgentError
+from marft_lg.serving.http import BadRequest
+from marft_lg.serving.served_spans import CallContext
+from marft_lg.serving.types import ChatRequest, Completion, ServedTeam
+from marft_lg.tool_calls import (
+    add_system_text,
+    choice_name,
+    openai_invalid_tool_calls,
+    openai_tool_calls,
+    parse_completion,
+    render_messages,
+    template_messages,
+    template_supports_tools,
+    tool_choice_instruction,
+    tool_names,
+    tools_active,
+)
+
+TOOL_FORMATS = ("auto", "template", "text")
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise BadRequest(f"{name} must be a number, got {value!r}", name)
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise BadRequest(f"{name} must be {names}, got {type(value).__name__}", name)
+    return value
+
+
+def _parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("tools must be a list of {\"type\": \"function\", \"function\": {\"name\", ...}}", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise BadRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": str, "
+                              f"\"description\": str, \"parameters\": JSON schema}}}}, got {tool!r:.200}", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        out.append({"type": "function", "function": fn})
+    return out or None
+
+
+def _parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str) and choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise BadRequest("tool_choice 'required' needs tools", "tool_choice")
+        return choice
+    name = choice_name(choice) if isinstance(choice, dict) else None
+    if name is None:
+        raise BadRequest("tool_choice must be 'auto', 'none', 'required' or "
+                          "{\"type\": \"function\", \"function\": {\"name\": str}}", "tool_choice")
+    if name not in tool_names(tools):
+        raise BadRequest(f"tool_choice names {name!r}, which is not in tools ({tool_names(tools)})", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def tokenizer_of(team: ServedTeam, agent: str | None, base: str | None = None) -> Any:
+    """The tokenizer that encodes a request for `agent` (its base's), or for base model `base` when the
+    request has no agent (the first base when `base` is None or unknown)."""
+    if agent is not None:
+        return team.tokenizer_for(agent)
+    bases = team.bases
+    return bases[base].tokenizer if base in bases else next(iter(bases.values())).tokenizer
+
+
+def prompt_messages(team: ServedTeam, messages: list[Any], tools: list[dict[str, Any]] | None, tool_choice: Any,
+                    parallel_tool_calls: bool | None, tool_format: str = "auto", *,
+                    tokenizer: Any = None) -> tuple[list[Any], list[dict] | None]:
+    """(messages for the engine, tools for the chat template or None) of a request with tool traffic.
+
+    Through the chat template (``apply_chat_template(tools=...)``) when `tool_format` is "template",
+    or "auto" and the tokenizer's template renders tools; else in the text format of
+    `marft_lg.tool_calls.render_messages`, exactly as `TeamChatModel` renders it. `tokenizer`: the one of
+    the request's base model (default: the team's first base's).
+    """
+    active = tools_active(tools, tool_choice)
+    tok = tokenizer if tokenizer is not None else tokenizer_of(team, None)
+    if tool_format == "template" or (tool_format == "auto" and template_supports_tools(tok)):
+        chat = template_messages(messages)
+        line = tool_choice_instruction(tool_choice) if active else None
+        if line:
+            add_system_text(chat, line)
+        return chat, (tools if active else None)
+    return render_messages(messages, tools, tool_choice, parallel_tool_calls), None
+
+
+def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
+                    context: CallContext | None = None) -> tuple[list[ChatRequest], dict[str, Any]]:
+    """A /v1/chat/completions JSON body -> one ChatRequest per choice, plus response options (``base``: the
+    name of the base model that answers, ``agent``: the role, None for a base model name). `context`: the caller's
+    baggage; its version pin and seed apply where the body names none (``model: role@version`` and ``seed`` win)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required: an agent role, 'role@version', or the base model name", "model")
+    agent, version, base = _parse_model(model, team)
+    if version is None and context is not None:
+        version = context.version_for(agent)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+    max_tokens = _field(body, "max_completion_tokens", int, None) or _field(body, "max_tokens", int, 256)
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise BadRequest("stop must be a string or a list of strings", "stop")
+    n = _field(body, "n", int, 1)
+    if not 1 <= n <= 16:
+        raise BadRequest(f"n must be in [1, 16], got {n}", "n")
+    logprobs = bool(_field(body, "logprobs", bool, False))
+    top_logprobs = _field(body, "top_logprobs", int, 0)
+    if top_logprobs and not logprobs:
+        raise BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
+    seed = _field(body, "seed", int, None)
+    if seed is not None and not -(2**63) <= seed <= 2**63 - 1 - n:
+        raise BadRequest(f"seed must be a 64-bit integer, got {seed}", "seed")
+    if seed is None and context is not None:
+        seed = context.seed
+    tools = _parse_tools(body)
+    tool_choice = _parse_tool_choice(body, tools)
+    parallel = bool(_field(body, "parallel_tool_calls", bool, True))
+    chat, template_tools = prompt_messages(team, messages, tools, tool_choice, parallel, tool_format,
+                                           tokenizer=tokenizer_of(team, agent, base))
+    reqs = [
+        ChatRequest(
+            messages=chat, agent=agent, version=version, max_tokens=max_tokens, tools=template_tools,
+            temperature=float(_field(body, "temperature", (int, float), 1.0)),
+            top_p=float(_field(body, "top_p", (int, float), 1.0)), stop=stop or None,
+            seed=None if seed is None else seed + i, top_logprobs=top_logprobs,
+            ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
+        )
+        for i in range(n)
+    ]
+    opts = {"model": model, "base": base, "agent": agent, "logprobs": logprobs, "return_token_ids": bool(_field(body, "return_token_ids", bool, False)),
+            "tokens_as_ids": bool(_field(body, "return_tokens_as_token_ids", bool, False)),
+            "stream": bool(_field(body, "stream", bool, False)),
+            "tool_names": tool_names(tools) if tools_active(tools, tool_choice) else None,
+            "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel}
+    return reqs, opts
+
+
+def _parse_model(model: str, team: ServedTeam) -> tuple[str | None, str | None, str]:
+    """A request's `model` -> (role or None, pinned version or None, the name of the base model that answers).
+    A role wins over a base model of the same name (a base in a folder named after the role it serves)."""
+    role, _, version = model.partition("@")
+    if role in team.agents():
+        return role, (version or None), team.base_of(role)
+    if model in team.bases:
+        return None, None, model
+    raise UnknownAgentError(model, known_models(team), what="model")
+
+
+def known_models(team: ServedTeam) -> list[str]:
+    """Model ids the server answers to: every base model, the roles, and each loaded ``role@version``."""
+    ids = [*team.bases, *team.agents()]
+    for base in team.bases.values():
+        roles = base.agents()
+        for name in base.engine.loaded_adapters():
+            slot, _, version = name.partition("@")
+            ids.extend(f"{r}@{version}" for r in (roles if base.shared_adapter else [slot]) if r in roles)
+    return list(dict.fromkeys(ids))
+
+
+def _logprobs_block(tok: Any, c: Completion, tokens_as_ids: bool = False) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice; `tokens_as_ids`: tokens as ``token_id:{id}`` (vLLM's
+    `return_tokens_as_token_ids`)."""
+    def token(i: int) -> str:
+        return f"token_id:{i}" if tokens_as_ids else tok.decode([i])
+
+    tops = c.extra.get("top_logprobs") or []
+    content = []
+    for k, (t, lp) in enumerate(zip(c.completion_token_ids, c.logprobs, strict=True)):
+        text = token(t)
+        entry = {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+        if k < len(tops):
+            entry["top_logprobs"] = [
+                {"token": (s := token(i)), "logprob": v, "bytes": list(s.encode())} for i, v in tops[k].items()
+            ]
+        content.append(entry)
+    return {"content": content}
+
+
+def _message(c: Completion, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The choice's message and finish_reason; with tools, the completion's tool calls parsed out of it."""
+    message: dict[str, Any] = {"role": "assistant", "content": c.text}
+    if opts.get("tool_names") is None:
+        return message, c.finish_reason
+    parsed = parse_completion(c.text, opts["tool_names"], parallel_tool_calls=opts.get("parallel_tool_calls"))
+    message["content"] = parsed.content
+    finish_reason = c.finish_reason
+    if parsed.tool_calls:
+        message["tool_calls"] = openai_tool_calls(parsed.tool_calls)
+        finish_reason = "tool_calls"
+    if parsed.invalid_tool_calls:
+        message["invalid_tool_calls"] = openai_invalid_tool_calls(parsed.invalid_tool_calls)
+    return message, finish_reason
+
+
+def completion_response(team: ServedTeam, completions: list[Completion], opts: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI chat.completion JSON (vLLM's extra fields when asked); log-prob tokens decoded by the tokenizer
+    of the base model that answered."""
+    choices = []
+    tok = None
+    if opts["logprobs"] and completions:
+        tok = tokenizer_of(team, opts.get("agent", completions[0].agent), opts.get("base", completions[0].model))
+    for i, c in enumerate(completions):
+        message, finish_reason = _message(c, opts)
+        choice: dict[str, Any] = {
+            "index": i, "message": message,
+            "logprobs": _logprobs_block(tok, c, opts.get("tokens_as_ids", False)) if opts["logprobs"] else None,
+            "finish_reason": finish_reason, "stop_reason": None,
+        }
+        if opts["return_token_ids"]:
+            choice["token_ids"] = c.completion_token_ids
+        choices.append(choice)
+    prompt = completions[0].prompt_token_ids
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": opts["model"], "choices": choices,
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c.completion_token_ids) for c in completions),
+                  "total_tokens": len(prompt) + sum(len(c.completion_token_ids) for c in completions)},
+        "marft": {"agent": completions[0].agent, "adapter_version": completions[0].adapter_version},
+    }
+    if opts["return_token_ids"]:
+        out["prompt_token_ids"] = prompt
+    return out
+
+
+def stream_chunks(team: ServedTeam, response: dict[str, Any]):
+    """Server-sent events for a finished completion, then [DONE].
+
+    Per choice: a role chunk, one content chunk (with logprobs and token ids), and when the
+    completion called tools, two ``delta.tool_calls`` chunks per call (id, type and name, then the
+    arguments, as OpenAI streams them) and a closing chunk with the finish_reason (and
+    ``delta.invalid_tool_calls`` for malformed calls).
+    """
+    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
+            "model": response["model"]}
+
+    def event(choice: dict[str, Any]) -> str:
+        return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
+
+    for ch in response["choices"]:
+        message, index = ch["message"], ch["index"]
+        calls, invalid = message.get("tool_calls") or [], message.get("invalid_tool_calls") or []
+        yield event({"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        delta: dict[str, Any] = {"index": index, "delta": {"content": message["content"] or ""},
+                                 "logprobs": ch["logprobs"],
+                                 "finish_reason": None if calls or invalid else ch["finish_reason"]}
+        if "token_ids" in ch:
+            delta["token_ids"] = ch["token_ids"]
+        yield event(delta)
+        for k, call in enumerate(calls):
+            head = {"index": k, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            yield event({"index": index, "delta": {"tool_calls": [head]}, "finish_reason": None})
+            args = {"index": k, "function": {"arguments": call["function"]["arguments"]}}
+            yield event({"index": index, "delta": {"tool_calls": [args]}, "finish_reason": None})
+        if calls or invalid:
+            yield event({"index": index, "delta": {"invalid_tool_calls": invalid} if invalid else {},
+                         "finish_reason": ch["finish_reason"]})
+    yield f"data: {json.dumps({**base, 'choices': [], 'usage': response['usage']})}\n\n"
+    yield "data: [DONE]\n\n"

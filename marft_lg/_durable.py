@@ -10,6 +10,8 @@ pointer, metrics lines, job records, lock files):
   file is new). A crash can leave at most the last line half-written; readers drop such a line (metrics.py).
 - `rename_durable(src, dst)`: rename a file or folder and fsync the destination folder.
 - `fsync_file`, `fsync_dir`, `fsync_tree`: the building blocks.
+- `sha256_file(path)`: the one file hash that checks what was written (adapter and checkpoint records, the
+  embedded model's stamp), streamed so a file of any size costs no memory.
 
 Stdlib only, so every layer (training, jobs, serving) can use it.
 """
@@ -17,11 +19,14 @@ Stdlib only, so every layer (training, jobs, serving) can use it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-__all__ = ["append_durable", "append_line", "fsync_dir", "fsync_file", "fsync_tree", "rename_durable", "write_atomic"]
+__all__ = ["append_durable", "append_line", "fsync_dir", "fsync_file", "fsync_tree", "rename_durable", "sha256_file",
+           "write_atomic"]
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -106,3 +111,13 @@ def rename_durable(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     fsync_dir(Path(dst).parent)
     if Path(src).parent != Path(dst).parent:
         fsync_dir(Path(src).parent)
+
+
+def sha256_file(path: str | os.PathLike, into: Any = None, *, chunk: int = 1 << 22) -> str:
+    """The sha256 hex digest of a file's bytes, read in chunks; with `into` (a hashlib object) the bytes are added
+    to it instead (a hash over several files) and its digest so far is returned."""
+    h = into if into is not None else hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
+from marft_lg._durable import write_atomic
+
 if TYPE_CHECKING:
     from marft_lg.trajectories.scenarios import ScenarioSet
 
@@ -263,7 +265,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
             "versions": {"untuned": untuned, "tuned": tuned, "live": live_now},
             "minutes": round((time.perf_counter() - log.t0) / 60, 2), "code": code,
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
         report = _write_report(run_dir, summary, compare_files)
         log.record("done", report=str(report), minutes=summary["minutes"])
         print_summary(result, decision, console=console)
@@ -383,10 +385,10 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
         lines[2:2] = [f"> Reduced `{s['budget']['name']}` budget: too little training to expect a significant "
                       "gain.", "> Run `marft-lg demo` for the full budget.", ""]
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
+    write_atomic(path, "\n".join(lines))
     from marft_lg.evaluation.report import markdown_to_html
 
-    (run_dir / "report.html").write_text(markdown_to_html("\n".join(lines), title="marft_lg demo run"))
+    write_atomic(run_dir / "report.html", markdown_to_html("\n".join(lines), title="marft_lg demo run"))
     return path
 
 

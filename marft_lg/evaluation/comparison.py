@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from marft_lg._durable import write_atomic
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, agent_metrics, episode_metrics
 from marft_lg.evaluation.stats import DetectableEffect, PairedCI, bootstrap_ci, detectable_effect
 from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -102,15 +103,12 @@ class ComparisonResult:
         """Write `comparison.json`, and the per-episode tables as CSV, into `run_dir`."""
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / "comparison.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default))
-        tmp.replace(path)
-        self.units.to_csv(out / "units.csv", index=False)
+        path = write_atomic(out / "comparison.json", json.dumps(self.to_dict(), indent=2, default=_json_default))
+        write_atomic(out / "units.csv", self.units.to_csv(index=False))
         for side in ("baseline", "candidate"):
             scores: SideScores = getattr(self, side)
-            scores.episodes.to_csv(out / f"{side}_episodes.csv", index=False)
-            scores.agents.to_csv(out / f"{side}_agents.csv", index=False)
+            write_atomic(out / f"{side}_episodes.csv", scores.episodes.to_csv(index=False))
+            write_atomic(out / f"{side}_agents.csv", scores.agents.to_csv(index=False))
         return path
 
 

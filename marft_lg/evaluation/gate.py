@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
+from marft_lg._durable import write_atomic
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, HIGHER_IS_BETTER
 from marft_lg.evaluation.comparison import ComparisonResult
 
@@ -75,10 +76,7 @@ class GateDecision:
         if p.is_dir() or not p.suffix:
             p = p / "decision.json"
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, default=str))
-        tmp.replace(p)
-        return p
+        return write_atomic(p, json.dumps(self.to_dict(), indent=2, default=str))
 
     @classmethod
     def read(cls, path: str | Path) -> GateDecision:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from marft_lg._durable import write_atomic
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, HIGHER_IS_BETTER
 from marft_lg.evaluation.comparison import ComparisonResult
 from marft_lg.evaluation.gate import GateDecision
@@ -197,11 +198,8 @@ def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDe
         md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
         md.append("")
     md += ["## Plots", ""] + [f"![{k}](plots/{p.name})" for k, p in images.items()] + [""]
-    md_path = out / "report.md"
-    md_path.write_text("\n".join(md))
-
-    html_path = out / "report.html"
-    html_path.write_text(markdown_to_html("\n".join(md), title="Shadow comparison"))
+    md_path = write_atomic(out / "report.md", "\n".join(md))
+    html_path = write_atomic(out / "report.html", markdown_to_html("\n".join(md), title="Shadow comparison"))
     return {"markdown": md_path, "html": html_path, **images}
 
 

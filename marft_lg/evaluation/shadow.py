@@ -8,7 +8,6 @@ pairs that `wrap(..., shadow=..., sample_rate=...)` recorded.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -20,6 +19,7 @@ import pandas as pd
 
 from marft_lg.evaluation.comparison import ComparisonResult, Scorer, compare_datasets
 from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, GraphCollector, check_failures, check_served
+from marft_lg.graph.routing import derive_seed  # a paired replay's seed: (run seed, scenario id, sample)
 from marft_lg.trajectories.dataset import EPISODE_COLUMNS, TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -27,12 +27,6 @@ logger = logging.getLogger("marft_lg.evaluation")
 
 VersionSpec = str | Mapping[str, str]
 FRESH = "init"  # the version name of a freshly initialised adapter (marft_lg.serving.team.FRESH)
-
-
-def derive_seed(seed: int, scenario_id: str, sample: int) -> int:
-    """A stable per-(scenario, sample) seed shared by the paired baseline and candidate runs."""
-    digest = hashlib.sha256(f"{seed}:{scenario_id}:{sample}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def resolve_versions(spec: VersionSpec, registry: Any, roles: Iterable[str] | None = None) -> dict[str, str]:

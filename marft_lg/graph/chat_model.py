@@ -38,7 +38,7 @@ from marft_lg.tool_calls import (
     tool_names,
     tools_active,
 )
-from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY, agent_from_namespace
+from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY, agent_from_namespace, resolve_role
 from marft_lg.tracing.messages import content_text, message_to_dict
 from marft_lg.tracing.recorder import UNRESOLVED_MODEL
 
@@ -174,20 +174,16 @@ class TeamChatModel(BaseChatModel):
             known = list(engine.agents())
         except Exception:  # noqa: BLE001 - an engine that cannot list agents accepts any
             known = None
-        role = None
         if path is not None:
-            bare = path.rsplit("|", 1)[-1]
-            if path in table or bare in table:
-                role = table.get(path, table.get(bare))
-                if known is not None and role not in known:
-                    raise UnmappedNodeError(
-                        f"node_roles maps node {path!r} to role {role!r}, but the engine serves only {known}; "
-                        "fix node_roles or add the role to the Team"
-                    )
+            role = resolve_role(path, table, md.get("lc_agent_name"), known)
+            mapped = path in table or path.rsplit("|", 1)[-1] in table
+            if mapped and known is not None and role not in known:
+                raise UnmappedNodeError(
+                    f"node_roles maps node {path!r} to role {role!r}, but the engine serves only {known}; "
+                    "fix node_roles or add the role to the Team"
+                )
+            if role is not None:
                 return role, role
-            for candidate in (md.get("lc_agent_name"), path, bare):
-                if candidate and (known is None or candidate in known):
-                    return candidate, candidate
         if self.unmapped == "error":
             where = f"node {path!r}" if path else "a call made outside any LangGraph node"
             raise UnmappedNodeError(

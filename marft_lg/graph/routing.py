@@ -48,6 +48,7 @@ def pinned_version(versions: Mapping[str, str] | str | None, role: str | None) -
 
 
 def derive_seed(episode_seed: int, key: str, call_index: int) -> int:
-    """A stable 31-bit seed for one call from the episode seed, the call's place and its index."""
+    """A stable 31-bit seed from a seed, a place and an index: one LLM call's (episode seed, the call's place in
+    the graph, its index), or one paired replay's (the comparison's seed, the scenario id, the sample)."""
     digest = hashlib.blake2b(f"{episode_seed}|{key}|{call_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from marft_lg._config import ConfigError, YamlDoc, load_yaml
+from marft_lg._durable import write_atomic
 from marft_lg.rewards.base import ComponentScore, RewardComponent, answer_order, check_score
 from marft_lg.rewards.loading import build_component, component_spec, parse_config
 from marft_lg.rewards.placement import CREDIT_MODES, place_rewards
@@ -86,27 +87,27 @@ class RewardResult:
         frame["action_rewards"] = [None if (v := self.action_rewards.get(e)) is None else v.tolist()
                                    for e in frame["episode_id"]]
         meta = {"components": self.components, "weights": self.weights, "credit": self.credit}
-        tmp = p.with_name(p.name + ".tmp")
         if p.suffix == ".parquet":
+            import io
+
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             table = pa.Table.from_pandas(frame, preserve_index=False)
             table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                    b"marft_lg.reward": json.dumps(meta).encode()})
-            pq.write_table(table, tmp)
+            buf = io.BytesIO()
+            pq.write_table(table, buf)
+            data: bytes | str = buf.getvalue()
         elif p.suffix == ".jsonl":
-            with tmp.open("w") as f:
-                f.write(json.dumps({"_meta": meta}) + "\n")
-                for row in frame.to_dict("records"):
-                    f.write(json.dumps(_json_row(row), allow_nan=False) + "\n")
+            data = "".join([json.dumps({"_meta": meta}) + "\n",
+                            *(json.dumps(_json_row(row), allow_nan=False) + "\n" for row in frame.to_dict("records"))])
         elif p.suffix == ".csv":
             frame["action_rewards"] = [None if v is None else json.dumps(v) for v in frame["action_rewards"]]
-            frame.to_csv(tmp, index=False)
+            data = frame.to_csv(index=False)
         else:
             raise ValueError(f"cannot write rewards to {p}: use a .parquet, .jsonl or .csv file name")
-        tmp.replace(p)
-        return p
+        return write_atomic(p, data)
 
     @classmethod
     def load(cls, path: str | Path) -> RewardResult:
@@ -223,10 +224,7 @@ class CompositeReward:
 
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
-            p = Path(path)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(p)
+            write_atomic(path, text)
         return text
 
     def score_episode(self, episode: Episode) -> EpisodeReward:

@@ -18,7 +18,6 @@ A problem raises `AdapterIntegrityError` naming the file and the reason.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marft_lg._durable import sha256_file
 from marft_lg.serving.errors import AdapterIntegrityError
 from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir
 
@@ -56,14 +56,6 @@ class AdapterCheck:
     @property
     def status(self) -> str:
         return "ok" if self.hash == "ok" else "ok (hash unrecorded)"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[str, list[int]]]:

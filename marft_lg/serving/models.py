@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from marft_lg._durable import sha256_file
+
 EMBEDDED_PREFIX = "embedded:"
 
 
@@ -65,14 +67,6 @@ def embedded_gguf(name: str) -> Path:
     )
 
 
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _gguf_key(gguf: Path) -> str:
     """Hash of the GGUF, memoised next to the cache by (path, size, mtime) to avoid re-reading 90 MB."""
     st = gguf.stat()
@@ -83,7 +77,7 @@ def _gguf_key(gguf: Path) -> str:
     except (OSError, ValueError):
         known = {}
     if stamp not in known:
-        known[stamp] = _sha256(gguf)[:16]
+        known[stamp] = sha256_file(gguf)[:16]
         from marft_lg._durable import write_atomic
 
         memo.parent.mkdir(parents=True, exist_ok=True)
@@ -239,9 +233,7 @@ def model_content_hash(model_dir: str | os.PathLike) -> str:
         h = hashlib.sha256()
         for f in files:
             h.update(f"{f.name}\0".encode())
-            with f.open("rb") as fh:
-                while block := fh.read(1 << 22):
-                    h.update(block)
+            sha256_file(f, into=h)
         # entries of weight files that are gone (deleted temporary models) are dropped as the memo is written
         known = {k: v for k, v in known.items() if Path(k.split("|", 1)[0].rsplit(":", 2)[0]).exists()}
         known[stamp] = h.hexdigest()[:16]

@@ -12,7 +12,7 @@ import json
 import sys
 from array import array
 from binascii import b2a_base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -190,6 +190,26 @@ def from_genai_messages(text: str | list) -> list[dict[str, Any]]:
             msg["tool_calls"] = tool_calls
         out.append(msg)
     return out
+
+
+def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None, agent_name: str | None = None,
+                 known: Sequence[str] | None = None) -> str | None:
+    """The role of a call made in `node_path` (``outer|inner``): `node_roles` of the namespaced path, then of its
+    bare node name; else the first of the agent the call runs in (LangChain's ``lc_agent_name``), the path and the
+    bare name that is a role (`known`: the roles an engine serves; None: any). The one rule for the recorder and
+    `TeamChatModel`'s routing; None when nothing names a role."""
+    if node_path is None:
+        return agent_name if agent_name and (known is None or agent_name in known) else None
+    bare = node_path.rsplit("|", 1)[-1]
+    if node_roles:
+        if node_path in node_roles:
+            return node_roles[node_path]
+        if bare in node_roles:
+            return node_roles[bare]
+    for candidate in (agent_name, node_path, bare):
+        if candidate and (known is None or candidate in known):
+            return candidate
+    return None
 
 
 def agent_from_namespace(checkpoint_ns: str | None, node: str | None) -> str | None:

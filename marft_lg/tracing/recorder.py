@@ -42,20 +42,6 @@ from marft_lg.tracing.records import (
 UNRESOLVED_MODEL = "marft-team"  # TeamChatModel's label before it knows which engine answers
 
 
-def resolve_role(node_path: str | None, node_roles: Mapping[str, str] | None, agent_name: str | None = None) -> str | None:
-    """Look up a namespaced node, then its bare name, in ``{node: role}``; else the agent the call runs in
-    (LangChain's ``lc_agent_name``); else the node path."""
-    if node_path is None:
-        return agent_name
-    if node_roles:
-        if node_path in node_roles:
-            return node_roles[node_path]
-        bare = node_path.rsplit("|", 1)[-1]
-        if bare in node_roles:
-            return node_roles[bare]
-    return agent_name or node_path
-
-
 @dataclass
 class EpisodeInfo:
     """What every span of one episode carries, plus the capture settings."""
@@ -208,7 +194,7 @@ class EpisodeRecorder(BaseCallbackHandler):
         path = A.agent_from_namespace(ns, node)
         attrs[A.GEN_AI_AGENT_NAME] = path
         attrs[A.MARFT_AGENT_NODE] = path
-        attrs[A.MARFT_AGENT_ROLE] = resolve_role(path, self.info.node_roles, md.get("lc_agent_name"))
+        attrs[A.MARFT_AGENT_ROLE] = A.resolve_role(path, self.info.node_roles, md.get("lc_agent_name"))
         if md.get("langgraph_step") is not None:
             attrs[A.MARFT_LANGGRAPH_STEP] = int(md["langgraph_step"])
         if md.get("langgraph_triggers") is not None:

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marft_lg._durable import write_atomic
+
 
 @dataclass
 class Scenario:
@@ -59,17 +61,17 @@ class ScenarioSet:
         """Write JSONL (or parquet when the suffix is .parquet), atomically."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
         if p.suffix == ".parquet":
+            import io
+
             import pandas as pd
 
+            buf = io.BytesIO()
             pd.DataFrame([{**s.to_dict(), "inputs": json.dumps(s.inputs), "reference": json.dumps(s.reference),
-                           "meta": json.dumps(s.meta)} for s in self._items]).to_parquet(tmp, index=False)
+                           "meta": json.dumps(s.meta)} for s in self._items]).to_parquet(buf, index=False)
+            write_atomic(p, buf.getvalue())
         else:
-            with tmp.open("w") as f:
-                for s in self._items:
-                    f.write(json.dumps(s.to_dict(), ensure_ascii=False) + "\n")
-        tmp.replace(p)
+            write_atomic(p, "".join(json.dumps(s.to_dict(), ensure_ascii=False) + "\n" for s in self._items))
 
     @classmethod
     def load(cls, path: str | Path) -> ScenarioSet:

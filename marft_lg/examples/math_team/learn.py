@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from marft_lg._durable import write_atomic
 from marft_lg.examples.math_team.accuracy import answer_accuracy
 from marft_lg.examples.math_team.graph import ROLES, build_graph
 from marft_lg.examples.math_team.problems import make_problems
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_atomic(out, json.dumps(result, indent=2))
     plot(result, out.with_suffix(".png"))
     print(json.dumps({k: result[k] for k in ("iterations", "before", "after", "paired_difference_ci95", "accuracy")},
                      indent=2))

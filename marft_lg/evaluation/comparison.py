@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,15 +20,10 @@ import pandas as pd
 from marft_lg._durable import write_atomic
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, EPISODE_METRICS, agent_metrics, episode_metrics
 from marft_lg.evaluation.stats import DetectableEffect, PairedCI, bootstrap_ci, detectable_effect
+from marft_lg.rewards.base import Scorer
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 _NON_COMPONENT_COLUMNS = frozenset({"episode_id", "reward", "scored", "error", "vetoed", "scenario_id"})
-
-
-class Scorer(Protocol):
-    """What compare needs from a reward: `CompositeReward.score` (marft_lg.rewards)."""
-
-    def score(self, dataset: TrajectoryDataset, scenarios: Any = None) -> Any: ...
 
 
 @dataclass

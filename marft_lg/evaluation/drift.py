@@ -87,6 +87,7 @@ def policy_drift(
     """Per role: mean per-token KL(baseline || candidate) on up to `max_prompts` of that role's actions
     in `dataset` (usually the baseline's replay), on the role's own base model. Roles on a base without an
     in-process (hf) engine are left out; {} when no base has one."""
+    from marft_lg.serving.engine import InProcessEngine
     from marft_lg.serving.types import ChatRequest
 
     out: dict[str, dict[str, Any]] = {}
@@ -94,7 +95,7 @@ def policy_drift(
         if role not in baseline or role not in candidate:
             continue
         base = team.team_of(role)
-        if not hasattr(base.engine, "exclusive"):
+        if not isinstance(base.engine, InProcessEngine):  # a vLLM base holds no in-process model to measure
             continue
         samples = _samples_for(dataset, role, base.tokenizer,
                                lambda messages, b=base: b.engine.encode(ChatRequest(messages=messages)), max_prompts)

@@ -17,9 +17,11 @@ from typing import Any
 
 import pandas as pd
 
-from marft_lg.evaluation.comparison import ComparisonResult, Scorer, compare_datasets
+from marft_lg.evaluation.comparison import ComparisonResult, compare_datasets
 from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, GraphCollector, check_failures, check_served
 from marft_lg.graph.routing import derive_seed  # a paired replay's seed: (run seed, scenario id, sample)
+from marft_lg.rewards.base import Scorer
+from marft_lg.serving.types import ChatEngine, ServedTeam
 from marft_lg.trajectories.dataset import EPISODE_COLUMNS, TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -36,9 +38,8 @@ def resolve_versions(spec: VersionSpec, registry: Any, roles: Iterable[str] | No
             raise ValueError(f"version alias {spec!r} needs an adapter registry; pass a {{role: version}} map instead")
         mapping = registry.alias(spec)
         if not mapping:
-            known = sorted(registry.aliases()) if hasattr(registry, "aliases") else []
-            raise ValueError(f"alias {spec!r} is not set in registry {getattr(registry, 'root', '?')}; "
-                             f"known aliases: {known or '(none)'}")
+            raise ValueError(f"alias {spec!r} is not set in registry {registry.root}; "
+                             f"known aliases: {sorted(registry.aliases()) or '(none)'}")
         return {r: v for r, v in mapping.items() if roles is None or r in set(roles)}
     out = {}
     for role, ref in spec.items():
@@ -46,21 +47,18 @@ def resolve_versions(spec: VersionSpec, registry: Any, roles: Iterable[str] | No
     return out
 
 
-def _team_of(app: Any) -> Any:
-    return getattr(app, "team", None)
+def _team_of(app: Any) -> ChatEngine | None:
+    """The team an app's episodes run on (a `WrappedGraph`'s), or None (an app that serves itself, a test double)."""
+    team = getattr(app, "team", None)
+    return team if isinstance(team, ChatEngine) else None
 
 
-def _registry_of(app: Any) -> Any:
-    team = _team_of(app)
-    return getattr(team, "registry", None) if team is not None else None
-
-
-def agent_bases(team: Any, datasets: Iterable[TrajectoryDataset]) -> dict[str, Any]:
+def agent_bases(team: ChatEngine | None, datasets: Iterable[TrajectoryDataset]) -> dict[str, Any]:
     """``{"agent_bases": {role: base model}, "frozen_agents": [...]}`` for a comparison's meta: the base each
     served role runs on, and the agents that acted in the episodes without being served by the team (frozen:
     an external API, any chat model marft_lg does not train)."""
-    roles = list(team.agents()) if callable(getattr(team, "agents", None)) else []
-    bases = {r: team.base_of(r) for r in roles} if callable(getattr(team, "base_of", None)) else {}
+    roles = list(team.agents()) if team is not None else []
+    bases = {r: team.base_of(r) for r in roles} if isinstance(team, ServedTeam) else {}
     acted = {str(a) for ds in datasets for a in ds.actions["agent"].dropna().unique()} if roles else set()
     return {"agent_bases": bases, "frozen_agents": sorted(acted - set(roles))}
 
@@ -125,8 +123,9 @@ def shadow_compare(
     scenario_list = list(scenarios)
     if not scenario_list:
         raise ValueError("no scenarios to compare on; give a scenario file with at least one scenario")
-    team, registry = _team_of(app), _registry_of(app)
-    roles = team.agents() if team is not None and hasattr(team, "agents") else None
+    team = _team_of(app)
+    registry = team.registry if isinstance(team, ServedTeam) else None
+    roles = team.agents() if team is not None else None
     base_map = resolve_versions(baseline, registry, roles)
     cand_map = {**base_map, **resolve_versions(candidate, registry, roles)}
     run_id = run_id or f"cmp-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -155,7 +154,7 @@ def shadow_compare(
     result = compare_datasets(datasets["baseline"], datasets["candidate"], reward, scenarios=by_id,
                               formats=formats, confidence=confidence, n_resamples=n_resamples, seed=seed, meta=meta)
     result.datasets = datasets
-    if drift and callable(getattr(team, "team_of", None)):
+    if drift and isinstance(team, ServedTeam):
         from marft_lg.evaluation.drift import policy_drift
 
         try:

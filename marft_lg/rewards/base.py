@@ -12,11 +12,19 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from marft_lg.trajectories.dataset import Episode
+from marft_lg.trajectories.dataset import Episode, TrajectoryDataset
 
 Number = float | int
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """A reward over a dataset (`CompositeReward`): ``score(dataset, scenarios)`` -> an object with ``.episodes`` (a
+    row per episode: reward, components) and ``.action_rewards``. What the trainer and the comparison take."""
+
+    def score(self, dataset: TrajectoryDataset, scenarios: Any = None) -> Any: ...
 
 
 @dataclass

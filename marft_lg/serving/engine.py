@@ -7,7 +7,7 @@ and counts in-flight requests per adapter, so hot swaps work the same on every e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from marft_lg.serving.types import ChatRequest, Completion
 
@@ -48,4 +48,18 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Stop background work and free the model; idempotent."""
+        ...
+
+
+@runtime_checkable
+class InProcessEngine(Engine, Protocol):
+    """An engine whose model lives in this process (`HFEngine`): a trainer or a drift measure may pause serving
+    and use that very model (`exclusive()`), and prompts are rendered here (`encode`)."""
+
+    def exclusive(self) -> Any:
+        """A context manager pausing serving; it yields the model."""
+        ...
+
+    def encode(self, req: ChatRequest) -> list[int]:
+        """The prompt token ids of a request."""
         ...

@@ -87,10 +87,11 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
     import torch
     from training import _mixed_records, plain_step
 
+    from marft_lg.training.batch import BaseModel, build_batch
     from marft_lg.training.buffer import RolloutBuffer, collate
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.policy import LocalPolicy, adapter_parameters
-    from marft_lg.training.ppo import BaseModel, build_batch, ppo_update
+    from marft_lg.training.ppo import ppo_update
 
     roles = ["reasoner", "actor"]
     pol = LocalPolicy(model_dir, roles, device=device, dtype=dtype)

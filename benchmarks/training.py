@@ -79,10 +79,10 @@ def _mixed_records(tokenizer, per_role, seed=0):
 def _setup(model, n_agents, per_role, prompt_len, completion_len, mixed=False, **cfg_kw):
     import torch
 
+    from marft_lg.training.batch import BaseModel, build_batch
     from marft_lg.training.buffer import RolloutBuffer
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.policy import LocalPolicy
-    from marft_lg.training.ppo import BaseModel, build_batch
 
     torch.set_num_threads(2)
     roles = ["reasoner", "actor"] if mixed else [f"agent{i}" for i in range(n_agents)]
@@ -106,8 +106,9 @@ def case_ppo_step(model, n_agents, per_role, prompt_len, completion_len, micro_b
     """Peak RSS of one PPO step over `per_role` actions of each of `n_agents` agents (same data per agent)."""
     import torch
 
+    from marft_lg.training.batch import micro_batches
     from marft_lg.training.policy import adapter_parameters
-    from marft_lg.training.ppo import micro_batches, ppo_update
+    from marft_lg.training.ppo import ppo_update
 
     pol, roles, cfg, buf = _setup(model, n_agents, per_role, prompt_len, completion_len,
                                   micro_batch_tokens=micro_batch_tokens)
@@ -189,8 +190,8 @@ def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=
     n_tokens = sum(r.n_tokens for r in buf.records)
     seq_tokens = sum(len(r.prompt_ids) + r.n_tokens for r in buf.records)
     padded_tokens = sum(int(t["input_ids"].numel()) for t in batches.values())
+    from marft_lg.training.batch import BaseModel, build_batch
     from marft_lg.training.buffer import RolloutBuffer
-    from marft_lg.training.ppo import BaseModel, build_batch
 
     warm = build_batch(RolloutBuffer([_of(buf, r)[0] for r in roles]),  # Adam state and lazy inits outside the timing
                        {"": BaseModel(pol.model, pol.tokenizer.pad_token_id)}, cfg, agents=roles,

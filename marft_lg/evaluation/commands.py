@@ -158,31 +158,9 @@ def compare(
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-
-    from marft_lg.rewards.composite import CompositeReward
-    from marft_lg.trajectories.scenarios import ScenarioSet
-
-    try:
-        scorer = CompositeReward.from_yaml(reward)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--reward") from None
+    scorer = _load_reward(reward)
     gate_spec = _load_gate(gate)  # before any work: a bad gate file fails at once
-    scenario_set = None
-    if scenarios is not None and scenarios.is_dir():
-        from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
-        from marft_lg.trajectories.mining import mine
-
-        keys = [k.strip() for k in input_keys.split(",") if k.strip()]
-        scenario_set = scenarios_from_dataset(mine(scenarios), keys, n=n_scenarios, seed=seed)
-        if not len(scenario_set):
-            raise typer.BadParameter(f"no successful episodes with inputs {keys} under {scenarios}")
-        scenario_set.save(out / "scenarios.jsonl")
-        console.print(f"{len(scenario_set)} scenarios sampled from {scenarios} -> {out / 'scenarios.jsonl'}")
-    elif scenarios is not None:
-        try:
-            scenario_set = ScenarioSet.load(scenarios)
-        except (ValueError, OSError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
+    scenario_set = _scenario_set(scenarios, input_keys, n_scenarios, seed, out, console)
     if from_traces is not None:
         from marft_lg.evaluation.shadow import compare_mirrored
 
@@ -192,9 +170,62 @@ def compare(
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
+    spec, reg = _replay_spec(app, model, agents, registry, roles_of_nodes, max_tokens, temperature)
+    base_spec, note = baseline_versions(_versions(baseline), reg, spec.agents)
+    cand_spec = _candidate_versions(candidate, reg)
+    if note:
+        console.print(f"[yellow]{note}[/]")
+    with console.status(f"loading {model if isinstance(spec.model, str) else 'the base models'} for "
+                        f"{', '.join(spec.agents)}"):
+        team = spec.build_team(registry=reg)
+    try:
+        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
+                                            scorer, samples, seed, _formats(format), drift, gate_spec, console)
+    finally:
+        team.close()
+    if promote_if_passed and decision.promote:
+        _promote_candidate(reg, result, decision, server, out, console)
 
+
+def _load_reward(path: Path) -> Any:
+    from marft_lg.rewards.composite import CompositeReward
+
+    try:
+        return CompositeReward.from_yaml(path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--reward") from None
+
+
+def _scenario_set(scenarios: Path | None, input_keys: str, n: int | None, seed: int, out: Path, console: Any) -> Any:
+    """--scenarios: a scenario file, or a trace folder whose real inputs are sampled (saved beside the report)."""
+    if scenarios is None:
+        return None
+    if not scenarios.is_dir():
+        from marft_lg.trajectories.scenarios import ScenarioSet
+
+        try:
+            return ScenarioSet.load(scenarios)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
+    from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
+    from marft_lg.trajectories.mining import mine
+
+    keys = [k.strip() for k in input_keys.split(",") if k.strip()]
+    scenario_set = scenarios_from_dataset(mine(scenarios), keys, n=n, seed=seed)
+    if not len(scenario_set):
+        raise typer.BadParameter(f"no successful episodes with inputs {keys} under {scenarios}")
+    scenario_set.save(out / "scenarios.jsonl")
+    console.print(f"{len(scenario_set)} scenarios sampled from {scenarios} -> {out / 'scenarios.jsonl'}")
+    return scenario_set
+
+
+def _replay_spec(app: str, model: str, agents: str | None, registry: Path | None, node_roles: Any, max_tokens: int,
+                 temperature: float) -> tuple[Any, Any]:
+    """The `AppSpec` the replay flags describe (its app loaded and checked before any model loads), and the
+    registry."""
     from marft_lg._config import ConfigError
     from marft_lg.graph.app_spec import AppSpec
+    from marft_lg.loading import parse_node_roles
     from marft_lg.serving.registry import AdapterRegistry
 
     reg = AdapterRegistry(registry) if registry else None
@@ -212,44 +243,40 @@ def compare(
     if not roles:
         raise typer.BadParameter("no agent roles: pass --agents planner,writer or a --registry that has versions")
     try:
-        roles_of_nodes = parse_node_roles(roles_of_nodes, key="--node-roles", roles=roles)
+        node_roles = parse_node_roles(node_roles, key="--node-roles", roles=roles)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
-    base_spec, note = baseline_versions(_versions(baseline), reg, roles)
+    spec = AppSpec(app=app, model=model_spec, agents=roles, registry=None if reg is None else str(reg.root),
+                   node_roles=node_roles, what="--app", chat_model={"max_tokens": max_tokens, "temperature": temperature})
+    try:
+        spec.check_app()
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--app") from None
+    return spec, reg
+
+
+def _candidate_versions(candidate: str, reg: Any) -> str | dict[str, str]:
     cand_spec = _versions(candidate)
     if isinstance(cand_spec, str) and (reg is None or not reg.alias(cand_spec)):
         raise typer.BadParameter(
             f"alias {cand_spec!r} is not set" + (f" in registry {reg.root}" if reg else " (no --registry given)")
             + "; train first (`marft-lg train` sets `candidate`) or pass role=ref,..., e.g. writer=v2 or writer=latest",
             param_hint="--candidate")
-    spec = AppSpec(app=app, model=model_spec, agents=roles, registry=None if reg is None else str(reg.root),
-                   node_roles=roles_of_nodes, what="--app",
-                   chat_model={"max_tokens": max_tokens, "temperature": temperature})
-    try:
-        spec.check_app()  # before the model loads: a bad --app fails at once
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--app") from None
-    if note:
-        console.print(f"[yellow]{note}[/]")
-    with console.status(f"loading {model if isinstance(model_spec, str) else 'the base models'} for {', '.join(roles)}"):
-        team = spec.build_team(registry=reg)
-    try:
-        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
-                                            scorer, samples, seed, _formats(format), drift, gate_spec, console)
-    finally:
-        team.close()
-    if promote_if_passed and decision.promote:
-        from marft_lg.evaluation.promotion import PromotionError
-        from marft_lg.evaluation.promotion import promote as do_promote
-        from marft_lg.serving.errors import ServingError
+    return cand_spec
 
-        try:
-            rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
-                             reason=f"gate passed ({out})")
-        except (PromotionError, ServingError) as exc:
-            console.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
-            raise typer.Exit(1) from None
-        console.print(f"promoted: live = {rec.after}" + (f"; {server} now serves {rec.swapped}" if server else ""))
+
+def _promote_candidate(reg: Any, result: Any, decision: Any, server: str | None, out: Path, console: Any) -> None:
+    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import promote as do_promote
+    from marft_lg.serving.errors import ServingError
+
+    try:
+        rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
+                         reason=f"gate passed ({out})")
+    except (PromotionError, ServingError) as exc:
+        console.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"promoted: live = {rec.after}" + (f"; {server} now serves {rec.swapped}" if server else ""))
 
 
 def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_workers: int, baseline: Any, candidate: Any,

@@ -39,8 +39,8 @@ from marft_lg.tool_calls import (
     tools_active,
 )
 from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY, agent_from_namespace, resolve_role
+from marft_lg.tracing.llm_output import UNRESOLVED_MODEL
 from marft_lg.tracing.messages import content_text, message_to_dict
-from marft_lg.tracing.recorder import UNRESOLVED_MODEL
 
 logger = logging.getLogger("marft_lg.graph")
 

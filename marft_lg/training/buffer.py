@@ -24,7 +24,7 @@ from marft_lg.trajectories.dataset import TrajectoryDataset
 @dataclass(frozen=True)
 class ActionRecord:
     """One agent action as the trace recorded it, ready for PPO: tokens (of its own base's tokenizer),
-    behaviour log-probs, reward. Immutable: what the update computes from it lives in `ppo.TrainBatch`."""
+    behaviour log-probs, reward. Immutable: what the update computes from it lives in `batch.TrainBatch`."""
 
     episode_id: str
     scenario_id: str | None
@@ -119,22 +119,14 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
                 continue
             if not _has_ids(row.get("prompt_token_ids")):
                 retokenised[agent] += 1
-            problem = None
-            if logprobs is None:
-                problem = "missing"
-            elif len(logprobs) != len(completion_ids):
-                problem = "logprob_length_mismatch"
-            if behaviour_logprobs == "recompute":
-                recompute, logprobs = True, None
-                recomputed["config"] += 1
-            elif problem is None:
-                recompute = False
-            elif behaviour_logprobs == "auto":
-                recompute, logprobs = True, None
-                recomputed[problem] += 1
-            else:  # "trace": only the trace's own log-probs may be used
-                skipped["no_logprobs" if problem == "missing" else problem] += 1
+            plan, why = _logprob_plan(logprobs, len(completion_ids), behaviour_logprobs)
+            if plan == "skip":
+                skipped[why] += 1
                 continue
+            recompute = plan == "recompute"
+            if recompute:
+                recomputed[why] += 1
+                logprobs = None
             critic_ids = None
             if critic_base is not None and base != critic_base:
                 critic_ids = _prompt_ids(row, _tokenizer(tokenizer, critic_base))
@@ -154,6 +146,23 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             records.append(ActionRecord(**fields, done=k == len(kept) - 1))
     return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed, frozen=frozen,
                          retokenised=retokenised)
+
+
+def _logprob_plan(logprobs: list[float] | None, n_tokens: int, mode: str) -> tuple[str, str | None]:
+    """What to do with an action's trace log-probs under `behaviour_logprobs: mode`: (`use` | `recompute` |
+    `skip`, the reason counted in `recomputed` or `skipped`)."""
+    problem = None
+    if logprobs is None:
+        problem = "missing"
+    elif len(logprobs) != n_tokens:
+        problem = "logprob_length_mismatch"
+    if mode == "recompute":
+        return "recompute", "config"
+    if problem is None:
+        return "use", None
+    if mode == "auto":
+        return "recompute", problem
+    return "skip", "no_logprobs" if problem == "missing" else problem  # "trace": only the trace's own may be used
 
 
 def _has_ids(value: Any) -> bool:

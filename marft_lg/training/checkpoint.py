@@ -19,7 +19,6 @@ code planted in the run directory); it is refused with a message saying so.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import random
 import re
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from marft_lg._durable import fsync_dir, fsync_tree, rename_durable, write_atomic
+from marft_lg._durable import fsync_dir, fsync_tree, rename_durable, sha256_file, write_atomic
 
 FORMAT = "marft_lg-checkpoint"
 VERSION = 2
@@ -113,14 +112,6 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # --- writing --------------------------------------------------------------------------------------------
 
 Adapters = Mapping[str, Sequence[torch.Tensor]]
@@ -148,7 +139,7 @@ def save_checkpoint(run_dir: str | Path, iteration: int, *, adapters: Adapters, 
             "state": _encode(state, tensors)}
     save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT, "version": str(VERSION)})
     (tmp / STATE).write_text(json.dumps(body))
-    files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": _sha256(tmp / n)} for n in (TENSORS, STATE)}
+    files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": sha256_file(tmp / n)} for n in (TENSORS, STATE)}
     (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "version": VERSION, "iteration": iteration,
                                             "files": files}, indent=2))
     fsync_tree(tmp)
@@ -207,7 +198,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             size = f.stat().st_size
             if size != expect["bytes"]:
                 raise CheckpointError(f"{f} is truncated or damaged ({size} bytes, {expect['bytes']} written)")
-            if _sha256(f) != expect["sha256"]:
+            if sha256_file(f) != expect["sha256"]:
                 raise CheckpointError(f"{f} is damaged (its SHA-256 differs from the one written)")
         tensors = load_tensors((p / TENSORS).read_bytes())
         body = json.loads((p / STATE).read_text())

@@ -239,7 +239,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     """What bad input (a config, a named file, a damaged run directory) raises: printed, exit 2, no traceback."""
     from marft_lg.training.checkpoint import CheckpointError
     from marft_lg.training.metrics import MetricsError
-    from marft_lg.training.trainer import RunDirError
+    from marft_lg.training.run_files import RunDirError
 
     return (ConfigError, LoadError, FileNotFoundError, CheckpointError, MetricsError, RunDirError)
 
@@ -263,7 +263,7 @@ def train(
     from rich.console import Console
 
     from marft_lg.serving.errors import ServingError
-    from marft_lg.training.trainer import check_fresh_run_dir, clear_run_files
+    from marft_lg.training.run_files import check_fresh_run_dir, clear_run_files
     from marft_lg.trajectories.scenarios import ScenarioSet
 
     console = Console(soft_wrap=True)

@@ -2,8 +2,8 @@
 
 Because the base is frozen, its features are computed once per batch without gradients
 (`critic_features`: on the model's device, kept on the CPU) and only the head trains (on the CPU:
-it is a tiny MLP). Action-level: the last hidden state of the rollout observation (the prompt's
-last token); token-level: the state before each action token.
+it is a tiny MLP). The `Unit` picks the features: action level, the last hidden state of the rollout
+observation (the prompt's last token); token level, the state before each action token.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from marft_lg.training.policy import hidden_states
+from marft_lg.training.units import Unit
 
 
 class ValueHead(nn.Module):
@@ -27,19 +28,13 @@ class ValueHead(nn.Module):
 
 @torch.no_grad()
 def critic_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    prompt_lens: torch.Tensor, completion_mask: torch.Tensor, granularity: str) -> list[torch.Tensor]:
+                    prompt_lens: torch.Tensor, completion_mask: torch.Tensor, unit: Unit) -> list[torch.Tensor]:
     """Frozen-base features per row: `[H]` at the observation's last token (action) or `[n_tokens, H]` (token)."""
     ctx = model.disable_adapter() if hasattr(model, "disable_adapter") else torch.no_grad()
     with ctx:
         h = hidden_states(model, input_ids, attention_mask)
-    out = []
-    for b in range(input_ids.shape[0]):
-        if granularity == "action":
-            out.append(h[b, int(prompt_lens[b]) - 1].to("cpu", torch.float32, copy=True))
-        else:
-            pos = completion_mask[b].nonzero().squeeze(-1) - 1
-            out.append(h[b, pos].to("cpu", torch.float32, copy=True))
-    return out
+    return [unit.feature(h[b], int(prompt_lens[b]), completion_mask[b]).to("cpu", torch.float32, copy=True)
+            for b in range(input_ids.shape[0])]
 
 
 def huber_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,

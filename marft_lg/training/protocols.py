@@ -3,7 +3,8 @@
 - `TrainablePolicy`: one base model with one LoRA adapter per role (a single-base `Team`, `LocalPolicy`);
 - `TrainableTeam`: the roles of a team and the base each sits on (`Team`, `MixedTeam`, `LocalPolicy`);
 - `Publisher`: a team that saves adapters as registry versions and hot-swaps them (`Team`, `MixedTeam`);
-- `Scorer`: a reward that scores a whole dataset (`CompositeReward`); a plain ``episode -> float`` works too;
+- (`Scorer`, a reward that scores a whole dataset, is `marft_lg.rewards.base.Scorer`, shared with the comparison;
+  a plain ``episode -> float`` works too);
 - `Collector`: where on-policy episodes come from (`GraphCollector`, `RayCollector`, `ChainCollector`);
   `ReportingCollector`: one that reports progress and stats into the metrics, and may prefetch the next
   iteration's rollouts while the update runs (`RayCollector`).
@@ -60,13 +61,6 @@ class Publisher(Protocol):
     def load_version(self, role: str, ref: str) -> str: ...
 
     def adapter_name(self, role: str, version: str | None = None) -> str: ...
-
-
-@runtime_checkable
-class Scorer(Protocol):
-    """A reward over a dataset: `.score(dataset, scenarios)` -> an object with `.episodes` and `.action_rewards`."""
-
-    def score(self, dataset: TrajectoryDataset, scenarios: Any = None) -> Any: ...
 
 
 @runtime_checkable

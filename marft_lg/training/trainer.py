@@ -8,11 +8,10 @@ checkpoint. Online iterations also publish the adapters as registry versions and
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,126 +19,30 @@ import numpy as np
 import pandas as pd
 import torch
 
-from marft_lg.training.buffer import ActionRecord, RolloutBuffer, build_buffer
-from marft_lg.training.checkpoint import (
-    apply_adapters,
-    find_resumable,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from marft_lg.rewards.base import Scorer
+from marft_lg.training.batch import BaseModel, Critic, TrainBatch, build_batch
+from marft_lg.training.buffer import ActionRecord, build_buffer
+from marft_lg.training.checkpoint import save_checkpoint
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead
 from marft_lg.training.metrics import MetricsLog, plot_run
 from marft_lg.training.policy import adapter_parameters
-from marft_lg.training.ppo import (
-    BaseModel,
-    Critic,
-    TrainBatch,
-    UpdateStats,
-    build_batch,
-    explained_variance,
-    post_update_check,
-    ppo_update,
-    value_update,
-)
+from marft_lg.training.ppo import UpdateStats, explained_variance, post_update_check, ppo_update, value_update
 from marft_lg.training.protocols import (
     Collector,
     Publisher,
     ReportingCollector,
-    Scorer,
     TrainablePolicy,
     TrainableTeam,
 )
+from marft_lg.training.reporting import metrics_row, progress_bar
+from marft_lg.training.resume import ResumeReport, resume_trainer, trainer_state
 from marft_lg.training.rollout import GraphCollector
 from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
+from marft_lg.training.units import unit_for
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 log = logging.getLogger("marft_lg.training")
-
-_STANDARD_EPISODE_COLUMNS = {"episode_id", "reward", "scored", "error"}
-
-
-RUN_FILES = ("metrics.jsonl", "checkpoints", "tensorboard", "reward.png", "agents.png", "traces")
-"""What a training run writes into its run directory (`--overwrite` deletes exactly these)."""
-
-
-class RunDirError(ValueError):
-    """A run directory that already holds another run (train without --resume or --overwrite)."""
-
-
-def existing_run_files(run_dir: str | Path) -> list[str]:
-    """The run files (`RUN_FILES`) present in `run_dir` (an empty metrics file or folder does not count)."""
-    root = Path(run_dir)
-    out = []
-    for name in RUN_FILES:
-        p = root / name
-        if p.is_dir() and any(p.iterdir()) or p.is_file() and p.stat().st_size:
-            out.append(name)
-    return out
-
-
-def check_fresh_run_dir(run_dir: str | Path) -> None:
-    """Raise `RunDirError` when `run_dir` already holds a run's files (two runs must not mix)."""
-    found = existing_run_files(run_dir)
-    if not found:
-        return
-    detail = []
-    if "metrics.jsonl" in found:
-        n = sum(1 for line in (Path(run_dir) / "metrics.jsonl").read_bytes().splitlines() if line.strip())
-        detail.append(f"metrics.jsonl with {n} row(s)")
-    from marft_lg.training.checkpoint import list_checkpoints
-
-    ckpts = list_checkpoints(run_dir)
-    if ckpts:
-        detail.append(f"{len(ckpts)} checkpoint(s), newest {ckpts[0].name}")
-    rest = [f for f in found if f not in ("metrics.jsonl", "checkpoints")]
-    detail += rest
-    raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(detail) or ', '.join(found)}); "
-                      "use --resume to continue it, --overwrite to delete its run files and start over, or "
-                      "another run_dir")
-
-
-def clear_run_files(run_dir: str | Path) -> list[str]:
-    """Delete the run files (`RUN_FILES`) of `run_dir`; other files stay. Returns what was deleted."""
-    import shutil
-
-    from marft_lg._durable import fsync_dir
-
-    root = Path(run_dir)
-    removed = []
-    for name in RUN_FILES:
-        p = root / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-            removed.append(name)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-            removed.append(name)
-    if removed:
-        fsync_dir(root)
-    return removed
-
-
-@dataclass
-class ResumeReport:
-    """What `MARFTTrainer.resume` did: the checkpoint used (None: none, the run starts from 0), the newer
-    checkpoints it skipped and why, and what it repaired. Truthy when it resumed from a checkpoint."""
-
-    path: Path | None = None
-    iteration: int = 0
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return self.path is not None
-
-    def lines(self) -> list[str]:
-        out = list(self.notes)
-        out += [f"skipped checkpoint {p.name}: {reason}" for p, reason in self.skipped]
-        if self.path is not None:
-            out.append(f"resumed from {self.path} (iteration {self.iteration})")
-        return out
 
 
 @dataclass
@@ -215,10 +118,10 @@ class MARFTTrainer:
         self.offline_cursor = 0
         self.online_done = 0
         self.unpublished: set[str] = set()
+        """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.update_steps: dict[str, int] = {r: 0 for r in self.roles}
         """Optimizer steps each trained role has taken in this run (0: never updated, e.g. the sequential scheme's
         turn never came to it, or it had no actions)."""
-        """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
 
     def _make_critic(self) -> Critic | None:
@@ -230,7 +133,7 @@ class MARFTTrainer:
         if on is not None:
             if on not in self.bases:
                 raise ValueError(f"critic_base {on!r} is not one of the bases with trained roles {sorted(self.bases)}")
-            if cfg.granularity == "token" and len(self.bases) > 1:
+            if not unit_for(cfg).cross_base_critic and len(self.bases) > 1:
                 raise ValueError("critic_base with granularity: token needs every action in that base's tokens; "
                                  "use critic_base: null (a value head per base) or granularity: action")
         names = [on] if on is not None else list(self.bases)
@@ -262,7 +165,7 @@ class MARFTTrainer:
         chunks = self._offline_chunks(dataset, self.cfg.offline_episodes_per_iteration)
         total = iterations if iterations is not None else len(chunks) * self.cfg.offline_passes
         rows = []
-        with self._progress(total - self.offline_cursor, "offline MARFT") as advance:
+        with progress_bar(total - self.offline_cursor, "offline MARFT", self.progress) as advance:
             while self.offline_cursor < total:
                 part = chunks[self.offline_cursor % len(chunks)]
                 sub = dataset.select(part)
@@ -318,7 +221,7 @@ class MARFTTrainer:
         start_iter = self.online_done
         deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None
         last_s = 0.0
-        with self._progress(iterations - start_iter, "online MARFT") as advance:
+        with progress_bar(iterations - start_iter, "online MARFT", self.progress) as advance:
             reporting = isinstance(collector, ReportingCollector)
             if reporting:  # a collector that reports (episodes per rollout worker) shows it on the bar
                 collector.progress = getattr(advance, "note", None)
@@ -398,7 +301,9 @@ class MARFTTrainer:
                         log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
         self.update_count += 1
         elapsed = time.perf_counter() - t0
-        row = self._row(phase, dataset, action_rewards, table, buffer, stats, agents, restored, elapsed)
+        row = metrics_row(iteration=self.iteration, phase=phase, dataset=dataset, action_rewards=action_rewards,
+                          table=table, buffer=buffer, stats=stats, agents=agents, restored=restored, elapsed=elapsed,
+                          frozen_roles=self.frozen_roles, agent_bases=self.base_of)
         row["post_update"] = post
         row.update(extra or {})
         self.unpublished.update(row.get("trained_agents", []))
@@ -508,22 +413,12 @@ class MARFTTrainer:
         return torch.optim.Adam(params, lr=self.cfg.lr_for(role), eps=self.cfg.adam_eps)
 
     # ---- checkpoints -----------------------------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "update_count": self.update_count, "offline_cursor": self.offline_cursor,
-                "online_done": self.online_done, "config": self.cfg.to_dict(), "run_id": self.run_id,
-                "unpublished": sorted(self.unpublished),
-                "update_steps": dict(self.update_steps),
-                "value_heads": {b: h.state_dict() for b, h in (self.critic.heads.items() if self.critic else ())},
-                "optimizers": {r: o.state_dict() for r, o in self.optimizers.items()},
-                "critic_optimizers": {b: o.state_dict() for b, o in self.critic_optimizers.items()},
-                "rng": rng_state(self.generator), "detector": self.detector.state_dict()}
-
     def _adapters(self) -> dict[str, list[torch.nn.Parameter]]:
         return {r: adapter_parameters(self._model(r), n) for r, n in self.adapter_names.items()}
 
     def save_checkpoint(self) -> Path:
         return save_checkpoint(self.run_dir, self.iteration, adapters=self._adapters(), adapter_names=self.adapter_names,
-                               state=self._state())
+                               state=trainer_state(self))
 
     def _maybe_checkpoint(self) -> None:
         if self.iteration % self.cfg.checkpoint_every == 0:
@@ -539,124 +434,9 @@ class MARFTTrainer:
         rows dropped). Raises `CheckpointError` when checkpoints exist but none can be used, `MetricsError`
         when metrics.jsonl is damaged before its last line.
         """
-        report = ResumeReport()
-        repaired = self.metrics.repair()
-        if repaired:
-            report.notes.append(repaired)
-        found = find_resumable(self.run_dir, adapters=self._adapters())
-        report.notes.extend(found.notes)
-        report.skipped = [(s.path, s.reason) for s in found.skipped]
-        ckpt = found.checkpoint
-        if ckpt is None:
-            dropped = self.metrics.truncate_after(-1)
-            if dropped:
-                report.notes.append(f"no checkpoint under {self.run_dir}: dropped {dropped} metrics row(s) of the "
-                                    "unfinished run, which starts again from iteration 0")
-            return report
-        state = ckpt.state
-        apply_adapters(ckpt, adapters=self._adapters())
-        self.iteration, self.update_count = state["iteration"], state["update_count"]
-        self.offline_cursor, self.online_done = state["offline_cursor"], state["online_done"]
-        self.unpublished = set(state.get("unpublished", self.roles))  # older checkpoints: assume every role changed
-        self.update_steps = {r: 0 for r in self.roles} | dict(state.get("update_steps", {}))
-        self.run_id = state.get("run_id", self.run_id)
-        heads, opts = state.get("value_heads") or {}, state.get("critic_optimizers") or {}
-        if state.get("value_head") is not None and self.critic is not None and len(self.critic.heads) == 1:
-            only = next(iter(self.critic.heads))  # a checkpoint written before teams had several bases
-            heads, opts = {only: state["value_head"]}, {only: state["critic_optimizer"]}
-        for name, head in (self.critic.heads.items() if self.critic is not None else ()):
-            if name in heads:
-                head.load_state_dict(heads[name])
-                self.critic_optimizers[name].load_state_dict(opts[name])
-        for r, s in state["optimizers"].items():
-            self.optimizers[r].load_state_dict(s)
-        set_rng_state(state["rng"], self.generator)
-        self.detector.load_state_dict(state["detector"])
-        dropped = self.metrics.truncate_after(self.iteration - 1)
-        if dropped:
-            report.notes.append(f"dropped {dropped} metrics row(s) written after {ckpt.path.name}; those iterations "
-                                "are redone")
-        report.path, report.iteration = ckpt.path, self.iteration
-        for line in report.lines():
-            log.info("%s", line)
-        return report
+        return resume_trainer(self, self._adapters())
 
     # ---- reporting -------------------------------------------------------------------------------
-    def _row(self, phase: str, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None,
-             buffer: RolloutBuffer, stats: UpdateStats | None, agents: list[str], restored: list[str],
-             elapsed: float) -> dict[str, Any]:
-        rewards = _episode_rewards(dataset, action_rewards, table)
-        row: dict[str, Any] = {
-            "iteration": self.iteration, "phase": phase, "episodes": len(dataset), "actions": len(buffer.records),
-            "reward_mean": float(np.mean(rewards)) if len(rewards) else None,
-            "reward_std": float(np.std(rewards)) if len(rewards) else None,
-            "components": _components(table), "trained_agents": agents, "restored": restored,
-            "skipped": dict(buffer.skipped), "recomputed": dict(buffer.recomputed),
-            "frozen_agents": sorted(set(self.frozen_roles) | set(buffer.frozen)),
-            "frozen_actions": dict(buffer.frozen), "agent_bases": dict(self.base_of),
-            "recomputed_logprobs": buffer.n_recomputed, "retokenised": dict(buffer.retokenised), "time_s": elapsed,
-        }
-        if stats is not None:
-            row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,
-                        "critic_grad_norm": stats.critic_grad_norm, "explained_variance": stats.explained_variance,
-                        "tokens": stats.tokens, "tokens_per_s": stats.tokens / elapsed if elapsed > 0 else None,
-                        "nonfinite": stats.nonfinite})
-        return row
-
     def _finish(self) -> None:
         if self.cfg.plots:
             plot_run(self.run_dir)
-
-    def _progress(self, total: int, label: str):
-        """One bar for a phase; `advance(reward)` moves it and shows the latest team reward beside the ETA."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def bar():
-            if not self.progress:
-                yield lambda reward=None: None
-                return
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            with Progress("[bold]{task.description}", BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[reward]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                          TextColumn("{task.fields[note]}"), transient=False) as prog:
-                task = prog.add_task(label, total=max(0, total), reward="", note="")
-
-                def advance(reward: float | None = None) -> None:
-                    shown = f"reward {reward:.3f}" if isinstance(reward, int | float) and math.isfinite(reward) else ""
-                    prog.update(task, advance=1, reward=shown)
-
-                advance.note = lambda text: prog.update(task, note=text)  # type: ignore[attr-defined]
-                yield advance
-        return bar()
-
-
-def _episode_rewards(dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None) -> list[float]:
-    if table is not None and "reward" in table.columns and len(table):
-        ids = set(dataset.episode_ids)
-        t = table[table["episode_id"].isin(ids)]
-        if "scored" in t.columns:
-            t = t[t["scored"].fillna(True).astype(bool)]
-        return [float(x) for x in t["reward"] if x is not None and math.isfinite(float(x))]
-    return [float(np.sum(action_rewards[e])) for e in dataset.episode_ids if e in action_rewards]
-
-
-def _components(table: pd.DataFrame | None) -> dict[str, float]:
-    if table is None or not len(table):
-        return {}
-    out = {}
-    for col in table.columns:
-        if col in _STANDARD_EPISODE_COLUMNS:
-            continue
-        values = pd.to_numeric(table[col], errors="coerce").dropna()
-        if len(values):
-            out[col] = float(values.mean())
-    return out

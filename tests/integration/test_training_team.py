@@ -30,9 +30,9 @@ def stack(embedded_model_dir, tmp_path_factory):
 
 
 def test_offline_uses_engine_logprobs_and_online_publishes(stack):
+    from marft_lg.training.batch import BaseModel, behaviour_logprobs
     from marft_lg.training.buffer import build_buffer
     from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.ppo import BaseModel, behaviour_logprobs
     from marft_lg.training.rollout import GraphCollector
     from marft_lg.training.trainer import MARFTTrainer
 

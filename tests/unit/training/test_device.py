@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from marft_lg.serving.device import model_device, resolve_device, resolve_dtype
+from marft_lg.training.batch import BaseModel, build_batch
 from marft_lg.training.buffer import build_buffer
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.policy import LocalPolicy, adapter_parameters, token_logprobs
-from marft_lg.training.ppo import BaseModel, build_batch, ppo_update
+from marft_lg.training.ppo import ppo_update
 
 ROLES = ["reasoner", "actor"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from marft_lg.training.batch import BaseModel, build_batch, micro_batches
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.config import ConfigError, MARFTConfig
 from marft_lg.training.policy import adapter_parameters, lm_parts
-from marft_lg.training.ppo import BaseModel, build_batch, micro_batches, ppo_update
+from marft_lg.training.ppo import ppo_update
 
 ROLES = ["reasoner", "actor"]
 

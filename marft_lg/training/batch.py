@@ -1,0 +1,263 @@
+"""One iteration's frozen `TrainBatch`, built once from the buffer's records by `build_batch`:
+
+1. behaviour log-probs: the trace's, or recomputed with the adapter the span names;
+2. critic values: frozen-base features -> value head (a head per base, or one on a chosen base);
+3. advantages: GAE over each episode's joint ordered actions, whatever base each agent runs on
+   (or the group-relative baseline without a critic), normalised over the records being trained;
+4. reference log-probs, when the KL-to-reference penalty is on.
+
+Also the length-sorted micro-batching every model pass over records goes through (here and in `ppo`).
+What depends on the action/token unit is asked of the config's `Unit` (`units.unit_for`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from marft_lg.serving.device import model_device
+from marft_lg.training.buffer import ActionRecord, RolloutBuffer, collate
+from marft_lg.training.config import MARFTConfig
+from marft_lg.training.critic import ValueHead, critic_features
+from marft_lg.training.gae import group_relative_advantages
+from marft_lg.training.policy import only_adapter_trainable, token_logprobs
+from marft_lg.training.units import unit_for
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """One base model of the team as the batch builder sees it: the PeftModel holding its adapters."""
+
+    model: torch.nn.Module
+    pad_id: int
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One iteration's training data, built once by `build_batch` and only read afterwards.
+
+    Every tuple is aligned with `records`. Per record: `behaviour` and `advantages` hold one value per
+    completion token (at action level the action's advantage on each of its tokens); `values`,
+    `returns` hold the critic's rollout values and targets (one per action, or per token);
+    `features` the critic's input; `reference` the reference log-probs (KL penalty on, trained
+    records only). `trained` indexes the records of the agents this update trains.
+    """
+
+    records: tuple[ActionRecord, ...]
+    behaviour: tuple[torch.Tensor, ...]
+    advantages: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    returns: tuple[torch.Tensor, ...]
+    features: tuple[torch.Tensor | None, ...]
+    reference: tuple[torch.Tensor | None, ...]
+    trained: tuple[int, ...]
+
+    def indices(self, agents: Sequence[str] | None = None, base: str | None = None) -> list[int]:
+        """Indices of the trained records of `agents` (all trained ones when None), on `base` if given."""
+        keep = None if agents is None else set(agents)
+        return [i for i in self.trained if (keep is None or self.records[i].agent in keep)
+                and (base is None or self.records[i].base == base)]
+
+
+@dataclass(frozen=True)
+class Critic:
+    """The value heads: one per base (`on` None), or one head on the base `on` that values every record."""
+
+    heads: Mapping[str, ValueHead]
+    on: str | None = None
+
+    def base_for(self, record: ActionRecord) -> str:
+        return self.on if self.on is not None else record.base
+
+
+# ---- micro-batching -----------------------------------------------------------------------------
+
+def _length(r: ActionRecord) -> int:
+    return len(r.prompt_ids) + r.n_tokens
+
+
+def _micro_batch_indices(lengths: Sequence[int], max_tokens: int | None, groups: int,
+                         max_rows: int | None) -> list[list[int]]:
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n_groups = max(1, min(groups, len(order)))
+    bounds = [round(i * len(order) / n_groups) for i in range(n_groups + 1)]
+    out: list[list[int]] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        cur: list[int] = []
+        for i in order[lo:hi]:
+            too_wide = max_tokens is not None and bool(cur) and lengths[i] * (len(cur) + 1) > max_tokens
+            too_many = max_rows is not None and len(cur) >= max_rows
+            if too_wide or too_many:
+                out.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append(cur)
+    return out
+
+
+def micro_batches(records: list[ActionRecord], max_tokens: int | None, *, groups: int = 1,
+                  max_rows: int | None = None) -> list[list[ActionRecord]]:
+    """Length-sorted micro-batches of `records`: at least `groups` of them, each at most `max_tokens`
+    padded tokens (rows x longest row) and `max_rows` rows; an action longer than `max_tokens` is a
+    micro-batch of its own.
+
+    Sorting by length first puts rows of similar length together, so little padding is computed.
+    The order is deterministic (stable sort by length).
+    """
+    parts = _micro_batch_indices([_length(r) for r in records], max_tokens, groups, max_rows)
+    return [[records[i] for i in part] for part in parts]
+
+
+def index_batches(batch_records: Sequence[ActionRecord], idx: Sequence[int], max_tokens: int | None, *,
+                  groups: int = 1, max_rows: int | None = None) -> list[list[int]]:
+    """`micro_batches` over the records at `idx`, as lists of those indices."""
+    parts = _micro_batch_indices([_length(batch_records[i]) for i in idx], max_tokens, groups, max_rows)
+    return [[idx[j] for j in part] for part in parts]
+
+
+def inference_batches(records: Sequence[ActionRecord], idx: Sequence[int], cfg: MARFTConfig,
+                      batch_size: int) -> list[list[int]]:
+    """Batches for the no-gradient passes: length-sorted, at most `batch_size` rows and
+    `inference_batch_tokens` padded tokens."""
+    return index_batches(records, idx, cfg.inference_batch_tokens, max_rows=batch_size)
+
+
+def scatter(mask: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`[B, T]` float tensor holding row b's values, in order, at the positions where `mask[b]` is set."""
+    flat = torch.cat([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in rows]).to(mask.device)
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, flat)
+
+
+# ---- the no-gradient passes that build the batch ------------------------------------------------
+
+@torch.no_grad()
+def completion_logprobs(model: torch.nn.Module, records: Sequence[ActionRecord], idx: Sequence[int],
+                        cfg: MARFTConfig, pad_id: int, batch_size: int = 8) -> dict[int, torch.Tensor]:
+    """`{i: log-probs of records[i]'s completion tokens}` under the model as currently set."""
+    out: dict[int, torch.Tensor] = {}
+    for part in inference_batches(records, idx, cfg, batch_size):
+        rows = [records[i] for i in part]
+        t = collate(rows, pad_id, model_device(model))
+        lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
+                               chunk_size=cfg.logprob_chunk)
+        sel = t["completion_mask"].bool()
+        for b, i in enumerate(part):
+            out[i] = lp[b][sel[b]].float().cpu()
+    return out
+
+
+def behaviour_logprobs(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel],
+                       adapter_for: Callable[[ActionRecord], str], cfg: MARFTConfig) -> list[torch.Tensor]:
+    """Behaviour log-probs per record: the trace's, or recomputed with the adapter the span names."""
+    out: dict[int, torch.Tensor] = {i: torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+                                    for i, r in enumerate(records) if r.behaviour_logprobs is not None}
+    todo: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        if r.behaviour_logprobs is None:
+            todo[(r.base, adapter_for(r))].append(i)
+    for (base, adapter), idx in todo.items():
+        b = bases[base]
+        with only_adapter_trainable(b.model, adapter):
+            out.update(completion_logprobs(b.model, records, idx, cfg, b.pad_id))
+    return [out[i] for i in range(len(records))]
+
+
+def critic_values(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel], critic: Critic | None,
+                  cfg: MARFTConfig, batch_size: int = 8) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """(features, rollout values) per record: frozen-base features (adapters disabled) through the value head
+    of the critic's base; values 0 and no model pass without a critic. Values are `[1]` per action or
+    `[n_tokens]` per token. A record valued on another base than its own is read from `critic_prompt_ids`
+    (its observation in that base's tokens; action level)."""
+    unit = unit_for(cfg)
+    if critic is None:
+        return [None] * len(records), [torch.zeros(unit.n_values(r)) for r in records]
+    feats: list[torch.Tensor | None] = [None] * len(records)
+    values: list[torch.Tensor] = [torch.zeros(0)] * len(records)
+    by_base: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_base[critic.base_for(r)].append(i)
+    for base, idx in by_base.items():
+        b, head = bases[base], critic.heads[base]
+        rows = list(records)
+        for i in idx:  # a record of another base is read as its observation in this base's tokens
+            if rows[i].base != base:
+                rows[i] = replace(rows[i], prompt_ids=rows[i].critic_prompt_ids or [], completion_ids=[])
+        for part in inference_batches(rows, idx, cfg, batch_size):
+            t = collate([rows[i] for i in part], b.pad_id, model_device(b.model))
+            got = critic_features(b.model, t["input_ids"], t["attention_mask"], t["prompt_lens"],
+                                  t["completion_mask"], unit)
+            with torch.no_grad():
+                for i, f in zip(part, got, strict=True):
+                    feats[i] = f
+                    values[i] = head(f).reshape(-1)
+    return feats, values
+
+
+def compute_advantages(records: Sequence[ActionRecord], values: Sequence[torch.Tensor],
+                       cfg: MARFTConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(advantages per completion token, returns shaped like `values`) per record.
+
+    GAE runs over each episode's actions in their joint order, across agents and bases (per action or
+    per token, as the config's unit says); without a critic an episode's advantage is its return
+    against the other episodes of its scenario.
+    """
+    adv: list[torch.Tensor] = [torch.zeros(0)] * len(records)
+    ret: list[torch.Tensor] = [torch.zeros(0)] * len(records)
+    episodes: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        episodes.setdefault(r.episode_id, []).append(i)
+    if not cfg.use_critic:
+        ids = list(episodes)
+        totals = torch.tensor([sum(records[i].reward for i in episodes[e]) for e in ids])
+        groups = [str(records[episodes[e][0]].scenario_id or e) for e in ids]
+        for e, a in zip(ids, group_relative_advantages(totals, groups).tolist(), strict=True):
+            for i in episodes[e]:
+                adv[i] = torch.full((records[i].n_tokens,), a)
+                ret[i] = torch.full(values[i].shape, a)
+        return adv, ret
+    unit = unit_for(cfg)
+    for idx in episodes.values():
+        a, g = unit.episode_advantages([records[i] for i in idx], [values[i] for i in idx], cfg)
+        for k, i in enumerate(idx):
+            adv[i], ret[i] = a[k], g[k]
+    return adv, ret
+
+
+def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], bases: Mapping[str, BaseModel],
+                       cfg: MARFTConfig) -> dict[int, torch.Tensor]:
+    """Log-probs of the records at `idx` under the reference (each base with adapters disabled).
+
+    The reference is frozen, so this runs once per iteration instead of once per epoch and minibatch.
+    """
+    out: dict[int, torch.Tensor] = {}
+    by_base: dict[str, list[int]] = defaultdict(list)
+    for i in idx:
+        by_base[records[i].base].append(i)
+    for base, part in by_base.items():
+        b = bases[base]
+        with b.model.disable_adapter():
+            out.update(completion_logprobs(b.model, records, part, cfg, b.pad_id))
+    return out
+
+
+def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARFTConfig, *,
+                agents: Sequence[str], adapter_for: Callable[[ActionRecord], str],
+                critic: Critic | None) -> TrainBatch:
+    """The iteration's `TrainBatch`: behaviour log-probs, critic values, advantages (normalised over the
+    records of `agents`), reference log-probs; every model pass it needs runs here, once."""
+    records = tuple(buffer.records)
+    trained = tuple(i for i, r in enumerate(records) if r.agent in set(agents))
+    behaviour = behaviour_logprobs(records, bases, adapter_for, cfg)
+    features, values = critic_values(records, bases, critic, cfg)
+    advantages, returns = compute_advantages(records, values, cfg)
+    if cfg.normalize_advantages:
+        unit_for(cfg).normalize(advantages, trained)
+    ref = reference_logprobs(records, trained, bases, cfg) if cfg.kl_ref_coef > 0 else {}
+    return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),
+                      values=tuple(values), returns=tuple(returns), features=tuple(features),
+                      reference=tuple(ref.get(i) for i in range(len(records))), trained=trained)
+

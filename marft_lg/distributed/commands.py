@@ -4,6 +4,7 @@ is why it lives in the layer that may import both. Keep top-level imports light.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -28,11 +29,9 @@ def mine(
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from marft_lg.distributed.mining import mine_to_parquet
     from marft_lg.trajectories.dataset import TrajectoryDataset
-    from marft_lg.trajectories.quarantine import REASONS
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -47,6 +46,25 @@ def mine(
         raise typer.Exit(2) from exc
 
     out_console = Console()
+    _print_report(report, quarantine, out_console)
+    if report.episodes == 0 and (report.episodes_before_since or report.files_before_since):
+        out_console.print(f"no episode ended after --since {since}; writing empty tables")
+        TrajectoryDataset().to_parquet(out)
+    elif report.episodes == 0:
+        console.print(f"[red]marft-lg mine: nothing usable in {', '.join(paths)}: no episode with an LLM call"
+                      f" ({report.spans_read:,} spans read, {report.quarantined_total:,} quarantined)."
+                      " Are these OTLP/JSON trace lines from an instrumented LangGraph/LangChain app?[/red]")
+        raise typer.Exit(1)
+    out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")
+
+
+def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> None:
+    """The mining table: what was read, kept, joined and quarantined (and why), with the warnings that go with it."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from marft_lg.trajectories.quarantine import REASONS
+
     table = Table(title=f"mined {report.files} file(s), {report.spans_read:,} spans")
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -80,13 +98,3 @@ def mine(
         out_console.print(f"[yellow]warning: actions without exact token ids ({escape(counts)}): the trainer re-renders "
                           "their prompts, which may differ from what the model saw. Mine the server's traces too "
                           "(`marft-lg serve` records what it sampled), or use TeamChatModel.[/yellow]")
-
-    if report.episodes == 0 and (report.episodes_before_since or report.files_before_since):
-        out_console.print(f"no episode ended after --since {since}; writing empty tables")
-        TrajectoryDataset().to_parquet(out)
-    elif report.episodes == 0:
-        console.print(f"[red]marft-lg mine: nothing usable in {', '.join(paths)}: no episode with an LLM call"
-                      f" ({report.spans_read:,} spans read, {report.quarantined_total:,} quarantined)."
-                      " Are these OTLP/JSON trace lines from an instrumented LangGraph/LangChain app?[/red]")
-        raise typer.Exit(1)
-    out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 from marft_lg.distributed.config import RayConfig, connect
 from marft_lg.trajectories import mining as _mining
 from marft_lg.trajectories.otlp import FileRange
-from marft_lg.trajectories.parallel import Channel, RangeWorker, default_workers
 from marft_lg.trajectories.pipeline import gc_paused
+from marft_lg.trajectories.range_worker import Channel, RangeWorker
+from marft_lg.trajectories.ranges import default_workers
 
 if TYPE_CHECKING:
     from marft_lg.trajectories.dataset import TrajectoryDataset

@@ -18,6 +18,30 @@ from opentelemetry.sdk.trace import ReadableSpan
 _OTLP_KIND = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5}
 
 
+def decode_any_value(v: dict[str, Any]) -> Any:
+    """OTLP ``AnyValue`` -> a Python value: the one decoder, for mining and for `read_spans` (an int64 sent as
+    decimal text becomes an int, arrays lists, kvlists dicts; bytes stay the base64 text the file holds)."""
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        try:
+            return int(v["intValue"])
+        except (TypeError, ValueError):
+            return v["intValue"]
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [decode_any_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
+    if "kvlistValue" in v:
+        return {kv.get("key"): decode_any_value(kv.get("value") or {})
+                for kv in (v["kvlistValue"] or {}).get("values", [])}
+    if "bytesValue" in v:
+        return v["bytesValue"]
+    return None
+
+
 def any_value(value: Any) -> dict[str, Any]:
     """A Python attribute value -> OTLP ``AnyValue`` (int64 as a decimal string, per proto3 JSON)."""
     kind = type(value)

@@ -1,8 +1,9 @@
-"""Read OTLP/JSON-lines trace files back into flat span dicts (used by tests, compare and mining)."""
+"""Read OTLP/JSON-lines trace files back into flat span dicts, each as the file holds it (kind, status, resource,
+file:line): for looking at traces and testing them. Mining has its own streaming reader (`trajectories.otlp`);
+both decode attribute values with the one `decode_any_value`."""
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -10,29 +11,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from marft_lg.tracing.files import trace_files
-
-
-def _value(v: dict[str, Any]) -> Any:
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "arrayValue" in v:
-        return [_value(x) for x in v["arrayValue"].get("values", [])]
-    if "kvlistValue" in v:
-        return attributes(v["kvlistValue"].get("values", []))
-    if "bytesValue" in v:
-        return base64.b64decode(v["bytesValue"])
-    return None
+from marft_lg.tracing.otlp_json import decode_any_value
 
 
 def attributes(kvs: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
     """OTLP ``KeyValue`` list -> plain dict."""
-    return {kv["key"]: _value(kv.get("value", {})) for kv in kvs or []}
+    return {kv["key"]: decode_any_value(kv.get("value", {})) for kv in kvs or []}
 
 
 def iter_spans(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterator[dict[str, Any]]:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining wo
     import pandas as pd
 
     from marft_lg.trajectories.dataset import TrajectoryDataset
-    from marft_lg.trajectories.parallel import RangeExecutor
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
+    from marft_lg.trajectories.range_worker import RangeExecutor
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 _SHARED_NAMES = frozenset({"agent", "model", "adapter_version"})  # columns whose repeated strings mine() shares
@@ -86,7 +86,7 @@ def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: s
     `since` keeps only episodes that ended after it (a watermark); `quarantine` is a JSONL file
     that receives every line or span that could not be used, with its reason and `file:line`.
     `workers` processes share the work (default: one per core for inputs over 64 MB, else 1).
-    `executor` runs those workers elsewhere (see `parallel.RangeExecutor`; `marft_lg.distributed.mining.mine` passes
+    `executor` runs those workers elsewhere (see `range_worker.RangeExecutor`; `marft_lg.distributed.mining.mine` passes
     Ray actors): then the input is always cut into `workers` ranges, whatever its size.
     """
     return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes,
@@ -149,7 +149,7 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
         workers = int(os.environ["MARFT_MINING_WORKERS"])
     if workers is not None:
         return max(1, workers)
-    from marft_lg.trajectories.parallel import default_workers
+    from marft_lg.trajectories.ranges import default_workers
 
     total = sum(f.stat().st_size for f in files)
     return default_workers() if total >= MIN_PARALLEL_BYTES else 1
@@ -172,7 +172,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     n_workers = _worker_count(files, workers)
     groups = []
     if n_workers > 1 or executor is not None:
-        from marft_lg.trajectories.parallel import plan_ranges
+        from marft_lg.trajectories.ranges import plan_ranges
 
         groups = plan_ranges(files, n_workers, count_lines=False)  # counted once the first worker runs
     if len(groups) > 1 or (groups and executor is not None):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg.tracing.files import trace_files
+from marft_lg.tracing.otlp_json import decode_any_value as any_value
 from marft_lg.trajectories.otlp_schema import typed_spans
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
@@ -62,28 +63,6 @@ def normalise_id(value: Any, length: int) -> str | None:
             return None
         out = raw.hex()
     return None if out in (_ZERO_TRACE, _ZERO_SPAN) else out
-
-
-def any_value(v: dict[str, Any]) -> Any:
-    """OTLP ``AnyValue`` -> Python value."""
-    if "stringValue" in v:
-        return v["stringValue"]
-    if "intValue" in v:
-        try:
-            return int(v["intValue"])
-        except (TypeError, ValueError):
-            return v["intValue"]
-    if "doubleValue" in v:
-        return float(v["doubleValue"])
-    if "boolValue" in v:
-        return bool(v["boolValue"])
-    if "arrayValue" in v:
-        return [any_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
-    if "kvlistValue" in v:
-        return {kv.get("key"): any_value(kv.get("value") or {}) for kv in (v["kvlistValue"] or {}).get("values", [])}
-    if "bytesValue" in v:
-        return v["bytesValue"]
-    return None
 
 
 def attribute_dict(kvs: list[dict[str, Any]] | None, limit: int | None = None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from marft_lg.cli import app  # noqa: E402
 from marft_lg.distributed import mining as ray_mining  # noqa: E402
 from marft_lg.distributed.config import RayConfig  # noqa: E402
 from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report  # noqa: E402
-from marft_lg.trajectories.parallel import plan_ranges  # noqa: E402
+from marft_lg.trajectories.ranges import plan_ranges  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

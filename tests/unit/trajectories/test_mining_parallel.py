@@ -15,7 +15,7 @@ from marft_lg.tracing import attributes as A
 from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.mining import mine_to_parquet, mine_with_report
-from marft_lg.trajectories.parallel import number_lines, plan_ranges
+from marft_lg.trajectories.ranges import number_lines, plan_ranges
 
 SAMPLES = Path(__file__).resolve().parents[3] / "traces" / "samples"
 
@@ -143,7 +143,7 @@ def test_batch_files_give_back_what_was_written(tmp_path):
     import numpy as np
 
     from marft_lg.trajectories.flat_columns import TokenColumn
-    from marft_lg.trajectories.parallel import _dump_batch, _load_batch
+    from marft_lg.trajectories.range_worker import _dump_batch, _load_batch
 
     tokens = TokenColumn("int", np.array([1, 2, 3]), np.array([0, 1, 3]), np.array([True, True]))
     rows = [{"episode_id": "e1", "metadata": {"k": [1, 2.5, None, True]}, "n": 2**70}]

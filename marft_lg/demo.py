@@ -138,148 +138,210 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
     both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``).
     """
-    import torch
-    from rich.console import Console
-
-    from marft_lg.evaluation.gate import PromotionGate
-    from marft_lg.evaluation.promotion import promote
-    from marft_lg.evaluation.report import print_summary, write_report
-    from marft_lg.evaluation.shadow import shadow_compare
-    from marft_lg.graph.chat_model import TeamChatModel
-    from marft_lg.graph.wrap import wrap
-    from marft_lg.loading import parse_node_roles
-    from marft_lg.serving.team import Team
-    from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.metrics import read_metrics
-    from marft_lg.training.trainer import MARFTTrainer
-    from marft_lg.trajectories.mining import mine
-
-    console = console or Console()
-    math_team = _examples()
+    run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
+                  node_roles=node_roles)
     try:
-        node_roles = (parse_node_roles(node_roles, key="node_roles", roles=list(math_team.graph.ROLES))
-                      or {r: r for r in math_team.graph.ROLES})
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = _Log(run_dir, console)
-    from marft_lg._provenance import code_state, machine
+        for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
+            stage()
+        return run.report()
+    finally:
+        run.close()
 
-    code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
-    log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=node_roles, code=code)
-    torch.manual_seed(seed)
 
-    log.stage(f"1/8 serve the math team on {model}")
-    problems = demo_problems(budget, seed)
-    traced, stream, heldout = problems.traced, problems.stream, problems.heldout
-    problems.all.save(run_dir / "scenarios.jsonl")
-    reward = math_team.reward.math_reward()
-    roles = list(math_team.graph.ROLES)
-    team = Team(model, roles, registry=run_dir / "registry", versions=None, seed=seed)
-    try:
-        untuned = {r: team.save_version(r, run_id="untuned") for r in roles}
-        team.registry.promote(untuned, reason="demo: the untuned team is live")
-        for r, v in untuned.items():
-            team.load_version(r, v)
-        log.record("served", roles=roles, live=untuned)
-        console.print(f"team {roles} on one base model; live = {untuned}")
+class DemoRun:
+    """The main job's stages, in the retraining pipeline's order (serve the live team, trace it, mine, train,
+    compare, gate and promote) plus the report; each stage records its numbers in the run's log."""
 
-        trace_dir = trace_root / f"demo-{run_dir.name}"
-        caps = {k: min(v, budget.max_tokens) for k, v in math_team.settings.REPLY_TOKENS.items()}
-        sampling = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
-                                                                  temperature=math_team.settings.ROLLOUT_TEMPERATURE),
-                                                    **caps),
-                        team=team, trace_dir=trace_dir, node_roles=node_roles)
+    def __init__(self, budget: DemoBudget, run_dir: Path, *, model: str, seed: int, trace_root: Path, console: Any,
+                 node_roles: dict[str, str] | str | None):
+        import torch
+        from rich.console import Console
 
-        log.stage(f"2/8 run the untuned team on {len(traced)} training problems (traced to {trace_dir})")
-        jobs = [(s, k) for k in range(budget.traces_per_problem) for s in traced]
-        n = _run_episodes(sampling, jobs, seed=seed, console=console, concurrency=min(len(jobs), 32))
-        log.record("traced", episodes=n, trace_dir=str(trace_dir))
+        from marft_lg.loading import parse_node_roles
 
-        log.stage("3/8 mine the traces into multi-agent trajectories")
-        dataset = mine([trace_dir], quarantine=run_dir / "quarantine.jsonl")
-        dataset.to_parquet(run_dir / "trajectories")
-        per_agent = dataset.actions["agent"].value_counts().to_dict()
-        scored = reward.score(dataset, traced)
-        untuned_reward = float(scored.episodes["reward"].mean())
-        log.record("mined", episodes=len(dataset), actions_per_agent=per_agent, untuned_train_reward=untuned_reward)
-        console.print(f"{len(dataset)} episodes, actions per agent {per_agent}; untuned train reward {untuned_reward:.3f}")
+        self.console = console or Console()
+        self.math_team = _examples()
+        roles = list(self.math_team.graph.ROLES)
+        try:
+            self.node_roles = parse_node_roles(node_roles, key="node_roles", roles=roles) or {r: r for r in roles}
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+        self.budget, self.run_dir, self.model, self.seed, self.roles = budget, run_dir, model, seed, roles
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.log = _Log(run_dir, self.console)
+        from marft_lg._provenance import code_state, machine
 
-        log.stage("4/8 offline MARFT from the traces")
-        cfg = MARFTConfig(**math_team.settings.MARFT_SETTINGS, group_size=budget.group_size,
-                          max_new_tokens=budget.max_tokens, max_context=1024, seed=seed,
-                          offline_passes=budget.offline_passes, offline_episodes_per_iteration=max(8, n // 2),
-                          checkpoint_every=1000,
-                          rollout_concurrency=budget.scenarios_per_iteration * budget.group_size)
-        trainer = MARFTTrainer(team, reward, cfg, run_dir / "train", run_id="demo")
-        offline_rows = trainer.fit_offline(dataset, traced)
-        log.record("offline", iterations=len(offline_rows),
-                   reward_mean=[r["reward_mean"] for r in offline_rows])
+        self.code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
+        self.log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=self.node_roles,
+                        code=self.code)
+        torch.manual_seed(seed)
+        self.trace_dir = trace_root / f"demo-{run_dir.name}"
+        self.problems = demo_problems(budget, seed)
+        self.reward = self.math_team.reward.math_reward()
+        self.team: Any = None
+        self.apps: list[Any] = []
 
-        log.stage(f"5/8 on-policy MARFT, {budget.scenarios_per_iteration} fresh problems per iteration (up to "
-                  f"{budget.online_iterations} iterations / {budget.online_minutes:g} min)")
-        online_rows = trainer.fit_online(sampling, stream, budget.online_iterations,
-                                         scenarios_per_iteration=budget.scenarios_per_iteration,
-                                         time_budget_s=budget.online_minutes * 60)
-        online_seen = min(len(online_rows) * budget.scenarios_per_iteration, len(stream))
-        tuned = team.versions()
-        team.registry.set_alias("candidate", tuned, reason="demo: tuned by MARFT")
-        log.record("online", iterations=len(online_rows), reward_mean=[r["reward_mean"] for r in online_rows],
-                   problems_seen=online_seen, candidate=tuned)
+    def _app(self, temperature: float, trace_dir: Path) -> Any:
+        """The math team's graph on the team (`AppSpec.build_app`), at `temperature`, traced into `trace_dir`."""
+        from functools import partial
 
-        log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
-        greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=budget.max_tokens,
-                                                                temperature=0.0), **caps),
-                      team=team, trace_dir=trace_dir / "compare", node_roles=node_roles)
-        result = shadow_compare(greedy, "live", "candidate", heldout, reward, samples_per_scenario=1, seed=seed,
-                                run_id=f"demo-{run_dir.name}", concurrency=min(2 * len(heldout), 48))
-        log.record("compare", **result.to_dict())
-        accuracy = _side_accuracy(result, heldout)
-        effect = result.team_detectable_effect()
-        log.record("accuracy", **accuracy)
+        from marft_lg.graph.app_spec import AppSpec
 
-        log.stage("7/8 promotion gate")
+        caps = {k: min(v, self.budget.max_tokens) for k, v in self.math_team.settings.REPLY_TOKENS.items()}
+        spec = AppSpec(app=partial(self.math_team.graph.build_graph, **caps), node_roles=self.node_roles,
+                       chat_model={"max_tokens": self.budget.max_tokens, "temperature": temperature})
+        app = spec.build_app(self.team, trace_dir)
+        self.apps.append(app)
+        return app
+
+    def serve(self) -> None:
+        """1: the team on one base model, its untuned adapters saved and promoted as `live`."""
+        from marft_lg.serving.team_factory import TeamSpec
+
+        self.log.stage(f"1/8 serve the math team on {self.model}")
+        self.problems.all.save(self.run_dir / "scenarios.jsonl")
+        self.team = TeamSpec(model=self.model, agents=self.roles, registry=str(self.run_dir / "registry"),
+                             versions=None, seed=self.seed).build_team()
+        self.untuned = {r: self.team.save_version(r, run_id="untuned") for r in self.roles}
+        self.team.registry.promote(self.untuned, reason="demo: the untuned team is live")
+        for r, v in self.untuned.items():
+            self.team.load_version(r, v)
+        self.log.record("served", roles=self.roles, live=self.untuned)
+        self.console.print(f"team {self.roles} on one base model; live = {self.untuned}")
+        self.sampling = self._app(self.math_team.settings.ROLLOUT_TEMPERATURE, self.trace_dir)
+
+    def trace(self) -> None:
+        """2: the untuned team on the traced training problems, every episode traced."""
+        traced = self.problems.traced
+        self.log.stage(f"2/8 run the untuned team on {len(traced)} training problems (traced to {self.trace_dir})")
+        jobs = [(s, k) for k in range(self.budget.traces_per_problem) for s in traced]
+        self.n_traced = _run_episodes(self.sampling, jobs, seed=self.seed, console=self.console,
+                                      concurrency=min(len(jobs), 32))
+        self.log.record("traced", episodes=self.n_traced, trace_dir=str(self.trace_dir))
+
+    def mine(self) -> None:
+        """3: the traces as multi-agent trajectories, scored."""
+        from marft_lg.trajectories.mining import mine
+
+        self.log.stage("3/8 mine the traces into multi-agent trajectories")
+        self.dataset = mine([self.trace_dir], quarantine=self.run_dir / "quarantine.jsonl")
+        self.dataset.to_parquet(self.run_dir / "trajectories")
+        self.per_agent = self.dataset.actions["agent"].value_counts().to_dict()
+        scored = self.reward.score(self.dataset, self.problems.traced)
+        self.untuned_reward = float(scored.episodes["reward"].mean())
+        self.log.record("mined", episodes=len(self.dataset), actions_per_agent=self.per_agent,
+                        untuned_train_reward=self.untuned_reward)
+        self.console.print(f"{len(self.dataset)} episodes, actions per agent {self.per_agent}; untuned train reward "
+                           f"{self.untuned_reward:.3f}")
+
+    def train_offline(self) -> None:
+        """4: MARFT from the traces, the behaviour log-probs as the engine recorded them."""
+        from marft_lg.training.config import MARFTConfig
+        from marft_lg.training.trainer import MARFTTrainer
+
+        self.log.stage("4/8 offline MARFT from the traces")
+        b = self.budget
+        cfg = MARFTConfig(**self.math_team.settings.MARFT_SETTINGS, group_size=b.group_size,
+                          max_new_tokens=b.max_tokens, max_context=1024, seed=self.seed,
+                          offline_passes=b.offline_passes, offline_episodes_per_iteration=max(8, self.n_traced // 2),
+                          checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size)
+        self.trainer = MARFTTrainer(self.team, self.reward, cfg, self.run_dir / "train", run_id="demo")
+        rows = self.trainer.fit_offline(self.dataset, self.problems.traced)
+        self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
+
+    def train_online(self) -> None:
+        """5: on-policy MARFT on a stream of fresh problems; the tuned versions become `candidate`."""
+        b = self.budget
+        self.log.stage(f"5/8 on-policy MARFT, {b.scenarios_per_iteration} fresh problems per iteration (up to "
+                       f"{b.online_iterations} iterations / {b.online_minutes:g} min)")
+        rows = self.trainer.fit_online(self.sampling, self.problems.stream, b.online_iterations,
+                                       scenarios_per_iteration=b.scenarios_per_iteration,
+                                       time_budget_s=b.online_minutes * 60)
+        self.online_seen = min(len(rows) * b.scenarios_per_iteration, len(self.problems.stream))
+        self.tuned = self.team.versions()
+        self.team.registry.set_alias("candidate", self.tuned, reason="demo: tuned by MARFT")
+        self.log.record("online", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows],
+                        problems_seen=self.online_seen, candidate=self.tuned)
+
+    def compare(self) -> None:
+        """6: untuned (`live`) vs tuned (`candidate`), greedy, on the held-out problems."""
+        from marft_lg.evaluation.shadow import shadow_compare
+
+        heldout = self.problems.heldout
+        self.log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
+        greedy = self._app(0.0, self.trace_dir / "compare")
+        self.result = shadow_compare(greedy, "live", "candidate", heldout, self.reward, samples_per_scenario=1,
+                                     seed=self.seed, run_id=f"demo-{self.run_dir.name}",
+                                     concurrency=min(2 * len(heldout), 48))
+        self.log.record("compare", **self.result.to_dict())
+        self.accuracy = _side_accuracy(self.result, heldout)
+        self.log.record("accuracy", **self.accuracy)
+
+    def gate(self) -> None:
+        """7: the promotion gate; `live` flips to the tuned team when it passes."""
+        from marft_lg.evaluation.gate import PromotionGate
+        from marft_lg.evaluation.promotion import promote
+
+        self.log.stage("7/8 promotion gate")
         gate = PromotionGate.from_dict(DEMO_GATE, source="marft_lg.demo.DEMO_GATE")
-        decision = gate.evaluate(result, context={"baseline": untuned, "candidate": tuned})
-        decision.write(run_dir / "decision.json")
-        if decision.promote:
-            promote(team.registry, tuned, reason="demo: gate passed", decision=decision, run_dir=run_dir)
-        live_now = team.registry.alias("live")
-        log.record("gate", promote=decision.promote, reasons=decision.reasons, live=live_now)
+        self.decision = gate.evaluate(self.result, context={"baseline": self.untuned, "candidate": self.tuned})
+        self.decision.write(self.run_dir / "decision.json")
+        if self.decision.promote:
+            promote(self.team.registry, self.tuned, reason="demo: gate passed", decision=self.decision,
+                    run_dir=self.run_dir)
+        self.live_now = self.team.registry.alias("live")
+        self.log.record("gate", promote=self.decision.promote, reasons=self.decision.reasons, live=self.live_now)
 
-        log.stage("8/8 report")
-        compare_files = write_report(result, run_dir / "compare", decision)
-        train_rows = read_metrics(run_dir / "train" / "metrics.jsonl")
-        summary = {
-            "budget": budget.to_dict(), "model": model, "seed": seed, "run_dir": str(run_dir),
-            "trace_dir": str(trace_dir), "episodes_traced": n, "episodes_mined": len(dataset),
-            "actions_per_agent": per_agent, "untuned_train_reward": untuned_reward,
-            "problems": {"traced": len(traced), "stream": len(stream), "online_seen": online_seen,
-                         "heldout": len(heldout)},
+    def report(self) -> dict[str, Any]:
+        """8: summary.json, the report (Markdown + HTML + plots) and the closing lines; returns the summary."""
+        from marft_lg.evaluation.report import print_summary, write_report
+
+        self.log.stage("8/8 report")
+        compare_files = write_report(self.result, self.run_dir / "compare", self.decision)
+        summary = self._summary()
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+        report = _write_report(self.run_dir, summary, compare_files)
+        self.log.record("done", report=str(report), minutes=summary["minutes"])
+        print_summary(self.result, self.decision, console=self.console)
+        for line in _summary_lines(summary):
+            self.console.print(line, markup=False, highlight=False)
+        ci = self.result.team.to_dict()
+        why = (f"the tuned team's held-out reward is higher, paired 95% CI [{_fmt(ci.get('low'))}, "
+               f"{_fmt(ci.get('high'))}]" if self.decision.promote
+               else (self.decision.reasons[0] if self.decision.reasons else "the gate rejected it"))
+        self.console.print(f"\n[bold]decision:[/bold] {'PROMOTE' if self.decision.promote else 'REJECT'}: {why}",
+                           soft_wrap=True)
+        self.console.print(f"[bold green]report:[/bold green] {report} ({report.with_suffix('.html').name} beside it)",
+                           soft_wrap=True)
+        return summary
+
+    def _summary(self) -> dict[str, Any]:
+        from marft_lg.training.metrics import read_metrics
+
+        train_rows = read_metrics(self.run_dir / "train" / "metrics.jsonl")
+        p, result = self.problems, self.result
+        return {
+            "budget": self.budget.to_dict(), "model": self.model, "seed": self.seed, "run_dir": str(self.run_dir),
+            "trace_dir": str(self.trace_dir), "episodes_traced": self.n_traced, "episodes_mined": len(self.dataset),
+            "actions_per_agent": self.per_agent, "untuned_train_reward": self.untuned_reward,
+            "problems": {"traced": len(p.traced), "stream": len(p.stream), "online_seen": self.online_seen,
+                         "heldout": len(p.heldout)},
             "train_iterations": len(train_rows),
             "train_reward_curve": [r.get("reward_mean") for r in train_rows],
             "heldout": {"pairs": result.n_pairs, "baseline_reward": result.side_mean("baseline", "reward"),
                         "candidate_reward": result.side_mean("candidate", "reward"),
-                        "difference": result.team.to_dict(), "mde": effect.to_dict(), "accuracy": accuracy},
-            "gate": {"promote": decision.promote, "reasons": decision.reasons},
-            "versions": {"untuned": untuned, "tuned": tuned, "live": live_now},
-            "minutes": round((time.perf_counter() - log.t0) / 60, 2), "code": code,
+                        "difference": result.team.to_dict(), "mde": result.team_detectable_effect().to_dict(),
+                        "accuracy": self.accuracy},
+            "gate": {"promote": self.decision.promote, "reasons": self.decision.reasons},
+            "versions": {"untuned": self.untuned, "tuned": self.tuned, "live": self.live_now},
+            "minutes": round((time.perf_counter() - self.log.t0) / 60, 2), "code": self.code,
         }
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-        report = _write_report(run_dir, summary, compare_files)
-        log.record("done", report=str(report), minutes=summary["minutes"])
-        print_summary(result, decision, console=console)
-        for line in _summary_lines(summary):
-            console.print(line, markup=False, highlight=False)
-        why = ("the tuned team's held-out reward is higher, paired 95% CI "
-               f"[{_fmt(result.team.to_dict().get('low'))}, {_fmt(result.team.to_dict().get('high'))}]"
-               if decision.promote else (decision.reasons[0] if decision.reasons else "the gate rejected it"))
-        console.print(f"\n[bold]decision:[/bold] {'PROMOTE' if decision.promote else 'REJECT'}: {why}", soft_wrap=True)
-        console.print(f"[bold green]report:[/bold green] {report} ({report.with_suffix('.html').name} beside it)",
-                      soft_wrap=True)
-        return summary
-    finally:
-        team.close()
+
+    def close(self) -> None:
+        for app in self.apps:
+            app.close()
+        if self.team is not None:
+            self.team.close()
 
 
 def _run_episodes(app: Any, jobs: list[tuple[Any, int]], *, seed: int, console: Any, concurrency: int = 8) -> int:

@@ -42,7 +42,7 @@ def test_run_demo_wraps_the_app_with_node_roles(tmp_path, monkeypatch, given, ex
         seen.update(kw)
         raise _Stop
 
-    monkeypatch.setattr("marft_lg.serving.team.Team", FakeTeam)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr(importlib.import_module("marft_lg.graph.wrap"), "wrap", fake_wrap)
     with pytest.raises(_Stop):
         run_demo(BUDGETS["smoke"], tmp_path / "run", model="unused", trace_root=tmp_path / "traces", node_roles=given)

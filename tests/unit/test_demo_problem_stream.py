@@ -147,8 +147,8 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
         result.datasets = side  # shadow_compare keeps both sides' episodes, which the accuracy is read from
         return result
 
-    app = types.SimpleNamespace(trace_dir=tmp_path / "compare-traces", flush=lambda: True)
-    monkeypatch.setattr("marft_lg.serving.team.Team", _Team)
+    app = types.SimpleNamespace(trace_dir=tmp_path / "compare-traces", flush=lambda: True, close=lambda: None)
+    monkeypatch.setattr("marft_lg.serving.team_factory.team", _Team)
     monkeypatch.setattr(importlib.import_module("marft_lg.graph.wrap"), "wrap", lambda graph, **kw: app)
     monkeypatch.setattr("marft_lg.graph.chat_model.TeamChatModel", lambda **kw: object())
     monkeypatch.setattr("marft_lg.trajectories.mining.mine", lambda *a, **kw: everything)

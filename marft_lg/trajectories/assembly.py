@@ -33,8 +33,9 @@ MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in p
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
 _TRACE, _SPAN, _PARENT, _FMT = attrgetter("trace_id"), attrgetter("span_id"), attrgetter("parent_id"), attrgetter("fmt")
 ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")  # the action rows' fields, in order
-_AGENT, _MESSAGES, _COMPLETION, _DEPENDS_ON, _TOOL_CALLS, _TOOL_ERRORS = map(
-    ACTION_FIELDS.index, ("agent", "messages", "completion", "depends_on", "tool_calls", "tool_errors"))
+_AGENT, _MESSAGES, _COMPLETION, _DEPENDS_ON, _TOOL_CALLS, _TOOL_ERRORS, _PROMPT_IDS, _COMPLETION_IDS = map(
+    ACTION_FIELDS.index, ("agent", "messages", "completion", "depends_on", "tool_calls", "tool_errors",
+                          "prompt_token_ids", "completion_token_ids"))
 _BY_START, _BY_START_END, _BY_END = (attrgetter("start_ns", "span_id"), attrgetter("start_ns", "end_ns", "span_id"),
                                      attrgetter("end_ns", "span_id"))
 
@@ -200,9 +201,9 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             c.input_tokens, c.output_tokens, latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
             c.model, c.adapter_version, c.trace_id,
         ])
-    for c in calls:
-        if c.prompt_token_ids is None or c.completion_token_ids is None:  # re-tokenised by the trainer: not exact
-            key_ = f"{NO_TOKEN_IDS}{c.agent or tree.agent_of(c) or 'unknown'}"
+    for row in actions:  # no exact prompt or completion ids: the trainer re-tokenises these actions
+        if row[_PROMPT_IDS] is None or row[_COMPLETION_IDS] is None:
+            key_ = NO_TOKEN_IDS + row[_AGENT]
             stats[key_] = stats.get(key_, 0) + 1
     tools = [s for s in spans if s.kind == TOOL]
     if tools:

@@ -296,12 +296,27 @@ def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_worke
         with _ray_runner(ray, ray_workers, spec, team) as runner:
             result = shadow_compare(wrapped, baseline, candidate, scenarios, scorer, samples_per_scenario=samples,
                                     seed=seed, formats=formats, drift=drift, runner=runner)
+        if runner is not None:
+            console.print(f"replayed on Ray rollout workers: {_episodes_per_worker(result)}", markup=False,
+                          highlight=False)
     except RolloutError as exc:
         console.print(f"compare failed, no report: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     finally:
         wrapped.close()
     return _finish(result, gate, out, console), result
+
+
+def _episodes_per_worker(result: Any) -> str:
+    """``w0: 8, w1: 8``: how many of the comparison's episodes each rollout worker ran (from the episodes' tags)."""
+    from collections import Counter
+
+    from marft_lg.distributed.rollout import WORKER_KEY
+
+    counts: Counter = Counter()
+    for ds in result.datasets.values():
+        counts.update(m.get(WORKER_KEY) for m in ds.episodes["metadata"] if isinstance(m, dict) and WORKER_KEY in m)
+    return ", ".join(f"w{w}: {n}" for w, n in sorted(counts.items())) or "none tagged"
 
 
 def promote(

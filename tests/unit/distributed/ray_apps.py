@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import os
 import threading
 import time
 from typing import Annotated, TypedDict
@@ -38,6 +39,21 @@ class FixedLatencyEngine:
         self._agents = list(spec.agents)
         self._versions = {a: "init" for a in self._agents}
         self._lock = threading.Lock()
+        # `die_once` (a file path) + `die_after` (calls): the first worker to answer that many calls exits on the
+        # spot, mid-iteration, exactly once across all workers (the file decides): a kill with no timer to race
+        self._die_once, self._die_after, self._calls = (spec.engine_options.get("die_once"),
+                                                        int(spec.engine_options.get("die_after", 0)), 0)
+
+    def _maybe_die(self):
+        with self._lock:
+            self._calls += 1
+            if not self._die_once or self._calls != self._die_after:
+                return
+        try:
+            os.close(os.open(self._die_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # another worker died already
+        os._exit(1)
 
     def agents(self):
         return list(self._agents)
@@ -61,11 +77,13 @@ class FixedLatencyEngine:
                           latency_s=self.latency_s)
 
     def chat(self, requests):
+        self._maybe_die()
         time.sleep(self.latency_s)
         return [self._answer(r) for r in requests]
 
     async def achat(self, requests):
         import asyncio
 
+        self._maybe_die()
         await asyncio.sleep(self.latency_s)
         return [self._answer(r) for r in requests]

@@ -41,6 +41,12 @@ def cluster():
     shutil.rmtree(temp, ignore_errors=True)
 
 
+def _files(paths) -> list[Path]:
+    from marft_lg.tracing.files import trace_files
+
+    return trace_files(paths)
+
+
 def _records(path: Path) -> list[str]:
     return _quarantine(path) if path.exists() else []
 
@@ -55,10 +61,24 @@ def _parquet(directory: Path) -> dict[str, object]:
 
 def _same_as_one_process(tmp_path: Path, paths, *, ray_arg="local", workers: int | None = None, **options):
     """Mine `paths` in one process and on Ray (`mine_with_report` and `mine_to_parquet`) and check that tables,
-    reports and quarantine records are the same; returns the one-process (dataset, report)."""
+    reports and quarantine records are the same, and that Ray actors read the input (one per range group, every
+    one of them given ranges); returns the one-process (dataset, report)."""
     one, report = mine_with_report(paths, quarantine=tmp_path / "q-one.jsonl", workers=1, **options)
-    on_ray, ray_report = ray_mining.mine_with_report(paths, quarantine=tmp_path / "q-ray.jsonl", ray=ray_arg,
-                                                     workers=workers, progress=lambda n: None, **options)
+    started: list[tuple[int, int]] = []
+    start = ray_mining.RayExecutor.start
+
+    def spy(self, index, ranges, **kw):  # each actor the run starts: which group, how many ranges it reads
+        started.append((index, len(ranges)))
+        return start(self, index, ranges, **kw)
+
+    ray_mining.RayExecutor.start = spy
+    try:
+        on_ray, ray_report = ray_mining.mine_with_report(paths, quarantine=tmp_path / "q-ray.jsonl", ray=ray_arg,
+                                                         workers=workers, progress=lambda n: None, **options)
+    finally:
+        ray_mining.RayExecutor.start = start
+    assert started and [i for i, _ in started] == list(range(len(started))) and all(n > 0 for _, n in started)
+    assert workers is None or len(started) == len(plan_ranges(list(_files(paths)), workers))
     pd.testing.assert_frame_equal(one.episodes, on_ray.episodes, check_exact=True)
     pd.testing.assert_frame_equal(one.actions, on_ray.actions, check_exact=True)
     assert ray_report == replace(report, quarantine_path=ray_report.quarantine_path)

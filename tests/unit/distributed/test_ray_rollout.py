@@ -6,8 +6,8 @@ a `ray:` section runs its online phase on the workers."""
 from __future__ import annotations
 
 import json
+import re
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -65,19 +65,19 @@ def test_the_same_seeds_give_the_same_episodes_as_one_process(cluster, tiny_mode
     assert workers == {0, 1}  # both workers ran episodes
 
 
-def test_a_worker_killed_mid_iteration_is_replaced_and_no_episode_is_lost_or_doubled(cluster):
-    spec = _fixed_spec(engine_options={"latency_s": 0.15}, concurrency=1)
+def test_a_worker_killed_mid_iteration_is_replaced_and_no_episode_is_lost_or_doubled(cluster, tmp_path):
+    # the first worker to answer its 3rd call dies there (mid-episode, mid-iteration: 6 episodes of 2 calls each)
+    spec = _fixed_spec(engine_options={"latency_s": 0.01, "die_once": str(tmp_path / "died"), "die_after": 3},
+                       concurrency=1)
     with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="k") as collector:
-        victim = collector.workers[0]
-        threading.Timer(0.6, lambda: ray.kill(victim)).start()  # mid-iteration: each episode takes ~0.3 s
         dataset = collector.collect(SCENARIOS, 3, 0, seed=1)
-        assert collector.replaced == 1
+        assert (tmp_path / "died").exists() and collector.replaced == 1
         ids = dataset.episode_ids
         assert len(ids) == len(set(ids)) == 12
         assert sorted(ids) == sorted(f"k-it0-s{i}-{j}" for i in range(4) for j in range(3))
         assert (dataset.actions.groupby("episode_id").size() == 2).all()  # whole episodes, no half-run leftovers
         assert sum(collector.last_stats["episodes_per_worker"].values()) == 12
-        assert len(collector.workers) == 2 and 0 not in collector.workers
+        assert len(collector.workers) == 2 and sorted(collector.workers) != [0, 1]  # one index replaced (2)
         again = collector.collect(SCENARIOS[:1], 2, 1, seed=1)  # the pool keeps working after the replacement
         assert len(again.episodes) == 2
 
@@ -252,6 +252,10 @@ def test_compare_cli_replays_on_ray_workers(cluster, tmp_path, tiny_model_dir):
     units = json.loads((tmp_path / "cmp" / "decision.json").read_text())
     assert units  # the gate decided on the replays the workers ran
     assert (tmp_path / "cmp" / "report.md").exists()
+    ran = re.search(r"replayed on Ray rollout workers: (.*)", result.output)
+    assert ran, result.output  # not printed when --ray is ignored and the replays run in this process
+    per_worker = dict(item.split(": ") for item in ran.group(1).split(", "))
+    assert len(per_worker) == 2 and sum(map(int, per_worker.values())) == 2 * len(SCENARIOS)  # both workers ran
 
 
 def test_a_job_yaml_takes_the_same_ray_section(tmp_path):

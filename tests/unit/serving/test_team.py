@@ -133,3 +133,65 @@ def test_hot_swap_under_8_concurrent_requests_loses_none(tiny_model_dir, registr
             assert c.completion_token_ids == expected[(version, seed)]
         assert team.versions() == {"planner": "v2"}
         assert team.engine.loaded_adapters() == ["planner@v2"]  # the old one went once unused
+
+
+def test_1200_requests_from_12_clients_during_8_hot_swaps_all_served_by_a_live_version(tiny_model_dir, registry):
+    """The server (`marft-lg serve`'s app, on loopback) answers 12 clients x 100 requests while the role is swapped
+    8 times (v1 <-> v2 through /v1/load_lora_adapter): none fails, and every answer says a version that was live
+    while it was in flight and carries exactly that version's tokens (greedy; seeded reference answers)."""
+    import httpx
+
+    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.tracing.sink import RecordSink
+
+    gen = dict(messages=MSG, agent="planner", max_tokens=2, temperature=0, ignore_eos=True)
+    with Team(tiny_model_dir, ["planner"], registry=registry, versions={"planner": "v1"}) as ref:
+        ref.engine.min_shared_prefix = 10**9
+        want = {v: ref.chat([ChatRequest(**gen, version=v)])[0].completion_token_ids for v in ("v1", "v2")}
+    assert want["v1"] != want["v2"]
+    with Team(tiny_model_dir, ["planner"], registry=registry, versions={"planner": "v1"}) as team:
+        team.engine.min_shared_prefix = 10**9
+        server = LocalServer(team, RecordSink(schedule_delay_s=None))
+        url = server.base_url
+        live = [(time.monotonic(), "v1")]  # (from when, version): the history of what the role served
+        answers, errors = [], []
+
+        def client(k: int) -> None:
+            with httpx.Client(timeout=120) as http:
+                for _ in range(100):
+                    t0 = time.monotonic()
+                    r = http.post(f"{url}/chat/completions", json={
+                        "model": "planner", "messages": MSG, "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+                        "return_token_ids": True})
+                    if r.status_code != 200:
+                        errors.append(r.text)
+                        continue
+                    body = r.json()
+                    answers.append((t0, time.monotonic(), body["marft"]["adapter_version"],
+                                    body["choices"][0]["token_ids"]))
+
+        clients = [threading.Thread(target=client, args=(k,)) for k in range(12)]
+        for t in clients:
+            t.start()
+        with httpx.Client(timeout=120) as http:
+            for n in range(8):
+                while len(answers) < (n + 1) * 120 and any(t.is_alive() for t in clients):
+                    time.sleep(0.01)  # a swap every ~120 answers, whatever the pace
+                version = "v2" if n % 2 == 0 else "v1"
+                r = http.post(f"{url}/load_lora_adapter", json={
+                    "lora_name": "planner", "lora_path": str(registry.root / "planner" / version)})
+                assert r.status_code == 200, r.text
+                live.append((time.monotonic(), version))
+        for t in clients:
+            t.join(300)
+        server.close()
+    assert not errors and len(answers) == 1200 and len(live) == 9
+
+    def live_during(t0: float, t1: float) -> set[str]:
+        before = [v for at, v in live if at <= t0][-1:]  # what served when it was sent, and every swap after
+        return set(before) | {v for at, v in live if t0 < at <= t1 + 1.0}  # (a swap's reply may come back late)
+
+    wrong = [(v, live_during(a, b)) for a, b, v, _ in answers if v not in live_during(a, b)]
+    assert not wrong, wrong[:5]
+    assert all(ids == want[v] for _, _, v, ids in answers)  # the weights of the version the answer names
+    assert {v for _, _, v, _ in answers} == {"v1", "v2"}

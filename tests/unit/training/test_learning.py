@@ -41,8 +41,9 @@ def test_team_reward_rises_on_tiny_model(tiny_model_dir, tmp_path):
     trainer = MARFTTrainer(policy, coordination_reward, cfg, tmp_path / "run", progress=False)
     rows = trainer.fit_online(collector, scenarios, iterations=6)
     curve = [r["reward_mean"] for r in rows]
-    assert curve[0] < 0.65, curve  # the untrained team is near chance (0.5)
-    assert np.mean(curve[-3:]) > curve[0] + 0.15, curve
+    # README: "goes from ~0.5 to ~0.8" (seeded, CPU: 0.52 -> 0.79 over the last three iterations)
+    assert curve[0] < 0.6, curve  # the untrained team is near chance (0.5)
+    assert np.mean(curve[-3:]) >= 0.75, curve
     assert (tmp_path / "run" / "reward.png").exists() and (tmp_path / "run" / "agents.png").exists()
 
 

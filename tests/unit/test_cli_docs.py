@@ -196,3 +196,43 @@ def test_readme_cli_table_shows_every_command_with_its_required_options():
     for path in sorted(set(COMMANDS) - covered):
         problems.append(f"README.md CLI table: no row for {' '.join((PROG, *path))}")
     assert not problems, "\n".join(problems)
+
+
+# Options that are optional one by one but of which a command needs one: each entry is proved against the real
+# command below (it fails without them), and every README row naming the command must show one of them (a compare of
+# mirrored traffic, `--from-traces`, replays nothing and needs no team).
+UNLESS = {("compare",): "--from-traces"}
+NEEDS_ONE_OF: dict[tuple[str, ...], tuple[set[str], list[str]]] = {
+    ("jobs", "list"): ({"--job", "--store"}, []),
+    ("jobs", "show"): ({"--job", "--store"}, ["RUN-1"]),
+    ("compare",): ({"--registry", "--agents"}, ["--reward", "{reward}", "--scenarios", "{scenarios}",
+                                              "--app", "app.py:build", "--out", "{out}"]),
+    ("score",): ({"--out"}, ["{dataset}", "--reward", "{reward}"]),
+}
+
+
+@pytest.mark.parametrize("path", sorted(NEEDS_ONE_OF), ids=" ".join)
+def test_needed_options_are_needed_by_the_real_command(path, tmp_path):
+    from typer.testing import CliRunner
+
+    flags, args = NEEDS_ONE_OF[path]
+    (tmp_path / "d").mkdir()
+    values = {"reward": str(ROOT / "examples" / "mixed_team" / "reward.yaml"),
+              "scenarios": str(ROOT / "examples" / "mixed_team" / "scenarios.jsonl"),
+              "out": str(tmp_path / "out"), "dataset": str(tmp_path / "d")}
+    result = CliRunner().invoke(app, [*path, *[a.format(**values) for a in args]])
+    assert result.exit_code != 0, f"{' '.join(path)} ran without any of {sorted(flags)}"
+    said = result.output + str(result.exception or "")
+    assert any(f in said for f in flags), said
+
+
+def test_readme_rows_show_the_options_a_command_needs():
+    problems = []
+    for where, cell in readme_cli_rows():
+        for m in _INLINE.finditer(cell):
+            for seg in _segments(m.group(1).replace("\\|", "|")):
+                for path, named in resolve(seg):
+                    need = NEEDS_ONE_OF.get(path, (set(), []))[0]
+                    if need and not need & set(named) and UNLESS.get(path) not in named:
+                        problems.append(f"{where}: {' '.join((PROG, *path))} needs one of {sorted(need)}")
+    assert not problems, "\n".join(problems)

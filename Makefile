@@ -36,13 +36,22 @@ lint: $(STAMP)
 	$(BIN)/ruff check marft_lg tests benchmarks examples integrations
 	$(BIN)/lint-imports
 
+# Every benchmark, one after another (hours: the demo runs three full seeds). Take figures on a quiet machine.
+# gpu.py needs a CUDA GPU and says so on a machine without one; the rest run on the CPU.
 bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/serving_vllm.py
 	$(BIN)/python benchmarks/rollout.py
 	$(BIN)/python benchmarks/tracing.py
 	$(BIN)/python benchmarks/mining.py
+	$(BIN)/python benchmarks/rewards_scoring.py
 	$(BIN)/python benchmarks/training.py
+	$(BIN)/python benchmarks/hetero.py
 	$(BIN)/python benchmarks/compare.py
+	$(BIN)/python benchmarks/distributed.py
+	$(BIN)/python benchmarks/demo.py --seeds 0,1,2
+	$(BIN)/python benchmarks/time_to_gain.py --run-dir runs/demo-bench-seed0 --run-dir runs/demo-bench-seed1 --run-dir runs/demo-bench-seed2
+	$(BIN)/python benchmarks/gpu.py || echo "benchmarks/gpu.py skipped: no CUDA GPU here"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

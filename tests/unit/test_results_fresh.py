@@ -1,0 +1,134 @@
+"""Every figure in README's benchmark table names the results file and commit it comes from, and no results file is
+older than the code it measures.
+
+Each results file records the `commit` it was measured at (top-level key); the table's "measured at" cell names the
+file and that commit. A file is stale when a later commit touched one of the paths listed for it in MEASURES; a
+stale figure may stay only if its row says why ("not re-run: ..."), so no reader takes an old figure for today's.
+The history checks need a git checkout (a clean clone has one) and are skipped outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# results file -> the code its figures depend on (the benchmark itself, then what it times); time_to_gain.py reads
+# the demo's runs (demo.json's figures), serving.py's vLLM part runs serving_vllm.py
+MEASURES: dict[str, list[str]] = {
+    "serving.json": ["benchmarks/serving.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
+                     "marft_lg/serving/adapters.py", "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py",
+                     "marft_lg/serving/mixed_forward.py", "marft_lg/serving/lora.py"],
+    "serving_vllm.json": ["benchmarks/serving_vllm.py", "marft_lg/serving/engine_vllm.py"],
+    "rollout.json": ["benchmarks/rollout.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
+                     "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py", "marft_lg/serving/mixed_forward.py",
+                     "marft_lg/serving/engine_vllm.py", "marft_lg/examples/math_team"],
+    "tracing.json": ["benchmarks/tracing.py", "marft_lg/graph/wrap.py", "marft_lg/graph/chat_model.py",
+                     "marft_lg/tracing/recorder.py", "marft_lg/tracing/sink.py", "marft_lg/tracing/exporters.py",
+                     "marft_lg/tracing/propagation.py"],
+    "mining.json": ["benchmarks/mining.py", "marft_lg/trajectories"],
+    "rewards_scoring.json": ["benchmarks/rewards_scoring.py", "marft_lg/rewards"],
+    "compare.json": ["benchmarks/compare.py", "marft_lg/evaluation/comparison.py", "marft_lg/evaluation/stats.py",
+                     "marft_lg/evaluation/gate.py", "marft_lg/evaluation/report.py",
+                     "marft_lg/evaluation/agent_metrics.py", "marft_lg/rewards/composite.py"],
+    "training.json": ["benchmarks/training.py", "marft_lg/training/ppo.py", "marft_lg/training/batch.py",
+                      "marft_lg/training/units.py", "marft_lg/training/policy.py", "marft_lg/training/buffer.py",
+                      "marft_lg/training/shared_prefix.py"],
+    "hetero.json": ["benchmarks/hetero.py", "marft_lg/training", "marft_lg/serving/team_factory.py"],
+    "gpu.json": ["benchmarks/gpu.py", "marft_lg/training/ppo.py", "marft_lg/training/batch.py",
+                 "marft_lg/training/policy.py", "marft_lg/serving/engine_hf.py"],
+    "distributed.json": ["benchmarks/distributed.py", "marft_lg/distributed", "marft_lg/graph/collect.py"],
+    "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
+                  "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
+                  "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
+}
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _has_history() -> bool:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return False
+    try:
+        return _git("rev-parse", "--is-shallow-repository") == "false"
+    except subprocess.CalledProcessError:
+        return False
+
+
+def later_changes(commit: str, paths: list[str]) -> list[str]:
+    """Commits after `commit` (on the way to HEAD) that touched any of `paths`, newest first."""
+    out = _git("log", "--format=%h %s", f"{commit}..HEAD", "--", *paths)
+    return [line for line in out.splitlines() if line]
+
+
+def test_every_results_file_is_mapped_to_code_that_exists():
+    files = {p.name for p in RESULTS.glob("*.json")}
+    assert files == set(MEASURES), f"unmapped: {sorted(files - set(MEASURES))}, gone: {sorted(set(MEASURES) - files)}"
+    missing = [p for paths in MEASURES.values() for p in paths if not (ROOT / p).exists()]
+    assert not missing, missing
+    for name in files:
+        assert json.loads((RESULTS / name).read_text()).get("commit"), f"{name} records no commit"
+
+
+def readme_rows() -> list[tuple[int, str, str, str]]:
+    """(line, the row, results file, commit) of each row of README's benchmark table."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = lines.index("## Benchmarks")
+    rows = []
+    for n, line in enumerate(lines[start + 1:], start=start + 2):
+        if line.startswith("## "):
+            break
+        if line.startswith("| ") and not line.startswith("| area "):
+            m = re.search(r"\|\s*`([\w.]+\.json)`\s+([0-9a-f]{7,40})\s*\|\s*$", line)
+            rows.append((n, line, m.group(1) if m else "", m.group(2) if m else ""))
+    return rows
+
+
+def test_every_benchmark_row_names_its_results_file_and_that_files_commit():
+    rows = readme_rows()
+    assert len(rows) > 10
+    problems = []
+    for n, line, name, commit in rows:
+        if not name:
+            problems.append(f"README.md:{n}: no `file.json` COMMIT in the last cell: {line[:80]}")
+        elif not (RESULTS / name).exists():
+            problems.append(f"README.md:{n}: benchmarks/results/{name} does not exist")
+        elif not json.loads((RESULTS / name).read_text())["commit"].startswith(commit):
+            recorded = json.loads((RESULTS / name).read_text())["commit"][:7]
+            problems.append(f"README.md:{n}: says {name} at {commit}, the file records {recorded}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.skipif(not _has_history(), reason="needs a git checkout with its history")
+def test_no_results_file_is_older_than_the_code_it_measures():
+    why_old = {name for _, line, name, _ in readme_rows() if "not re-run:" in line}
+    problems = []
+    for name, paths in sorted(MEASURES.items()):
+        commit = json.loads((RESULTS / name).read_text())["commit"]
+        try:
+            _git("cat-file", "-e", f"{commit}^{{commit}}")
+        except subprocess.CalledProcessError:
+            problems.append(f"{name}: its commit {commit[:7]} is not in this repository's history")
+            continue
+        changes = later_changes(commit, paths)
+        if changes and name not in why_old:
+            problems.append(f"{name} was measured at {commit[:7]}; since then {len(changes)} commit(s) changed "
+                            f"what it measures (newest: {changes[0]}). Re-run its benchmark, or say in its README "
+                            f"row why not (\"not re-run: ...\").")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.skipif(not _has_history(), reason="needs a git checkout with its history")
+def test_a_change_to_measured_code_is_seen():
+    first = _git("rev-list", "--max-parents=0", "HEAD").splitlines()[0]
+    assert later_changes(first, ["marft_lg/serving/engine_hf.py"]), "the engine never changed since the first commit?"
+    assert later_changes("HEAD", ["marft_lg"]) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,8 @@ def collect(run_dir: Path) -> dict:
         "minutes": summary["minutes"], "stage_minutes": stage_min,
         "offline_iterations": len(rows) - len(online), "online_iterations": len(online),
         "online_training_minutes": round(sum((r.get("rollout_s") or 0) + r["time_s"] for r in online) / 60, 2),
-        "train_reward_curve": [round(r["reward_mean"], 3) for r in rows],
+        # an iteration whose batch held no scored episode has no mean (None): kept as None, not dropped
+        "train_reward_curve": [None if r.get("reward_mean") is None else round(r["reward_mean"], 3) for r in rows],
         "heldout_n": summary["heldout"]["pairs"],
         "baseline_reward": summary["heldout"]["baseline_reward"],
         "candidate_reward": summary["heldout"]["candidate_reward"],
@@ -90,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
         run_dirs = []
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             run_dir = ROOT / "runs" / f"demo-bench-seed{seed}"
+            for owned in (run_dir, ROOT / "traces" / f"demo-{run_dir.name}"):  # a fresh run: nothing of an earlier one
+                shutil.rmtree(owned, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "marft_lg.cli", "demo", "--seed", str(seed), "--run-dir",
                             str(run_dir)], check=True, cwd=ROOT)
             run_dirs.append(run_dir)

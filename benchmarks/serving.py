@@ -3,7 +3,9 @@
 Same machine, same run, same prompt and lengths for every engine. Measures tokens/s at batch
 sizes 1, 8, 16, 32 for (a) `PeftModel.generate` with one adapter, (b) the HF engine with one
 adapter, (c) the HF engine with a batch mixing 4 adapters; peak RSS with 1 vs 4 adapters (each in
-its own subprocess); and, when benchmarks/serving_vllm.py is present, the vLLM engine through
+its own subprocess); the cost of constrained decoding (every row under a JSON-schema grammar that cannot end
+within `max_tokens`, so the lengths match the free rows; and a 4-adapter batch with every other row constrained);
+and, when benchmarks/serving_vllm.py is present, the vLLM engine through
 `run_vllm_bench`. Writes benchmarks/results/serving.json and prints a Markdown table.
 
     python benchmarks/serving.py [--model SPEC] [--max-tokens 32] [--skip-vllm]
@@ -25,6 +27,9 @@ ROOT = Path(__file__).resolve().parent
 PROMPT = ("Summarise in one paragraph why a team of agents that share one base model but keep their own "
           "small adapters can be trained together, and what could go wrong when they share parameters.")
 TARGETS = {"engine_vs_generate_b16": 1.0, "mixed4_vs_single_b16": 0.8, "rss_4_vs_1": 1.15}
+# a grammar that holds every row to max_tokens (a string of at least 400 characters): same lengths as free rows
+LONG_JSON = {"type": "json_schema", "name": "long", "schema": {
+    "type": "object", "properties": {"text": {"type": "string", "minLength": 400}}, "required": ["text"]}}
 
 
 def _messages(prompt_len: int, tokenizer) -> list[dict[str, str]]:
@@ -66,8 +71,9 @@ def bench_throughput(model_dir: str, batch_sizes: list[int], prompt_len: int, ma
                                  pad_token_id=team.engine.pad_token_id)
         return int((out.shape[1] - ids.shape[1]) * b)
 
-    def run_engine(b: int, n_adapters: int, share_prefix: bool = True) -> int:
-        reqs = [ChatRequest(messages, agent=f"agent{i % n_adapters}", max_tokens=max_tokens, seed=i, ignore_eos=True)
+    def run_engine(b: int, n_adapters: int, share_prefix: bool = True, constrained_every: int = 0) -> int:
+        reqs = [ChatRequest(messages, agent=f"agent{i % n_adapters}", max_tokens=max_tokens, seed=i, ignore_eos=True,
+                            constraint=LONG_JSON if constrained_every and i % constrained_every == 0 else None)
                 for i in range(b)]
         saved = team.engine.min_shared_prefix
         team.engine.min_shared_prefix = saved if share_prefix else 10**9
@@ -80,7 +86,9 @@ def bench_throughput(model_dir: str, batch_sizes: list[int], prompt_len: int, ma
     modes = {"generate": run_generate, "engine_single": lambda b: run_engine(b, 1),
              "engine_mixed4": lambda b: run_engine(b, 4),
              "engine_single_noprefix": lambda b: run_engine(b, 1, False),
-             "engine_mixed4_noprefix": lambda b: run_engine(b, 4, False)}
+             "engine_mixed4_noprefix": lambda b: run_engine(b, 4, False),
+             "engine_single_constrained": lambda b: run_engine(b, 1, constrained_every=1),
+             "engine_mixed4_half_constrained": lambda b: run_engine(b, 4, constrained_every=2)}
     for fn in modes.values():  # warm-up at the largest batch: every mode starts with its prompt prefixes stored
         fn(max(batch_sizes))
     runs = []
@@ -168,6 +176,13 @@ def markdown(results: dict) -> str:
                  f"{rss.get('peak_rss_mb_4_adapters')} MB with 4 (ratio {rss.get('ratio_4_vs_1')}); while serving: "
                  f"{rss.get('serving_rss_mb_1_adapters')} MB vs {rss.get('serving_rss_mb_4_adapters')} MB "
                  f"(ratio {rss.get('serving_ratio_4_vs_1')}).")
+    lines += ["", "| batch | engine, 1 adapter, free | every row constrained | constrained / free | "
+              "4 adapters, every other row constrained | / 4 adapters free |", "|---:|---:|---:|---:|---:|---:|"]
+    for b in sizes:
+        s, c = get.get(("engine_single", b)), get.get(("engine_single_constrained", b))
+        m, h = get.get(("engine_mixed4", b)), get.get(("engine_mixed4_half_constrained", b))
+        if s and c and m and h:
+            lines.append(f"| {b} | {s} | {c} | {c / s:.2f} | {h} | {h / m:.2f} |")
     if vllm:
         lines += ["", "| batch | vLLM-CPU base | vLLM-CPU, 1 adapter | vLLM-CPU, 4 adapters mixed |", "|---:|---:|---:|---:|"]
         for b in sorted({k[1] for k in vllm}):
@@ -231,6 +246,9 @@ def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: floa
         "mixed4_vs_single_b16": _ratio(runs, "engine_mixed4", "engine_single", 16),
         "mixed4_vs_single_b32": _ratio(runs, "engine_mixed4", "engine_single", 32),
         "engine_vs_generate_b32": _ratio(runs, "engine_single", "generate", 32),
+        "constrained_vs_free_b16": _ratio(runs, "engine_single_constrained", "engine_single", 16),
+        "constrained_vs_free_b32": _ratio(runs, "engine_single_constrained", "engine_single", 32),
+        "half_constrained_mixed4_vs_free_b16": _ratio(runs, "engine_mixed4_half_constrained", "engine_mixed4", 16),
         "rss_4_vs_1": rss["ratio_4_vs_1"],
     }
     from marft_lg._provenance import code_state

@@ -167,6 +167,11 @@ class DemoRun:
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
         self.budget, self.run_dir, self.model, self.seed, self.roles = budget, run_dir, model, seed, roles
+        self.trace_dir = trace_root / f"demo-{run_dir.name}"
+        if self.trace_dir.exists() and any(self.trace_dir.iterdir()):  # mining it would mix an earlier run in
+            raise typer.BadParameter(f"{self.trace_dir} already holds the traces of an earlier run named "
+                                     f"{run_dir.name!r}; remove it or choose another run directory",
+                                     param_hint="--run-dir")
         run_dir.mkdir(parents=True, exist_ok=True)
         self.log = _Log(run_dir, self.console)
         from marft_lg._provenance import code_state, machine
@@ -175,7 +180,6 @@ class DemoRun:
         self.log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=self.node_roles,
                         code=self.code)
         torch.manual_seed(seed)
-        self.trace_dir = trace_root / f"demo-{run_dir.name}"
         self.problems = demo_problems(budget, seed)
         self.reward = self.math_team.reward.math_reward()
         self.team: Any = None

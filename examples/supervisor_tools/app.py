@@ -5,7 +5,9 @@ name, pointed at an OpenAI-compatible server (`marft-lg serve --agents superviso
 answers each name with that agent's LoRA adapter). `build_graph(llm)` takes any chat model instead,
 which is how marft_lg's trainer runs the same app on-policy.
 
-The mathematician's `divide` raises on zero; its `ToolNode(handle_tool_errors=True)` turns the exception
+The supervisor hands off with a tool call it must make (`tool_choice="required"`, one call): the server decodes
+it under a grammar, so every routing decision is a well-formed call of one of its three tools, whatever the
+model's size, and the trainer learns which one to pick. The mathematician's `divide` raises on zero; its `ToolNode(handle_tool_errors=True)` turns the exception
 into an error `ToolMessage` the model sees (and the trace records as a tool error), instead of ending
 the run.
 """
@@ -13,10 +15,9 @@ the run.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
@@ -59,13 +60,37 @@ def divide(a: float, b: float) -> float:
     return a / b
 
 
-SUPERVISOR_PROMPT = (
-    "You are a supervisor. Reply with exactly one word: 'researcher' for questions about facts, "
-    "'mathematician' for arithmetic, or 'FINISH' when the last message answers the question."
-)
+@tool
+def transfer_to_researcher() -> str:
+    """Hand the question to the researcher (questions about facts)."""
+    return "researcher"
+
+
+@tool
+def transfer_to_mathematician() -> str:
+    """Hand the question to the mathematician (arithmetic)."""
+    return "mathematician"
+
+
+@tool
+def finish() -> str:
+    """End: the last message answers the question."""
+    return "finish"
+
+
+ROUTES = {"transfer_to_researcher": "researcher", "transfer_to_mathematician": "mathematician", "finish": END}
+SUPERVISOR_PROMPT = ("You are a supervisor. Call transfer_to_researcher for questions about facts, "
+                     "transfer_to_mathematician for arithmetic, or finish when the last message answers the question.")
+
+
+def _handoff(question: str, name: str, call_id: str) -> list[Any]:
+    call = {"name": name, "args": {}, "id": call_id, "type": "tool_call"}
+    return [HumanMessage(question), AIMessage("", tool_calls=[call]), ToolMessage(ROUTES[name], tool_call_id=call_id)]
+
+
 SUPERVISOR_EXAMPLES = [  # few-shot turns: a 135M model follows examples better than instructions
-    HumanMessage("What is lora?"), AIMessage("researcher"),
-    HumanMessage("What is 6 times 7?"), AIMessage("mathematician"),
+    *_handoff("What is lora?", "transfer_to_researcher", "example_1"),
+    *_handoff("What is 6 times 7?", "transfer_to_mathematician", "example_2"),
 ]
 RESEARCHER_PROMPT = (
     "You are a researcher. Call the lookup tool once, then answer in one sentence. Example:\n"
@@ -89,20 +114,22 @@ def _model(llm: Any, role: str) -> Any:
 
 def build_graph(llm: Any = None) -> Any:
     """The compiled app; `llm` (any LangChain chat model) serves every agent, else one ChatOpenAI per agent."""
-    supervisor_llm = _model(llm, "supervisor")
+    supervisor_llm = _model(llm, "supervisor").bind_tools([transfer_to_researcher, transfer_to_mathematician, finish],
+                                                          tool_choice="required", parallel_tool_calls=False)
     researcher = create_react_agent(_model(llm, "researcher"), [lookup], prompt=RESEARCHER_PROMPT, name="researcher")
     mathematician = create_react_agent(_model(llm, "mathematician"), ToolNode([add, multiply, divide], handle_tool_errors=True),
                                        prompt=MATH_PROMPT, name="mathematician")
 
     def supervisor(state: MessagesState) -> dict:
         reply = supervisor_llm.invoke([SystemMessage(SUPERVISOR_PROMPT), *SUPERVISOR_EXAMPLES, *state["messages"]])
-        return {"messages": [reply]}
+        done = [ToolMessage(ROUTES.get(c["name"], END), tool_call_id=c["id"]) for c in reply.tool_calls]
+        return {"messages": [reply, *done]}
 
     def route(state: MessagesState) -> str:
         turns = sum(1 for m in state["messages"] if getattr(m, "name", None) in WORKERS)
-        words = re.findall(r"[a-z]+", str(state["messages"][-1].content).lower())
-        choice = next((w for w in words if w in (*WORKERS, "finish")), "finish")
-        return END if choice == "finish" or turns >= 2 else choice
+        reply = next(m for m in reversed(state["messages"]) if isinstance(m, AIMessage))  # the supervisor's
+        choice = ROUTES.get(reply.tool_calls[0]["name"], END) if reply.tool_calls else END
+        return END if choice == END or turns >= 2 else choice
 
     graph = StateGraph(MessagesState)
     graph.add_node("supervisor", supervisor)

@@ -27,6 +27,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from marft_lg.constraints import constraint_for
 from marft_lg.graph import routing
 from marft_lg.graph.scope import route_of
 from marft_lg.serving.types import ChatRequest, Completion
@@ -245,9 +246,11 @@ class TeamChatModel(BaseChatModel):
             top_p=float(kwargs.get("top_p", self.top_p)),
             stop=stop or kwargs.get("stop") or self.stop,
             seed=seed,
+            constraint=constraint_for(kwargs.get("tools"), kwargs.get("tool_choice"), kwargs.get("parallel_tool_calls"),
+                                      kwargs.get("response_format")),
         )
         info = {"role": role, "call_index": call_index, "tools": kwargs.get("tools"),
-                "response_format": kwargs.get("response_format"), "engine": engine}
+                "response_format": kwargs.get("response_format"), "engine": engine, "constraint": request.constraint}
         return engine, request, info
 
     @staticmethod
@@ -274,7 +277,7 @@ class TeamChatModel(BaseChatModel):
         meta = {
             "prompt_token_ids": list(completion.prompt_token_ids),
             "completion_token_ids": list(completion.completion_token_ids),
-            "logprobs": list(completion.logprobs) if completion.logprobs is not None else None,
+            "logprobs": _behaviour_logprobs(completion, info.get("constraint")),
             "adapter_version": completion.adapter_version,
             "agent": completion.agent,
             "role": info.get("role"),
@@ -284,6 +287,8 @@ class TeamChatModel(BaseChatModel):
             "latency_s": completion.latency_s,
             "finish_reason": completion.finish_reason,
         }
+        if info.get("constraint"):
+            meta["constraint"] = info["constraint"]
         if invalid:
             meta["tool_call_errors"] = [tc["error"] for tc in invalid]
         response_metadata = {
@@ -347,7 +352,8 @@ class TeamChatModel(BaseChatModel):
 
         `tool_choice`: None/"auto", "any"/"required", a tool name (or OpenAI's ``{"type": "function",
         "function": {"name": ...}}``), or "none" (the tools are not shown and answers are not parsed);
-        ``parallel_tool_calls=False`` asks for at most one call per answer.
+        ``parallel_tool_calls=False`` asks for at most one call per answer. A forced choice ("any" or a name)
+        is decoded under a grammar (`marft_lg.constraints`): the answer is always a well-formed call.
         """
         formatted = [convert_to_openai_tool(t) for t in tools]
         if isinstance(tool_choice, dict):
@@ -363,8 +369,8 @@ class TeamChatModel(BaseChatModel):
                                **kwargs: Any) -> Runnable[LanguageModelInput, Any]:
         """Answers parsed into `schema` (pydantic class, TypedDict or JSON schema).
 
-        ``json_schema`` (default) asks for one JSON object matching the schema and parses the first
-        JSON object in the answer; ``function_calling`` uses `bind_tools` with a forced tool call.
+        ``json_schema`` (default) decodes one JSON object under the schema's grammar and parses it;
+        ``json_mode`` any JSON object; ``function_calling`` uses `bind_tools` with a forced tool call.
         A parse failure raises `OutputParserException` (or is returned under ``parsing_error``
         with ``include_raw=True``).
         """
@@ -397,6 +403,14 @@ class TeamChatModel(BaseChatModel):
                 return {"raw": message, "parsed": None, "parsing_error": exc}
 
         return llm | RunnableLambda(parse_with_raw, name="parse_structured_output")
+
+
+def _behaviour_logprobs(completion: Completion, constraint: dict[str, Any] | None) -> list[float] | None:
+    """The completion's log-probs as the trainer may use them: under a constraint, only when the engine took them
+    under the grammar's mask (vLLM returns raw ones; the trainer then recomputes them under the mask)."""
+    if completion.logprobs is None or (constraint and not completion.extra.get("logprobs_masked")):
+        return None
+    return list(completion.logprobs)
 
 
 def extract_json(text: str) -> Any:

@@ -7,7 +7,9 @@ tools, the caller's baggage defaults), and `Completion`s -> the response JSON or
 does. Tools: `tools`, `tool_choice` and `parallel_tool_calls` are honoured as OpenAI/vLLM do; the prompt shows the
 tools through the model's chat template when it renders tools, else in the text format of `marft_lg.tool_calls`;
 the completion's ``<tool_call>`` blocks come back as ``message.tool_calls`` with ``finish_reason: "tool_calls"``,
-malformed ones stay in ``content`` and are listed in ``message.invalid_tool_calls``.
+malformed ones stay in ``content`` and are listed in ``message.invalid_tool_calls``. A forced call (``tool_choice``
+"required" or a named function), ``response_format`` json_object / json_schema and vLLM's ``structured_outputs``
+(json, json_object, grammar) are decoded under a grammar (`marft_lg.constraints`), as vLLM does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+from marft_lg.constraints import ConstraintError, check_constraint, constraint_for
 from marft_lg.serving.errors import UnknownAgentError
 from marft_lg.serving.http import BadRequest
 from marft_lg.serving.served_spans import CallContext
@@ -155,13 +158,19 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
     parallel = bool(_field(body, "parallel_tool_calls", bool, True))
     chat, template_tools = prompt_messages(team, messages, tools, tool_choice, parallel, tool_format,
                                            tokenizer=tokenizer_of(team, agent, base))
+    try:
+        constraint = constraint_for(tools, tool_choice, parallel, body.get("response_format"),
+                                    body.get("structured_outputs"))
+        check_constraint(constraint)
+    except ConstraintError as exc:
+        raise BadRequest(str(exc), exc.field) from exc
     reqs = [
         ChatRequest(
             messages=chat, agent=agent, version=version, max_tokens=max_tokens, tools=template_tools,
             temperature=float(_field(body, "temperature", (int, float), 1.0)),
             top_p=float(_field(body, "top_p", (int, float), 1.0)), stop=stop or None,
             seed=None if seed is None else seed + i, top_logprobs=top_logprobs,
-            ignore_eos=bool(_field(body, "ignore_eos", bool, False)),
+            ignore_eos=bool(_field(body, "ignore_eos", bool, False)), constraint=constraint,
         )
         for i in range(n)
     ]
@@ -169,7 +178,7 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
             "tokens_as_ids": bool(_field(body, "return_tokens_as_token_ids", bool, False)),
             "stream": bool(_field(body, "stream", bool, False)),
             "tool_names": tool_names(tools) if tools_active(tools, tool_choice) else None,
-            "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel}
+            "tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel, "constraint": constraint}
     return reqs, opts
 
 
@@ -253,7 +262,8 @@ def completion_response(team: ServedTeam, completions: list[Completion], opts: d
         "model": opts["model"], "choices": choices,
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c.completion_token_ids) for c in completions),
                   "total_tokens": len(prompt) + sum(len(c.completion_token_ids) for c in completions)},
-        "marft": {"agent": completions[0].agent, "adapter_version": completions[0].adapter_version},
+        "marft": {"agent": completions[0].agent, "adapter_version": completions[0].adapter_version,
+                  "logprobs_masked": bool(completions[0].extra.get("logprobs_masked"))},
     }
     if opts["return_token_ids"]:
         out["prompt_token_ids"] = prompt

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from marft_lg.constraints import vllm_fields
 from marft_lg.serving.errors import ContextLengthError, ServingError, UnknownAgentError
 from marft_lg.serving.types import ChatRequest, Completion
 
@@ -138,6 +139,7 @@ class OpenAIEngineClient:
         if request.tools:  # rendered by the server's chat template; the completion is parsed by the caller
             body["tools"] = request.tools
             body["tool_choice"] = "none"
+        body.update(vllm_fields(request.constraint))  # the server decodes under the grammar (vLLM's own fields)
         if extra_body:
             body.update(extra_body)
         return body
@@ -170,6 +172,8 @@ class OpenAIEngineClient:
         extra: dict[str, Any] = {}
         if data.get("id"):
             extra["id"] = data["id"]
+        if served.get("logprobs_masked"):  # `marft-lg serve` masked them with the grammar; vLLM's are raw
+            extra["logprobs_masked"] = True
         if choice.get("stop_reason") is not None:
             extra["stop_reason"] = choice["stop_reason"]
         if data.get("usage"):

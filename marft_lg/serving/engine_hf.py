@@ -6,7 +6,8 @@ a `PrefixStore`, `prefix.py`); its `Adapters` (`adapters.py`) add, verify-then-l
 adapters between two decode steps, and `sampling.py` picks each token. Owning the loop is what gives
 exact per-request seeds (each request draws from its own generator, whatever the batch), stop strings,
 and the log-prob of every sampled token under the unprocessed model distribution: the numbers the
-trainer needs.
+trainer needs. A constrained request (`ChatRequest.constraint`) decodes under its grammar's token mask
+(`marft_lg.constraints`), row by row, so constrained and free rows share a batch.
 
 On CPU a decode step is bound by reading the weights, so rows on different adapters decode together:
 one base pass plus each row's LoRA delta (`RowAdapters`); a batch on one adapter runs it as peft's
@@ -147,8 +148,9 @@ class HFEngine:
         self.batch_wait_s = batch_wait_s
         self.min_shared_prefix = min_shared_prefix
         self.stats = {"batches": 0, "requests": 0, "largest_batch": 0, "generated_tokens": 0, "shared_prefix_tokens": 0,
-                      "prefix_cache_hits": 0, "joined_running": 0}
+                      "prefix_cache_hits": 0, "joined_running": 0, "constrained_tokens": 0}
         self._exclusive_owner: int | None = None
+        self._grammars: Any = None
         self._closed = False
         self._scheduler = Scheduler(self, seed=seed)
         self._adapters = Adapters(self, step_lock=self._scheduler.step_lock, paused=self._scheduler.paused,
@@ -183,6 +185,16 @@ class HFEngine:
 
     def max_context(self) -> int:
         return self._max_context
+
+    @property
+    def grammars(self) -> Any:
+        """Compiled grammars of constrained requests for this tokenizer and logits width (made on first use)."""
+        if self._grammars is None:
+            from marft_lg.constraints import Grammars
+
+            width = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = Grammars(self.tokenizer, width, sorted(self.eos_token_ids))
+        return self._grammars
 
     @contextmanager
     def exclusive(self) -> Iterator[Any]:
@@ -234,7 +246,8 @@ class HFEngine:
             ids = self.encode(req)
             if len(ids) + req.max_tokens > self._max_context:
                 raise ContextLengthError(len(ids), req.max_tokens, self._max_context, req.agent)
-            items.append(Item(req, name, ids, Future()))
+            matcher = self.grammars.matcher(req.constraint) if req.constraint else None
+            items.append(Item(req, name, ids, Future(), matcher=matcher))
         self._scheduler.put(items)
         return [it.future for it in items]
 

@@ -50,9 +50,10 @@ def sample(logits: Any, temps: Any, top_ps: Any, generators: Sequence[Any]) -> t
 
 
 def top_logprobs(row_logp: Any, k: int) -> dict[int, float]:
-    """The `k` most likely tokens of one row's log-probs: {token id: log-prob}."""
+    """The `k` most likely tokens of one row's log-probs: {token id: log-prob}; tokens a grammar ruled out
+    (log-prob -inf) are left out."""
     values, ids = row_logp.topk(k)
-    return dict(zip(ids.tolist(), values.tolist(), strict=True))
+    return {i: v for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v != float("-inf")}
 
 
 def stop_index(tokens: Sequence[int], stops: Sequence[str], decode: Callable[[Sequence[int]], str]) -> int | None:

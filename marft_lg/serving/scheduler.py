@@ -40,6 +40,7 @@ class Item:
     prompt_ids: list[int]
     future: Future
     submitted: float = field(default_factory=time.perf_counter)
+    matcher: Any = None  # a `RowMatcher` when the request is constrained
 
 
 @dataclass
@@ -349,6 +350,9 @@ class Scheduler:
         import torch
 
         rows = running.rows
+        constrained = [j for j, r in enumerate(rows) if r.item.matcher is not None]
+        if constrained:
+            logits = self._constrain(logits, rows, constrained)
         temps = torch.tensor([float(r.item.request.temperature) for r in rows], device=logits.device)
         top_ps = torch.tensor([float(r.item.request.top_p) for r in rows], device=logits.device)
         chosen, logp, chosen_lp = sample(logits, temps, top_ps, [r.gen for r in rows])
@@ -359,7 +363,15 @@ class Scheduler:
             row.lps.append(chosen_lp[j])
             if req.top_logprobs:
                 row.tops.append(top_logprobs(logp[j], int(req.top_logprobs)))
-            if tok in self.engine.eos_token_ids and not req.ignore_eos:
+            matcher = row.item.matcher
+            if matcher is None:
+                ended = tok in self.engine.eos_token_ids and not req.ignore_eos
+            elif matcher.accept(tok):
+                ended = matcher.done
+            else:  # cannot happen with a masked sampler; should it, this row ends, the batch goes on
+                log.error("token %d was sampled outside the grammar of %s; the row ends here", tok, req.constraint)
+                ended = True
+            if ended:
                 row.finish = "stop"
             elif req.stop and (cut := stop_index(row.tokens, req.stop, self._text)) is not None:
                 row.finish, row.stop_at = "stop", cut
@@ -373,6 +385,18 @@ class Scheduler:
         if len(keep) < len(rows):
             running = self._select(running, keep)
         return running
+
+    def _constrain(self, logits: Any, rows: list[_Row], constrained: list[int]) -> Any:
+        """`logits` (float32) with the tokens each constrained row's grammar forbids at this step set to -inf."""
+        import xgrammar as xgr
+
+        logits = logits.float().contiguous()
+        bits = rows[constrained[0]].item.matcher.new_bitmask(len(rows))
+        for j in constrained:
+            rows[j].item.matcher.fill(bits, j)
+        xgr.apply_token_bitmask_inplace(logits, bits.to(logits.device), indices=constrained)
+        self.engine.stats["constrained_tokens"] += len(constrained)
+        return logits
 
     def _select(self, running: _Running, keep: list[int]) -> _Running:
         """The running rows `keep` (indices); cache columns no remaining row attends to are dropped."""
@@ -426,6 +450,8 @@ class Scheduler:
         if row.stop_at is not None:
             text = text[: row.stop_at]
         extra: dict[str, Any] = {"top_logprobs": row.tops} if it.request.top_logprobs else {}
+        if it.matcher is not None:
+            extra["logprobs_masked"] = True
         stats = self.engine.stats
         stats["requests"] += 1
         stats["generated_tokens"] += len(row.tokens)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from marft_lg.constraints import constraint_key
 from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.tool_calls import call_name_args, choice_name, parse_completion, text_of
 from marft_lg.tracing import attributes as A
@@ -83,7 +84,6 @@ class ServedRecorder:
             A.MARFT_ADAPTER_NAME: c.agent or "",
             A.MARFT_PROMPT_TOKEN_IDS: A.encode_ints(c.prompt_token_ids),
             A.MARFT_COMPLETION_TOKEN_IDS: A.encode_ints(c.completion_token_ids),
-            A.MARFT_COMPLETION_LOGPROBS: A.encode_floats(c.logprobs),
             A.GEN_AI_RESPONSE_FINISH_REASONS: [c.finish_reason],
             A.GEN_AI_USAGE_INPUT_TOKENS: c.input_tokens, A.GEN_AI_USAGE_OUTPUT_TOKENS: c.output_tokens,
             A.GEN_AI_REQUEST_TEMPERATURE: request.temperature, A.GEN_AI_REQUEST_TOP_P: request.top_p,
@@ -97,6 +97,11 @@ class ServedRecorder:
             attrs[A.MARFT_EPISODE_ID] = ctx.episode_id
         if request.seed is not None:
             attrs[A.GEN_AI_REQUEST_SEED] = int(request.seed)
+        constraint = opts.get("constraint")
+        if constraint:
+            attrs[A.MARFT_CONSTRAINT] = constraint_key(constraint)
+        if not constraint or c.extra.get("logprobs_masked"):  # raw log-probs of a constrained row: the trainer
+            attrs[A.MARFT_COMPLETION_LOGPROBS] = A.encode_floats(c.logprobs)  # recomputes them under the mask
         choice = opts.get("tool_choice")
         if opts.get("tool_names") is not None and choice is not None:
             attrs[A.MARFT_TOOL_CHOICE] = choice if isinstance(choice, str) else (choice_name(choice) or "")

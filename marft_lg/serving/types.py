@@ -19,7 +19,8 @@ class ChatRequest:
     engine currently serves for that role. `tools` (OpenAI function tools) are handed to the chat
     template (``apply_chat_template(tools=...)``); only `marft-lg serve` sets them, for a model whose
     template renders tools. Everywhere else tools are already rendered into `messages` in the text
-    format of `marft_lg.tool_calls`.
+    format of `marft_lg.tool_calls`. `constraint` (`marft_lg.constraints`: a forced tool call or a JSON
+    response format) restricts decoding to what its grammar allows; None leaves the completion free.
     """
 
     messages: list[dict[str, Any]]
@@ -33,6 +34,7 @@ class ChatRequest:
     top_logprobs: int = 0
     ignore_eos: bool = False
     tools: list[dict[str, Any]] | None = None
+    constraint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,8 +45,9 @@ class Completion:
     """A completion with everything the trainer needs, as the engine produced it.
 
     `logprobs[k]` is the log-probability of `completion_token_ids[k]` under the unprocessed model
-    distribution (temperature 1, no top-p), as vLLM returns by default; token ids are the engine's
-    own, never re-tokenised.
+    distribution (temperature 1, no top-p), as vLLM returns by default; under a constraint, that
+    distribution restricted to the tokens the grammar allowed (``extra["logprobs_masked"]``). Token ids
+    are the engine's own, never re-tokenised.
     """
 
     text: str

@@ -81,6 +81,9 @@ MARFT_EPISODE_SIDE_STATUS = "marft.mirror.shadow_status"  # on shadow roots: "ok
 MARFT_SERVED = "marft.served"  # true on a span a marft_lg server recorded for a request it answered
 MARFT_CHOICE_INDEX = "marft.choice.index"  # which of the request's `n` choices the span records
 MARFT_TOOL_CHOICE = "marft.request.tool_choice"  # the request's tool_choice: "auto", "required", a tool name
+# JSON (`marft_lg.constraints`): the grammar a completion was decoded under (a forced tool call, a JSON schema); its
+# log-probs are then under the masked distribution, and the trainer re-applies the mask
+MARFT_CONSTRAINT = "marft.request.constraint"
 # AIMessage.response_metadata key under which TeamChatModel puts the engine's Completion fields
 # (prompt_token_ids, completion_token_ids, logprobs, adapter_version, agent, model, seed, latency_s).
 RESPONSE_METADATA_KEY = "marft"

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from marft_lg.constraints import constraint_key
 from marft_lg.tool_calls import OPEN, parse_tool_calls
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.messages import (
@@ -108,6 +109,8 @@ def _engine(span: SpanRecord, meta: dict[str, Any], rmeta: dict[str, Any]) -> No
         attrs[A.GEN_AI_REQUEST_SEED] = int(meta["seed"])
     if meta.get("call_index") is not None:
         attrs[A.MARFT_CALL_INDEX] = int(meta["call_index"])
+    if meta.get("constraint"):
+        attrs[A.MARFT_CONSTRAINT] = constraint_key(meta["constraint"])
     model = meta.get("model") or rmeta.get("model_name") or rmeta.get("model")
     if model:
         attrs[A.GEN_AI_RESPONSE_MODEL] = str(model)

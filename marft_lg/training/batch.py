@@ -6,6 +6,9 @@
    (or the group-relative baseline without a critic), normalised over the records being trained;
 4. reference log-probs, when the KL-to-reference penalty is on.
 
+A constrained action (decoded under a grammar, `marft_lg.constraints`) gets its token masks here too: every
+log-prob of it, behaviour, reference or updated, is taken under the distribution its grammar allowed.
+
 Also the length-sorted micro-batching every model pass over records goes through (here and in `ppo`).
 What depends on the action/token unit is asked of the config's `Unit` (`units.unit_for`).
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
+from marft_lg.constraints import Grammars, load_constraint
 from marft_lg.serving.device import model_device
 from marft_lg.training.buffer import ActionRecord, RolloutBuffer, collate
 from marft_lg.training.config import MARFTConfig
@@ -33,6 +38,20 @@ class BaseModel:
 
     model: torch.nn.Module
     pad_id: int
+    grammars: Any = None
+    """`Grammars` (or `LazyGrammars`) of this base's tokenizer, for the token masks of constrained actions."""
+
+
+class LazyGrammars:
+    """A base's `Grammars`, made on first use (xgrammar is only loaded when an action was constrained)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any):
+        self._model, self._tokenizer, self._grammars = model, tokenizer, None
+
+    def allowed_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> torch.Tensor:
+        if self._grammars is None:
+            self._grammars = Grammars.for_model(self._model, self._tokenizer)
+        return self._grammars.allowed_bits(constraint, token_ids)
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,11 @@ class TrainBatch:
     features: tuple[torch.Tensor | None, ...]
     reference: tuple[torch.Tensor | None, ...]
     trained: tuple[int, ...]
+    masks: Mapping[int, torch.Tensor] = field(default_factory=dict)
+    """Packed token masks of the constrained records (`constraint_masks`), by record index."""
+
+    def mask_bits(self, idx: Sequence[int], device: torch.device | None = None) -> torch.Tensor | None:
+        return stacked_masks(self.masks, self.records, idx, device)
 
     def indices(self, agents: Sequence[str] | None = None, base: str | None = None) -> list[int]:
         """Indices of the trained records of `agents` (all trained ones when None), on `base` if given."""
@@ -134,16 +158,42 @@ def scatter(mask: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 # ---- the no-gradient passes that build the batch ------------------------------------------------
 
+def constraint_masks(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel]) -> dict[int, torch.Tensor]:
+    """`{i: packed mask [tokens, ceil(V / 32)]}` of every constrained record: what its grammar allowed at each
+    completion step, re-derived from the recorded constraint and tokens with its base's tokenizer."""
+    out: dict[int, torch.Tensor] = {}
+    for i, r in enumerate(records):
+        constraint = load_constraint(r.constraint)
+        grammars = bases[r.base].grammars if r.base in bases else None
+        if constraint is not None and grammars is not None:
+            out[i] = grammars.allowed_bits(constraint, r.completion_ids)
+    return out
+
+
+def stacked_masks(masks: Mapping[int, torch.Tensor], records: Sequence[ActionRecord], idx: Sequence[int],
+                  device: torch.device | None = None) -> torch.Tensor | None:
+    """The masks of the records at `idx`, one row per completion token in collate order (a free record's rows
+    allow every token); None when none of them is constrained."""
+    if not any(i in masks for i in idx):
+        return None
+    width = next(m.shape[1] for i, m in masks.items() if i in idx)
+    rows = [masks[i] if i in masks else torch.full((records[i].n_tokens, width), -1, dtype=torch.int32) for i in idx]
+    return torch.cat(rows).to(device) if device is not None else torch.cat(rows)
+
+
 @torch.no_grad()
 def completion_logprobs(model: torch.nn.Module, records: Sequence[ActionRecord], idx: Sequence[int],
-                        cfg: MARFTConfig, pad_id: int, batch_size: int = 8) -> dict[int, torch.Tensor]:
-    """`{i: log-probs of records[i]'s completion tokens}` under the model as currently set."""
+                        cfg: MARFTConfig, pad_id: int, batch_size: int = 8,
+                        masks: Mapping[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+    """`{i: log-probs of records[i]'s completion tokens}` under the model as currently set (a constrained record's
+    under its grammar's mask, `masks`)."""
     out: dict[int, torch.Tensor] = {}
     for part in inference_batches(records, idx, cfg, batch_size):
         rows = [records[i] for i in part]
         t = collate(rows, pad_id, model_device(model))
         lp, _ = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                               chunk_size=cfg.logprob_chunk)
+                               chunk_size=cfg.logprob_chunk,
+                               allowed_bits=stacked_masks(masks or {}, records, part, t["input_ids"].device))
         sel = t["completion_mask"].bool()
         for b, i in enumerate(part):
             out[i] = lp[b][sel[b]].float().cpu()
@@ -151,7 +201,8 @@ def completion_logprobs(model: torch.nn.Module, records: Sequence[ActionRecord],
 
 
 def behaviour_logprobs(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel],
-                       adapter_for: Callable[[ActionRecord], str], cfg: MARFTConfig) -> list[torch.Tensor]:
+                       adapter_for: Callable[[ActionRecord], str], cfg: MARFTConfig,
+                       masks: Mapping[int, torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Behaviour log-probs per record: the trace's, or recomputed with the adapter the span names."""
     out: dict[int, torch.Tensor] = {i: torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
                                     for i, r in enumerate(records) if r.behaviour_logprobs is not None}
@@ -162,7 +213,7 @@ def behaviour_logprobs(records: Sequence[ActionRecord], bases: Mapping[str, Base
     for (base, adapter), idx in todo.items():
         b = bases[base]
         with only_adapter_trainable(b.model, adapter):
-            out.update(completion_logprobs(b.model, records, idx, cfg, b.pad_id))
+            out.update(completion_logprobs(b.model, records, idx, cfg, b.pad_id, masks=masks))
     return [out[i] for i in range(len(records))]
 
 
@@ -228,7 +279,7 @@ def compute_advantages(records: Sequence[ActionRecord], values: Sequence[torch.T
 
 
 def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], bases: Mapping[str, BaseModel],
-                       cfg: MARFTConfig) -> dict[int, torch.Tensor]:
+                       cfg: MARFTConfig, masks: Mapping[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
     """Log-probs of the records at `idx` under the reference (each base with adapters disabled).
 
     The reference is frozen, so this runs once per iteration instead of once per epoch and minibatch.
@@ -240,7 +291,7 @@ def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], base
     for base, part in by_base.items():
         b = bases[base]
         with b.model.disable_adapter():
-            out.update(completion_logprobs(b.model, records, part, cfg, b.pad_id))
+            out.update(completion_logprobs(b.model, records, part, cfg, b.pad_id, masks=masks))
     return out
 
 
@@ -251,13 +302,14 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     records of `agents`), reference log-probs; every model pass it needs runs here, once."""
     records = tuple(buffer.records)
     trained = tuple(i for i, r in enumerate(records) if r.agent in set(agents))
-    behaviour = behaviour_logprobs(records, bases, adapter_for, cfg)
+    masks = constraint_masks(records, bases)
+    behaviour = behaviour_logprobs(records, bases, adapter_for, cfg, masks)
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
     if cfg.normalize_advantages:
         unit_for(cfg).normalize(advantages, trained)
-    ref = reference_logprobs(records, trained, bases, cfg) if cfg.kl_ref_coef > 0 else {}
+    ref = reference_logprobs(records, trained, bases, cfg, masks) if cfg.kl_ref_coef > 0 else {}
     return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),
                       values=tuple(values), returns=tuple(returns), features=tuple(features),
-                      reference=tuple(ref.get(i) for i in range(len(records))), trained=trained)
+                      reference=tuple(ref.get(i) for i in range(len(records))), trained=trained, masks=masks)
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marft_lg.constraints import constraint_key, load_constraint
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 
@@ -43,6 +44,8 @@ class ActionRecord:
     """The base model the agent runs on (its tokens are that base's tokenizer's)."""
     critic_prompt_ids: list[int] | None = None
     """The observation in the critic base's tokens, when the critic sits on another base than `base`."""
+    constraint: str | None = None
+    """The grammar the completion was decoded under (`marft_lg.constraints`, as JSON), None when it was free."""
 
     @property
     def n_tokens(self) -> int:
@@ -133,6 +136,7 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             kept.append({"index": i, "episode_id": str(eid), "scenario_id": sid_by_ep.get(eid), "order": int(row["order"]),
                          "agent": agent, "adapter_version": row.get("adapter_version"), "prompt_ids": prompt_ids,
                          "completion_ids": completion_ids, "behaviour_logprobs": logprobs, "reward": 0.0,
+                         "constraint": _constraint(row.get("constraint")),
                          "words": max(1, len(str(row.get("completion") or "").split())), "recomputed": recompute,
                          "base": base, "critic_prompt_ids": critic_ids})
         if not kept:
@@ -146,6 +150,12 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             records.append(ActionRecord(**fields, done=k == len(kept) - 1))
     return RolloutBuffer(records=records, skipped=skipped, recomputed=recomputed, frozen=frozen,
                          retokenised=retokenised)
+
+
+def _constraint(value: Any) -> str | None:
+    """An action's constraint cell as canonical JSON (None: free, missing, or not a constraint)."""
+    c = load_constraint(value)
+    return constraint_key(c) if c is not None else None
 
 
 def _logprob_plan(logprobs: list[float] | None, n_tokens: int, mode: str) -> tuple[str, str | None]:

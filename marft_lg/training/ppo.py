@@ -62,7 +62,7 @@ def _policy_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
     sel = t["completion_mask"].bool()
     mask = sel.float()
     new_lp, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                                     chunk_size=cfg.logprob_chunk)
+                                     chunk_size=cfg.logprob_chunk, allowed_bits=batch.mask_bits(idx, t["input_ids"].device))
     old_lp = scatter(sel, [batch.behaviour[i] for i in idx])
     adv_tok = scatter(sel, [batch.advantages[i] for i in idx])
     words = torch.tensor([float(r.words) for r in recs], device=new_lp.device)
@@ -214,7 +214,7 @@ def post_update_check(model: torch.nn.Module, batch: TrainBatch, idx: list[int],
         t = collate([batch.records[i] for i in part], pad_id, model_device(model))
         mask = t["completion_mask"].bool()
         lp, ent = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
-                                 chunk_size=cfg.logprob_chunk)
+                                 chunk_size=cfg.logprob_chunk, allowed_bits=batch.mask_bits(part, t["input_ids"].device))
         old = torch.cat([batch.behaviour[i] for i in part]).to(lp.device)
         logratio = lp[mask] - old
         kls += float(((logratio.exp() - 1) - logratio).sum())

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from marft_lg.rewards.base import Scorer
-from marft_lg.training.batch import BaseModel, Critic, TrainBatch, build_batch
+from marft_lg.training.batch import BaseModel, Critic, LazyGrammars, TrainBatch, build_batch
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.checkpoint import save_checkpoint
 from marft_lg.training.config import MARFTConfig
@@ -55,6 +55,12 @@ class _Base:
     tokenizer: Any
     pad_id: int
     roles: list[str]
+    grammars: Any = None  # `Grammars` of this base, made when a constrained action first needs them
+
+    def batch_base(self) -> BaseModel:
+        if self.grammars is None:
+            self.grammars = LazyGrammars(self.model, self.tokenizer)
+        return BaseModel(self.model, self.pad_id, self.grammars)
 
 
 class MARFTTrainer:
@@ -276,7 +282,7 @@ class MARFTTrainer:
             for b in self.bases.values():
                 paused.enter_context(b.policy.exclusive())
             if buffer.records:
-                batch = build_batch(buffer, {n: BaseModel(b.model, b.pad_id) for n, b in self.bases.items()}, cfg,
+                batch = build_batch(buffer, {n: b.batch_base() for n, b in self.bases.items()}, cfg,
                                     agents=agents, adapter_for=self._adapter_for, critic=self.critic)
                 snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
                          for a in agents}

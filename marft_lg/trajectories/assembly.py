@@ -32,7 +32,8 @@ from marft_lg.trajectories.quarantine import Quarantine
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
 _START, _END = attrgetter("start_ns"), attrgetter("end_ns")
 _TRACE, _SPAN, _PARENT, _FMT = attrgetter("trace_id"), attrgetter("span_id"), attrgetter("parent_id"), attrgetter("fmt")
-ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "trace_id")  # the action rows' fields, in order
+# the action rows' fields, in order: the dataset's columns, then two optional ones (older datasets lack them)
+ACTION_FIELDS: tuple[str, ...] = (*ACTION_COLUMNS, "constraint", "trace_id")
 _AGENT, _MESSAGES, _COMPLETION, _DEPENDS_ON, _TOOL_CALLS, _TOOL_ERRORS, _PROMPT_IDS, _COMPLETION_IDS = map(
     ACTION_FIELDS.index, ("agent", "messages", "completion", "depends_on", "tool_calls", "tool_errors",
                           "prompt_token_ids", "completion_token_ids"))
@@ -199,7 +200,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
             [dict(tc, result=None, error=tc.get("error") or None) for tc in c.tool_calls] if c.tool_calls else [],
             sum(1 for tc in c.tool_calls if tc.get("error")) if c.tool_calls else 0,  # tool_errors: malformed calls
             c.input_tokens, c.output_tokens, latency if latency is not None else (c.end_ns - c.start_ns) / 1e9,
-            c.model, c.adapter_version, c.trace_id,
+            c.model, c.adapter_version, c.constraint, c.trace_id,
         ])
     for row in actions:  # no exact prompt or completion ids: the trainer re-tokenises these actions
         if row[_PROMPT_IDS] is None or row[_COMPLETION_IDS] is None:
@@ -281,6 +282,7 @@ def _absorb(app: SpanInfo, srv: SpanInfo) -> None:
     app.model = srv.model or app.model
     app.input_tokens, app.output_tokens = srv.input_tokens, srv.output_tokens
     app.response_id = app.response_id or srv.response_id
+    app.constraint = srv.constraint or app.constraint
 
 
 def _attach_tools(tools: list[SpanInfo], calls: list[SpanInfo], tasks: list[str], actions: list[list[Any]],

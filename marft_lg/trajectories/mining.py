@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marft_lg.tracing.files import trace_files
-from marft_lg.trajectories.assembly import NO_TOKEN_IDS, group_episodes
-from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS
+from marft_lg.trajectories.assembly import ACTION_FIELDS, NO_TOKEN_IDS, group_episodes
+from marft_lg.trajectories.columns import EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
@@ -289,7 +289,7 @@ def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> Tra
         episodes[col] = pd.to_datetime(episodes[col].astype("int64"), unit="ns", utc=True)
     episodes["n_actions"] = episodes["n_actions"].astype("int64")
     columns: dict[str, pd.Series] = {}
-    for name in [*ACTION_COLUMNS, "trace_id"]:  # one column at a time: each list is freed once converted
+    for name in ACTION_FIELDS:  # one column at a time: each list is freed once converted
         dtype = _ACTION_DTYPES.get(name)
         chunks = action_chunks.pop(name)
         values = list(chain.from_iterable(chunks))

@@ -29,7 +29,7 @@ ACTION_SCHEMA = pa.schema([
     ("completion_logprobs", pa.list_(pa.float64())), ("depends_on", pa.list_(pa.int64())),
     ("tool_calls", pa.string()), ("tool_errors", pa.int64()), ("input_tokens", pa.int64()),
     ("output_tokens", pa.int64()), ("latency_s", pa.float64()), ("model", pa.string()),
-    ("adapter_version", pa.string()), ("trace_id", pa.string()),
+    ("adapter_version", pa.string()), ("constraint", pa.string()), ("trace_id", pa.string()),
 ])
 # token ids from a large vocabulary: a dictionary saves ~8% of their size and doubles the time to encode them
 _NO_DICTIONARY = frozenset({"prompt_token_ids", "completion_token_ids"})

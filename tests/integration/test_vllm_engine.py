@@ -174,6 +174,32 @@ def test_async_mixed_batch_keeps_order(engine):
     assert all(len(o.completion_token_ids) == len(o.logprobs) > 0 for o in outs)
 
 
+def test_guided_requests_are_forwarded_to_vllm_and_hold(engine):
+    """json_schema and a forced call in marft_lg's <tool_call> format go to vLLM as its own fields
+    (response_format, structured_outputs.grammar): vLLM's grammar backend holds them, not marft_lg."""
+    import json
+
+    import jsonschema
+
+    from marft_lg.constraints import constraint_for
+    from marft_lg.tool_calls import parse_completion, render_messages
+
+    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20},
+                                               "long": {"type": "boolean"}}, "required": ["river", "long"]}
+    js = constraint_for(response_format={"type": "json_schema", "json_schema": {"name": "River", "schema": schema}})
+    outs = engine.generate([_req(max_tokens=48, temperature=0.0, constraint=js),
+                            _req(max_tokens=48, temperature=1.0, seed=3, constraint=js)], ["planner@v1", None])
+    for out in outs:
+        jsonschema.validate(json.loads(out.text), schema)
+        assert not out.extra.get("logprobs_masked")  # vLLM's log-probs are raw: the trainer recomputes them
+    tool = {"type": "function", "function": {"name": "get_capital", "parameters": {
+        "type": "object", "properties": {"country": {"type": "string", "maxLength": 20}}, "required": ["country"]}}}
+    forced = constraint_for([tool], "required")
+    msgs = render_messages([{"role": "user", "content": "What is the capital of Kenya?"}], [tool], "required")
+    (out,) = engine.generate([_req(messages=msgs, max_tokens=64, temperature=0.0, constraint=forced)], ["writer@v1"])
+    assert [c["name"] for c in parse_completion(out.text, ["get_capital"]).tool_calls] == ["get_capital"], out.text
+
+
 def test_bad_requests_raise_clear_errors(engine):
     from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 

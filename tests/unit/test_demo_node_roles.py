@@ -57,3 +57,15 @@ def test_demo_rejects_bad_node_roles_before_any_work(tmp_path):
     text = " ".join(re.sub("[│╭╮╰╯─]", " ", out.output).split())
     assert "node 'reasoner' maps to role 'critic', which is not one of the agents ['reasoner', 'actor']" in text
     assert not run_dir.exists()
+
+
+def test_demo_refuses_a_trace_folder_an_earlier_run_of_the_same_name_left(tmp_path):
+    """A run directory removed by hand leaves its traces behind; a new run of that name would mine them too."""
+    run_dir, traces = tmp_path / "run", tmp_path / "traces"
+    (traces / "demo-run").mkdir(parents=True)
+    (traces / "demo-run" / "spans-old.jsonl").write_text("{}\n")
+    out = CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(run_dir), "--trace-root", str(traces)])
+    assert out.exit_code == 2, out.output
+    text = " ".join(re.sub("[│╭╮╰╯─]", " ", out.output).split())
+    assert "already holds the traces of an earlier run named 'run'" in text
+    assert not run_dir.exists()

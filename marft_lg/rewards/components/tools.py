@@ -1,14 +1,27 @@
 """Tool-use components: how often tool calls failed (ToolErrorRate) and whether the right tools were used
-(ToolSelectionAccuracy, against the scenario's `expected_tools`)."""
+(ToolSelectionAccuracy, against the scenario's `expected_tools`).
+
+A call the request forced by name (``tool_choice`` naming the function, recorded in the action's `constraint`) was
+not the model's choice: selection accuracy leaves it out. Under ``tool_choice: "required"`` the model still chose
+which tool, so those calls count. Errors count whatever forced the call: they are what the model wrote."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from marft_lg.constraints import load_constraint
 from marft_lg.rewards.base import ComponentScore, RewardComponent, action_list, action_number
 from marft_lg.rewards.registry import register_component
 from marft_lg.trajectories.dataset import Episode
+
+
+def chosen_calls(action: dict[str, Any]) -> list[dict[str, Any]]:
+    """The action's tool calls the model chose: none when the request forced one tool by name."""
+    constraint = load_constraint(action.get("constraint"))
+    if constraint is not None and constraint["type"] == "tool_calls" and constraint.get("choice") != "required":
+        return []
+    return [tc for tc in action_list(action.get("tool_calls")) if isinstance(tc, dict)]
 
 
 def _errors(action: dict[str, Any]) -> int:
@@ -64,7 +77,7 @@ class ToolSelectionAccuracy(RewardComponent):
                              f"{episode.episode_id!r} has scenario {episode.info.get('scenario_id')!r} which "
                              "was not given: pass --scenarios / scenarios=")
         expected = set(episode.scenario.get("expected_tools") or [])
-        called = [tc.get("name") for a in episode.actions for tc in action_list(a.get("tool_calls"))]
+        called = [tc.get("name") for a in episode.actions for tc in chosen_calls(a)]
         if not expected:
             return 1.0 if not called else 0.0
         if not called:

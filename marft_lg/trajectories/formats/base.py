@@ -49,6 +49,7 @@ class SpanInfo:
     served: bool = False  # recorded by a marft_lg server for a request it answered (merged into the app's call)
     response_id: str | None = None  # the server's completion id (`gen_ai.response.id`), a join key
     choice: int | None = None  # which of the request's choices a server span records
+    constraint: str | None = None  # JSON: the grammar the completion was decoded under (`marft_lg.constraints`)
     tool_name: str | None = None
     tool_args: Any = None
     tool_result: Any = None

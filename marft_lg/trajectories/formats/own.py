@@ -73,7 +73,8 @@ _LLM = (Attr("prompt_token_ids", A.MARFT_PROMPT_TOKEN_IDS),
         Attr("latency_s", A.MARFT_LATENCY_S, _latency),
         Attr("tool_calls", A.MARFT_TOOL_CALLS, _tool_calls, mode="replace"),
         Attr("served", A.MARFT_SERVED, _true),
-        Attr("choice", A.MARFT_CHOICE_INDEX, as_int))
+        Attr("choice", A.MARFT_CHOICE_INDEX, as_int),
+        Attr("constraint", A.MARFT_CONSTRAINT, as_str))
 
 FORMAT = Format(
     NAME,

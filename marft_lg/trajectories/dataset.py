@@ -127,4 +127,7 @@ def _from_parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
     for col in out.columns:
         if out[col].dtype == object:
             out[col] = [v.tolist() if isinstance(v, np.ndarray) else v for v in out[col]]
+    if "constraint" in out.columns:  # null when free: a typed text column in one file, an all-null one in another
+        out["constraint"] = pd.Series([v if isinstance(v, str) else None for v in out["constraint"]], dtype=object,
+                                      index=out.index)
     return out

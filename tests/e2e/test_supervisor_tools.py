@@ -43,6 +43,11 @@ def test_the_whole_loop_runs_from_the_cli(tmp_path):
         actions = pd.read_parquet(work / "data" / "actions.parquet")
         assert set(actions["agent"]) <= {"supervisor", "researcher", "mathematician"}
         assert "supervisor" in set(actions["agent"]) and len(set(actions["agent"])) >= 2  # it routed to a worker
+        routes = {"transfer_to_researcher", "transfer_to_mathematician", "finish"}
+        for row in actions[actions["agent"] == "supervisor"].to_dict("records"):  # every hand-off a parsed call
+            calls = json.loads(row["tool_calls"])
+            assert [c["name"] in routes and not c.get("error") for c in calls] == [True], row["completion"]
+            assert json.loads(row["constraint"])["choice"] == "required" and row["tool_errors"] == 0
         assert (actions.groupby("episode_id")["step"].apply(lambda s: list(s) == sorted(s))).all()
         _cli(["score", "data", "--reward", "reward.yaml", "--scenarios", "scenarios.jsonl", "--out", "scores.parquet"],
              work, env)
@@ -55,6 +60,11 @@ def test_the_whole_loop_runs_from_the_cli(tmp_path):
                     agents, "--max-tokens", "48", "--out", "runs/compare", "--no-drift"], work, env, timeout=900)
         decision = json.loads((work / "runs" / "compare" / "decision.json").read_text())
         assert decision["decision"] in ("promote", "reject") and "gate:" in out
+        from marft_lg.trajectories.mining import mine
+
+        replayed = mine([work / "runs" / "compare" / "traces"]).actions
+        sup = replayed[replayed["agent"] == "supervisor"]
+        assert len(sup) and (sup["tool_errors"] == 0).all()  # replays hand off with forced calls too
 
         server_url = f"http://127.0.0.1:{port}"
         out = _cli(["promote", "--registry", "registry", "--versions", "candidate", "--force", "--server", server_url,

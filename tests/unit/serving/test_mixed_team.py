@@ -209,7 +209,7 @@ def test_server_answers_a_role_from_its_base_and_a_base_name_without_adapter(cli
     r = _chat(client, model="writer", logprobs=True)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["marft"] == {"agent": "writer", "adapter_version": mixed.versions()["writer"]}
+    assert body["marft"] == {"agent": "writer", "adapter_version": mixed.versions()["writer"], "logprobs_masked": False}
     direct = mixed.team_of("writer").chat([ChatRequest(MSG, agent="writer", max_tokens=3, seed=5, ignore_eos=True)])[0]
     assert body["choices"][0]["token_ids"] == direct.completion_token_ids
     assert len(body["choices"][0]["logprobs"]["content"]) == 3

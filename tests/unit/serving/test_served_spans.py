@@ -149,7 +149,7 @@ def test_a_role_named_like_its_base_model_is_served_its_adapter(tiny_model_dir, 
         assert "writer" in team.bases
         with sink.tap() as spans:
             out = _ask(server)
-        assert out["marft"] == {"agent": "writer", "adapter_version": "init"}
+        assert out["marft"] == {"agent": "writer", "adapter_version": "init", "logprobs_masked": False}
         assert spans[0].attributes[A.MARFT_AGENT_ROLE] == "writer"
     finally:
         server.close()

@@ -41,6 +41,7 @@ ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temper
 PHASES = ("offline", "online")
 EXIT_BAD_INPUT = 2
 EXIT_ROLLOUTS = 1  # the online phase's episodes failed (or missed the versions under test): nothing published
+EXIT_NO_DATA = 1  # the offline data held no usable episode: nothing trained, nothing published
 
 
 @dataclass
@@ -235,6 +236,23 @@ def _load_dataset(spec: str):
     return mine([spec])
 
 
+def _no_usable_data(spec: str, dataset: Any) -> str | None:
+    """Why the offline data cannot train anything (no episode with an action), naming what was read; None if it can.
+    Without this check an empty folder "trains" on nothing and publishes the starting weights as `candidate`."""
+    episodes, actions = len(dataset), len(dataset.actions)
+    if episodes and actions:
+        return None
+    p = Path(spec)
+    if p.is_dir() and (p / "episodes.parquet").exists():
+        read = f"the dataset {spec}"
+    else:
+        from marft_lg.tracing.files import trace_files
+
+        read = f"{len(trace_files([spec]))} trace file(s) under {spec}"
+    return (f"data: no usable episodes in {read}: {episodes} episode(s), {actions} action(s) found; nothing trained, "
+            "alias 'candidate' not set")
+
+
 def _input_errors() -> tuple[type[BaseException], ...]:
     """What bad input (a config, a named file, a damaged run directory) raises: printed, exit 2, no traceback."""
     from marft_lg.training.checkpoint import CheckpointError
@@ -257,8 +275,8 @@ def train(
 ) -> None:
     """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph).
 
-    Exit codes: 0 trained; 1 the online phase's episodes failed (fewer than half succeeded, or they were not
-    served by the adapters being trained), nothing published; 2 bad input (train.yaml, a file it names, a run
+    Exit codes: 0 trained; 1 the offline data held no usable episode, or the online phase's episodes failed (fewer
+    than half succeeded, or they were not served by the adapters being trained), nothing published; 2 bad input (train.yaml, a file it names, a run
     directory that already holds another run, a damaged checkpoint or metrics file), printed without a traceback."""
     from rich.console import Console
 
@@ -286,6 +304,9 @@ def train(
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read
         raise _fail(str(exc)) from None
+    empty = _no_usable_data(spec.data, dataset) if dataset is not None else None
+    if empty:
+        raise _fail(empty, code=EXIT_NO_DATA)
     if overwrite:
         removed = clear_run_files(spec.run_dir)
         if removed:

@@ -20,8 +20,12 @@ from marft_lg.training.config import MARFTConfig
 runner = CliRunner()
 
 
-class _EmptyDataset(list):
-    actions: list = []
+class _OneEpisode(list):
+    """A stand-in dataset with one episode and one action: enough for `train` to go on to the trainer."""
+
+    def __init__(self) -> None:
+        super().__init__([{"episode_id": "e"}])
+        self.actions = [{"episode_id": "e"}]
 
 
 def _flat(text: str) -> str:
@@ -152,7 +156,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _EmptyDataset())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _OneEpisode())
     (tmp_path / "data").mkdir()
     run = tmp_path / "runs" / "train"
     (run / "checkpoints" / "iter_000001").mkdir(parents=True)
@@ -185,7 +189,7 @@ def test_damaged_checkpoints_on_resume_exit_2_naming_them(tmp_path, monkeypatch)
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _EmptyDataset())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _OneEpisode())
     (tmp_path / "data").mkdir()
     result, text = _invoke("--config", _write(tmp_path, BASE), "--resume")
     assert result.exit_code == 2 and "iter_000002: truncated" in text and "Traceback" not in result.output

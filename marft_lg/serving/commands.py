@@ -86,7 +86,10 @@ def serve(
     agents: str = typer.Option(..., help="Comma-separated agent roles, e.g. planner,writer; ROLE=MODEL puts a role "
                                          "on its own base model, e.g. planner=embedded:smollm2-135m-instruct,writer=./w."),
     engine: str = typer.Option("hf", help="hf (embedded transformers + peft) or vllm (managed vLLM server)."),
-    registry: Path | None = typer.Option(None, help="Adapter registry directory; roles serve its 'live' versions."),
+    registry: Path | None = typer.Option(None, help="Adapter registry directory; roles serve its 'live' versions. "
+                                         "It must exist unless --create-registry."),
+    create_registry: bool = typer.Option(False, "--create-registry",
+                                         help="Create --registry DIR (empty) if it does not exist."),
     versions: str | None = typer.Option(None, help="Alias or role=ref,... to serve (default: live with a registry)."),
     shared_adapter: bool = typer.Option(False, help="All roles share one adapter (parameter sharing)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
@@ -126,6 +129,11 @@ def serve(
                             "--insecure-no-auth")
     if not max_body_mb > 0:
         raise _serve_failed(f"--max-body-mb must be > 0, got {max_body_mb}")
+    if not 0 <= port <= 65535:
+        raise _serve_failed(f"--port must be 0..65535 (0: any free port), got {port}")
+    if registry is not None and not create_registry and not registry.exists():
+        raise _serve_failed(f"--registry {registry} does not exist (a typo would serve fresh adapters from a new "
+                            "empty registry); pass --create-registry to start one there")
     settings = _lora_settings(lora)
     try:
         sock = _bind(host, port)

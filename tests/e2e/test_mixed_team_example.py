@@ -42,7 +42,8 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
                              f"http://127.0.0.1:{ext_port}/health", tmp_path / "external.log", cwd=work, env=env)
     server = None
     try:
-        server = start_process([*CLI, "serve", "--agents", agents, "--registry", "registry", "--port", str(port)],
+        server = start_process([*CLI, "serve", "--agents", agents, "--registry", "registry", "--create-registry",
+                                "--port", str(port)],
                                f"http://127.0.0.1:{port}/health", tmp_path / "serve.log", cwd=work, env=env)
         out = _cli(["run", "--app", "app.py:graph", "--scenarios", "scenarios.jsonl", "--split", "train"], work, env)
         assert "ran 4 episodes (0 failed)" in out

@@ -34,7 +34,8 @@ def test_the_whole_loop_runs_from_the_cli(tmp_path):
     port = free_port()
     env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
     agents = "supervisor,researcher,mathematician"
-    server = start_process([*CLI, "serve", "--agents", agents, "--registry", "registry", "--port", str(port)],
+    server = start_process([*CLI, "serve", "--agents", agents, "--registry", "registry", "--create-registry",
+                            "--port", str(port)],
                            f"http://127.0.0.1:{port}/health", tmp_path / "serve.log", cwd=work, env=env)
     try:
         out = _cli(["run", "--app", "app.py:graph", "--scenarios", "scenarios.jsonl", "--split", "train"], work, env)

@@ -36,3 +36,26 @@ def test_train_on_data_without_episodes_exits_1_naming_what_was_read(tmp_path):
     result, text = _invoke("train", "--config", tmp_path / "train.yaml")
     assert result.exit_code == 1 and "in 1 trace file(s)" in text and "0 episode(s), 0 action(s)" in text
     assert not (tmp_path / "registry").exists()  # nothing trained, nothing published
+
+
+def _serve_line(*args: object) -> str:
+    """`serve`'s failure: exit 2 and exactly one line."""
+    result, _ = _invoke("serve", "--agents", "planner", *args)
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_serve_refuses_a_missing_registry_unless_asked_to_create_it(tmp_path):
+    missing = tmp_path / "registy"
+    line = _serve_line("--model", tmp_path / "no-model", "--registry", missing, "--port", "0")
+    assert line.startswith(f"marft-lg serve: --registry {missing} does not exist") and "--create-registry" in line
+    assert not missing.exists()
+    line = _serve_line("--model", tmp_path / "no-model", "--registry", missing, "--create-registry", "--port", "0")
+    assert "--registry" not in line and str(tmp_path / "no-model") in line  # past the registry: the model is missing
+
+
+def test_serve_refuses_a_port_outside_0_to_65535(tmp_path):
+    for port in ("99999", "65536", "-1"):
+        line = _serve_line("--model", tmp_path / "no-model", "--port", port)
+        assert line == f"marft-lg serve: --port must be 0..65535 (0: any free port), got {port}"

@@ -109,7 +109,8 @@ def example_arguments(parameters: Any) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         return {}
     props = parameters.get("properties") if isinstance(parameters.get("properties"), dict) else {}
-    required = [r for r in parameters.get("required") or [] if isinstance(r, str)]
+    required = parameters.get("required")
+    required = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
     return {name: example_value(props.get(name), parameters) for name in required}
 
 

@@ -14,6 +14,7 @@ malformed ones stay in ``content`` and are listed in ``message.invalid_tool_call
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -68,8 +69,29 @@ def _parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                               f"\"description\": str, \"parameters\": JSON schema}}}}, got {tool!r:.200}", "tools")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        problem = _schema_problem(json.dumps(fn["parameters"], sort_keys=True)) if fn.get("parameters") else None
+        if problem:
+            raise BadRequest(f"tools[{i}].function.parameters is not a valid JSON schema: {problem}", "tools")
         out.append({"type": "function", "function": fn})
     return out or None
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(schema_json: str) -> str | None:
+    """Why a tool's parameters (as canonical JSON) are not a JSON schema (Draft 2020-12), or None. Checked once per
+    distinct schema: the prompt, the grammar and the recorded argument check all read it, and a bad one (e.g.
+    ``"required": 7``) must be the caller's 400, not a 500 halfway through."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(json.loads(schema_json))
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        return f"{where + ': ' if where else ''}{exc.message}"[:300]
+    except RecursionError:
+        return "nested too deeply"
+    return None
 
 
 def _parse_tool_choice(body: dict[str, Any], tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:

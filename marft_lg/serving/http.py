@@ -1,4 +1,4 @@
-"""The HTTP layer of `marft-lg serve` that knows nothing of chat: request ids, the API key of /v1/*, the body-size
+"""The HTTP layer of `marft-lg serve` that knows nothing of chat: request ids, the API key, the body-size
 limit, strict JSON, and the error shape (vLLM's / OpenAI's ``{"error": {"message", "type", "param", "code"}}``).
 
 Bad input never takes the server down: bodies over `max_body_bytes` get 413 before they are read (or as soon as a
@@ -25,6 +25,9 @@ _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFou
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 MAX_JSON_DEPTH = 64
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+OPEN_PATHS = frozenset({"/health"})
+"""The only paths answered without the API key when the server has one (/docs, /redoc and /openapi.json describe
+the adapter routes and need it too)."""
 log = logging.getLogger("marft_lg.serving.server")  # the server's log, whichever part writes it
 
 
@@ -41,7 +44,7 @@ class _BodyTooLarge(Exception):
 
 
 class RequestGuard:
-    """Pure ASGI middleware around the whole app: request ids, the API key of /v1/*, the body-size
+    """Pure ASGI middleware around the whole app: request ids, the API key (every path but /health), the body-size
     limit, and the last-resort handler that turns any unexpected exception into a logged JSON 500.
 
     Bodies are checked before anything reads them: a Content-Length over the limit is answered 413
@@ -69,7 +72,7 @@ class RequestGuard:
         given = headers.get("x-request-id", "")
         rid = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
-        if self.api_key and scope.get("path", "").startswith("/v1/"):
+        if self.api_key and scope.get("path", "") not in OPEN_PATHS:
             given = headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
                 await self._send_json(send, 401, error_body(

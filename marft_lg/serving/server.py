@@ -53,8 +53,9 @@ _LOAD_USAGE = ('body must be {"lora_name": str, "lora_path": "<registry>/<role>/
 def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str = "auto",
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
-    /v1/* needs ``Authorization: Bearer <key>``. `recorder`: every answered chat request is recorded as server
-    spans (`served_spans`), joined to the caller's span through its W3C trace context.
+    every path but /health (/docs, /redoc, /openapi.json too) needs ``Authorization: Bearer <key>``. `recorder`:
+    every answered chat request is recorded as server spans (`served_spans`), joined to the caller's span through
+    its W3C trace context.
 
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
     tools, else the text format), "template" or "text" (`marft_lg.tool_calls`).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from marft_lg.cli import app
@@ -59,3 +60,50 @@ def test_serve_refuses_a_port_outside_0_to_65535(tmp_path):
     for port in ("99999", "65536", "-1"):
         line = _serve_line("--model", tmp_path / "no-model", "--port", port)
         assert line == f"marft-lg serve: --port must be 0..65535 (0: any free port), got {port}"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    """The server on the tiny model with an API key; the client sends the key."""
+    import torch
+    from fastapi.testclient import TestClient
+
+    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.server import create_app
+    from marft_lg.serving.team import Team
+
+    torch.set_num_threads(1)
+    team = Team(tiny_model_dir, ["planner"], lora=LoraSettings(r=4, init=False), versions=None, model_name="tiny")
+    with TestClient(create_app(team, api_key="sekret")) as client:
+        client.headers["Authorization"] = "Bearer sekret"
+        yield client
+    team.close()
+
+
+def _error(r, status: int) -> str:
+    assert r.status_code == status, r.text
+    return r.json()["error"]["message"]
+
+
+def test_a_tool_schema_that_is_not_a_schema_is_400_naming_the_tool(served):
+    good = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    bad = {"type": "function", "function": {"name": "sub", "parameters": {"type": "object", "required": 7}}}
+    r = served.post("/v1/chat/completions", json={"model": "planner", "max_tokens": 2, "tools": [good, bad],
+                                                  "messages": [{"role": "user", "content": "2-1?"}]})
+    message = _error(r, 400)
+    assert message.startswith("tools[1].function.parameters is not a valid JSON schema: required: 7 is not")
+    assert r.json()["error"]["param"] == "tools"
+
+
+def test_example_arguments_tolerates_a_required_that_is_not_a_list():
+    from marft_lg.tool_calls import example_arguments
+
+    assert example_arguments({"type": "object", "required": 7}) == {}
+    assert example_arguments({"properties": {"a": {"type": "integer"}}, "required": ["a", 3]}) == {"a": 1}
+
+
+def test_the_api_docs_need_the_key_when_the_server_has_one(served):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert served.get(path).status_code == 200
+        assert served.get(path, headers={"Authorization": ""}).status_code == 401, path
+    assert served.get("/health", headers={"Authorization": ""}).status_code == 200

@@ -198,9 +198,10 @@ def _on_path(folder: Path | None) -> Iterator[None]:
 
 def role_problem(role: Any) -> str | None:
     """Why `role` cannot name an agent (None when it can): the one rule for configs, command-line flags and `Team`.
-    A role is a non-empty name without '@' (``role@version``), '.' or '/' (registry paths), or surrounding spaces."""
-    if not isinstance(role, str) or not role or any(c in role for c in "@./") or role != role.strip():
-        return f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or surrounding spaces"
+    A role is a non-empty name without '@' (``role@version``), '.' or '/' (registry paths), or whitespace (it is a
+    folder name, an OpenAI `model` and a flag's item: ``--agents 'a b'`` is a typo, not a role)."""
+    if not isinstance(role, str) or not role or any(c in role for c in "@./") or any(c.isspace() for c in role):
+        return f"invalid agent role {role!r}: use a non-empty name without '@', '.', '/' or whitespace"
     return None
 
 

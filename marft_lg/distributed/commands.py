@@ -34,6 +34,10 @@ def mine(
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
     console = Console(stderr=True, soft_wrap=True)
+    problem = _bad_flags(out, quarantine, max_attribute_mb)
+    if problem:
+        console.print(f"[red]marft-lg mine: {escape(problem)}[/red]")
+        raise typer.Exit(2)
     try:
         with Progress(TextColumn("mining"), BarColumn(), TextColumn("{task.completed:,} spans"), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
@@ -56,6 +60,18 @@ def mine(
                       " Are these OTLP/JSON trace lines from an instrumented LangGraph/LangChain app?[/red]")
         raise typer.Exit(1)
     out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")
+
+
+def _bad_flags(out: Path, quarantine: Path | None, max_attribute_mb: float) -> str | None:
+    """What is wrong with the output flags, checked before any file is read (a traceback after minutes of mining
+    otherwise), or None."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a directory for episodes.parquet and actions.parquet"
+    if quarantine is not None and quarantine.is_dir():
+        return f"--quarantine {quarantine} is a directory; give a JSONL file to write the quarantined input to"
+    if not max_attribute_mb > 0:
+        return f"--max-attribute-mb must be > 0, got {max_attribute_mb}"
+    return None
 
 
 def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> None:

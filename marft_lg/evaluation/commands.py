@@ -156,6 +156,8 @@ def compare(
         roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    if from_traces is not None and not from_traces.is_dir():
+        raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     scorer = _load_reward(reward)
@@ -164,8 +166,12 @@ def compare(
     if from_traces is not None:
         from marft_lg.evaluation.shadow import compare_mirrored
 
-        with console.status(f"mining mirrored pairs from {from_traces}"):
-            result = compare_mirrored(from_traces, scorer, scenarios=scenario_set, formats=_formats(format), seed=seed)
+        try:
+            with console.status(f"mining mirrored pairs from {from_traces}"):
+                result = compare_mirrored(from_traces, scorer, scenarios=scenario_set, formats=_formats(format),
+                                          seed=seed)
+        except (FileNotFoundError, ValueError) as exc:  # no trace files, no mirrored pairs in them
+            raise typer.BadParameter(str(exc), param_hint="--from-traces") from None
         _finish(result, gate_spec, out, console)
         return
     if scenario_set is None or app is None:
@@ -230,16 +236,18 @@ def _replay_spec(app: str, model: str, agents: str | None, registry: Path | None
 
     reg = AdapterRegistry(registry) if registry else None
     model_spec: str | dict[str, str] = model
-    if agents and "=" in agents:  # role=MODEL items: a {role: model} mapping (maybe several base models)
+    if not agents:
+        roles = reg.roles() if reg else []
+    else:
         from marft_lg.serving.commands import parse_agents
 
         try:
-            model_spec = parse_agents(agents, model)
+            parsed = parse_agents(agents, model)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--agents") from None
-        roles = list(model_spec)
-    else:
-        roles = [a.strip() for a in agents.split(",") if a.strip()] if agents else (reg.roles() if reg else [])
+        roles = list(parsed)
+        if "=" in agents:  # role=MODEL items: a {role: model} mapping (maybe several base models)
+            model_spec = parsed
     if not roles:
         raise typer.BadParameter("no agent roles: pass --agents planner,writer or a --registry that has versions")
     try:
@@ -345,7 +353,11 @@ def promote(
     except ServingError as exc:
         err.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    gate_decision = GateDecision.read(decision) if decision else None
+    try:
+        gate_decision = GateDecision.read(decision) if decision else None
+    except (FileNotFoundError, ValueError) as exc:
+        err.print(f"not promoted: --decision: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
     target: str | dict[str, str] = "candidate"
     if versions:
         target = _versions(versions)

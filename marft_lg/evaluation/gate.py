@@ -85,10 +85,16 @@ class GateDecision:
             p = p / "decision.json"
         if not p.exists():
             raise FileNotFoundError(f"no gate decision at {p}: run `marft-lg compare ... --gate GATE.yaml` first")
-        data = json.loads(p.read_text())
-        return cls(promote=bool(data["promote"]), reasons=list(data["reasons"]),
-                   checks=[GateCheck(**c) for c in data["checks"]], gate=data.get("gate", {}),
-                   created=data.get("created", ""), context=data.get("context", {}))
+        try:
+            data = json.loads(p.read_text())
+            return cls(promote=bool(data["promote"]), reasons=list(data["reasons"]),
+                       checks=[GateCheck(**c) for c in data["checks"]], gate=data.get("gate", {}),
+                       created=data.get("created", ""), context=data.get("context", {}))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"gate decision {p} cannot be read as JSON: {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"gate decision {p} is not a `marft-lg compare` decision.json (bad or missing "
+                             f"{exc})") from None
 
 
 def _fmt(v: float | None) -> str:

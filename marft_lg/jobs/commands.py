@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import typer
@@ -88,7 +89,11 @@ def _open_store(job: Path | None, store: Path | None):
     if not Path(store).exists():
         typer.echo(f"error: no job store at {store} (no run recorded yet?)", err=True)
         raise typer.Exit(EXIT_BAD_JOB)
-    return JobStore(store), name
+    try:
+        return JobStore(store), name
+    except sqlite3.DatabaseError as exc:  # a file that is not SQLite, or a damaged one
+        typer.echo(f"error: {store} is not a job store (SQLite database): {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_JOB) from None
 
 
 @jobs_app.command("list")

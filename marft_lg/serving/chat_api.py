@@ -40,6 +40,8 @@ from marft_lg.tool_calls import (
 )
 
 TOOL_FORMATS = ("auto", "template", "text")
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""OpenAI's message roles: another is a caller's mistake that a chat template would render as if it meant something."""
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -157,6 +159,10 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+    for i, m in enumerate(messages):
+        if isinstance(m, dict) and m.get("role") not in MESSAGE_ROLES:
+            raise BadRequest(f"messages[{i}].role must be one of {', '.join(MESSAGE_ROLES)}, got "
+                             f"{m.get('role')!r:.60}", "messages")
     max_tokens = _field(body, "max_completion_tokens", int, None) or _field(body, "max_tokens", int, 256)
     stop = body.get("stop")
     if isinstance(stop, str):

@@ -179,11 +179,23 @@ def resolve_model(spec: str | os.PathLike = DEFAULT_MODEL) -> Path:
         return out
     path = Path(spec).expanduser()
     if (path / "config.json").exists():
+        _check_config(path / "config.json")
         return path
     raise ModelNotFoundError(
         f"model {spec!r} is neither an embedded model ({', '.join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS)}) "
         f"nor a local transformers directory with a config.json; marft_lg never downloads from a hub"
     )
+
+
+def _check_config(path: Path) -> None:
+    """A model's config.json is a JSON object, or a ValueError naming the file (transformers' own error names
+    neither the file nor the model)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a model config (JSON): {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a model config: expected a JSON object, got {type(data).__name__}")
 
 
 def model_fingerprint(model_dir: str | os.PathLike) -> str:

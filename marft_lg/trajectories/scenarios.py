@@ -92,14 +92,19 @@ class ScenarioSet:
                 items.append(Scenario(**row))
             return cls(items)
         known = set(Scenario.__dataclass_fields__)
-        for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{p}: not a scenario file: byte {exc.start} is not UTF-8 text (give JSONL, or parquet "
+                             "named *.parquet)") from None
+        for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if "scenario_id" not in data or "inputs" not in data:
+            if not isinstance(data, dict) or "scenario_id" not in data or "inputs" not in data:
                 raise ValueError(f"{p}:{lineno}: a scenario needs 'scenario_id' and 'inputs'")
             unknown = set(data) - known
             if unknown:

@@ -107,3 +107,88 @@ def test_the_api_docs_need_the_key_when_the_server_has_one(served):
         assert served.get(path).status_code == 200
         assert served.get(path, headers={"Authorization": ""}).status_code == 401, path
     assert served.get("/health", headers={"Authorization": ""}).status_code == 200
+
+
+def test_a_message_with_an_unknown_role_is_400(served):
+    r = served.post("/v1/chat/completions", json={"model": "planner", "max_tokens": 2,
+                                                  "messages": [{"role": "bogus", "content": "hi"}]})
+    message = _error(r, 400)
+    assert "messages[0]" in message and "'bogus'" in message and r.json()["error"]["param"] == "messages"
+
+
+def _traces(tmp_path):
+    """A trace folder with one line (no episode in it: these flags are checked before anything is read)."""
+    (tmp_path / "traces").mkdir(exist_ok=True)
+    (tmp_path / "traces" / "a.jsonl").write_text('{"resourceSpans": []}\n')
+    return tmp_path / "traces"
+
+
+def test_mine_refuses_bad_output_flags_before_reading(tmp_path):
+    traces = _traces(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    result, text = _invoke("mine", traces, "--out", tmp_path / "afile")
+    assert result.exit_code == 2 and f"marft-lg mine: --out {tmp_path / 'afile'} is a file" in text
+    assert (tmp_path / "afile").read_text() == "mine"
+    (tmp_path / "qdir").mkdir()
+    result, text = _invoke("mine", traces, "--out", tmp_path / "out", "--quarantine", tmp_path / "qdir")
+    assert result.exit_code == 2 and f"marft-lg mine: --quarantine {tmp_path / 'qdir'} is a directory" in text
+    for mb in ("-1", "0"):
+        result, text = _invoke("mine", traces, "--out", tmp_path / "out", "--max-attribute-mb", mb)
+        assert result.exit_code == 2 and f"--max-attribute-mb must be > 0, got {float(mb)}" in text
+
+
+def test_compare_from_traces_with_a_missing_or_empty_folder_is_a_usage_error(tmp_path):
+    (tmp_path / "reward.yaml").write_text("weights: {step_count: -0.1}\n")
+    (tmp_path / "empty").mkdir()
+    for folder, says in ((tmp_path / "missing", "is not a trace directory"), (tmp_path / "empty", "no mirrored pairs")):
+        result, text = _invoke("compare", "--from-traces", folder, "--reward", tmp_path / "reward.yaml",
+                               "--out", tmp_path / "cmp")
+        assert result.exit_code == 2, result.output
+        assert "--from-traces" in text and str(folder) in text and says in text
+
+
+def test_promote_with_a_missing_or_non_json_decision_is_one_line(tmp_path):
+    (tmp_path / "registry").mkdir()
+    (tmp_path / "decision.json").write_text("not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    cases = ((tmp_path / "nope.json", f"no gate decision at {tmp_path / 'nope.json'}"),
+             (tmp_path / "decision.json", f"gate decision {tmp_path / 'decision.json'} cannot be read as JSON"),
+             (tmp_path / "list.json", f"gate decision {tmp_path / 'list.json'} is not a `marft-lg compare` decision"))
+    for decision, says in cases:
+        result, text = _invoke("promote", "--registry", tmp_path / "registry", "--decision", decision)
+        assert result.exit_code == 1 and text.startswith("not promoted: --decision: ") and says in text, text
+    assert sorted(p.name for p in (tmp_path / "registry").iterdir()) == []
+
+
+def test_jobs_list_on_a_file_that_is_not_sqlite_names_it(tmp_path):
+    (tmp_path / "jobs.sqlite").write_text("not a database, just text that is long enough to have a header\n" * 4)
+    result, text = _invoke("jobs", "list", "--store", tmp_path / "jobs.sqlite")
+    assert result.exit_code == 2 and f"error: {tmp_path / 'jobs.sqlite'} is not a job store" in text
+
+
+def test_score_with_a_binary_scenario_file_names_it(tmp_path):
+    from marft_lg.trajectories.dataset import TrajectoryDataset
+
+    TrajectoryDataset().to_parquet(tmp_path / "data")
+    (tmp_path / "reward.yaml").write_text("weights: {step_count: -0.1}\n")
+    (tmp_path / "s.jsonl").write_bytes(b"\x00\x01\xff\xfe\x80binary")
+    result, text = _invoke("score", tmp_path / "data", "--reward", tmp_path / "reward.yaml",
+                           "--scenarios", tmp_path / "s.jsonl", "--out", tmp_path / "scores.parquet")
+    assert result.exit_code == 2 and f"{tmp_path / 's.jsonl'}: not a scenario file: byte 2 is not UTF-8" in text
+
+
+def test_serve_with_a_garbage_config_json_names_the_file(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("garbage{")
+    line = _serve_line("--model", tmp_path / "model", "--port", "0", "--no-trace")
+    assert line.startswith(f"marft-lg serve: {tmp_path / 'model' / 'config.json'}: not a model config (JSON)")
+
+
+def test_a_role_with_a_space_is_refused(tmp_path):
+    line = _serve_line("--agents", "a b", "--model", tmp_path / "no-model", "--port", "0")
+    assert "invalid agent role 'a b'" in line
+    (tmp_path / "r.yaml").write_text("weights: {step_count: -0.1}\n")
+    (tmp_path / "s.jsonl").write_text('{"scenario_id": "s1", "inputs": {"question": "1+1"}}\n')
+    result, text = _invoke("compare", "--agents", "a b", "--app", "x.py:g", "--scenarios", tmp_path / "s.jsonl",
+                           "--reward", tmp_path / "r.yaml", "--out", tmp_path / "cmp")
+    assert result.exit_code == 2 and "invalid agent role 'a b'" in text

@@ -148,7 +148,7 @@ def test_one_role_rule_for_configs_flags_and_the_team():
     from marft_lg.serving.team import Team
 
     assert role_problem("planner") is None
-    for bad in (" planner", "a@b", "a.b", "a/b", "", 3):
+    for bad in (" planner", "a@b", "a.b", "a/b", "", 3, "a b", "a\tb"):
         assert "invalid agent role" in role_problem(bad)
         with pytest.raises(ValueError, match="invalid agent role"):
             Team("never-loaded", [bad])  # refused before any model is read

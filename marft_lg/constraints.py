@@ -3,9 +3,9 @@
 A *constraint* is a small JSON-able dict taken from an OpenAI request (`constraint_for`):
 
 - ``{"type": "tool_calls", "tools": [...], "choice": "required" | <tool name>, "parallel": bool}``:
-  ``tool_choice: "required"`` (at least one well-formed call of a listed tool, at most one call per
-  tool so a small model cannot repeat a call until max_tokens; exactly one when ``parallel_tool_calls``
-  is false) or a named function (exactly one call of that tool), each call a
+  ``tool_choice: "required"`` (one well-formed call of a listed tool; with ``parallel_tool_calls: true``
+  given explicitly, up to one call per tool: left to itself a small model repeats its call until
+  max_tokens, so several calls are opt-in) or a named function (exactly one call of that tool), each call a
   ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` block (`marft_lg.tool_calls`) whose arguments
   follow the tool's JSON schema;
 - ``{"type": "json_schema", "schema": {...}, "name": str}``: ``response_format`` ``json_schema`` (strict);
@@ -89,7 +89,7 @@ def tool_constraint(tools: Sequence[dict[str, Any]] | None, tool_choice: Any,
         if not fns:
             raise ConstraintError(f"tool_choice names {forced!r}, which is not among the tools", "tool_choice")
     return {"type": "tool_calls", "tools": fns, "choice": forced or "required",
-            "parallel": forced is None and parallel_tool_calls is not False}
+            "parallel": forced is None and parallel_tool_calls is True}
 
 
 def structured_outputs_constraint(structured: Any) -> dict[str, Any] | None:

@@ -187,7 +187,7 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
     chat, template_tools = prompt_messages(team, messages, tools, tool_choice, parallel, tool_format,
                                            tokenizer=tokenizer_of(team, agent, base))
     try:
-        constraint = constraint_for(tools, tool_choice, parallel, body.get("response_format"),
+        constraint = constraint_for(tools, tool_choice, body.get("parallel_tool_calls"), body.get("response_format"),
                                     body.get("structured_outputs"))
         check_constraint(constraint)
     except ConstraintError as exc:

@@ -71,7 +71,8 @@ def test_constraint_for_reads_tool_choice_response_format_and_structured_outputs
     assert constraint_for([ADD], "auto") is None and constraint_for([ADD], None) is None
     assert constraint_for(None, "required") is None  # nothing to force without tools
     req = constraint_for([ADD, HANDOFF], "required")
-    assert req["type"] == "tool_calls" and req["choice"] == "required" and req["parallel"]
+    assert req["type"] == "tool_calls" and req["choice"] == "required" and not req["parallel"]  # one call
+    assert constraint_for([ADD, HANDOFF], "required", parallel_tool_calls=True)["parallel"]  # several: asked for
     assert [t["name"] for t in req["tools"]] == ["add", "transfer_to_writer"]
     named = constraint_for([ADD, HANDOFF], {"type": "function", "function": {"name": "transfer_to_writer"}})
     assert named["choice"] == "transfer_to_writer" and [t["name"] for t in named["tools"]] == ["transfer_to_writer"]
@@ -112,7 +113,7 @@ def test_grammar_accepts_the_tool_call_format_and_rejects_free_text(tiny_model_d
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     g = Grammars(tok, len(tok), [tok.eos_token_id])
-    c = constraint_for([ADD, HANDOFF], "required")
+    c = constraint_for([ADD, HANDOFF], "required", parallel_tool_calls=True)
     assert '"<tool_call>"' in grammar_ebnf(c)
 
     def accepts(text: str) -> bool:
@@ -127,7 +128,7 @@ def test_grammar_accepts_the_tool_call_format_and_rejects_free_text(tiny_model_d
     assert not accepts('<tool_call>{"name": "add", "arguments": {"a": "2", "b": 3}}</tool_call>')  # schema
     three = two + "\n" + good  # at most one call per tool: a small model cannot loop on calls
     assert not accepts(three)
-    single = constraint_for([ADD, HANDOFF], "required", parallel_tool_calls=False)
+    single = constraint_for([ADD, HANDOFF], "required")
     m = g.matcher(single)
     assert all(m.accept(t) for t in tok.encode(good)) and not m.accept(tok.encode("\n")[0])
 

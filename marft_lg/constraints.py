@@ -25,6 +25,7 @@ both sides of the PPO ratio refer to one distribution and masked-out tokens get 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -212,18 +213,25 @@ def _reason(exc: BaseException) -> str:
 
 def check_constraint(constraint: dict[str, Any] | None) -> None:
     """Raise `ConstraintError` (naming the request field) when `constraint` makes no grammar, before any engine
-    sees it; no tokenizer needed."""
+    sees it; no tokenizer needed. A server sees the same few schemas again and again: each is checked once."""
     if not constraint:
         return
+    problem = _grammar_problem(constraint_key(constraint))
+    if problem is not None:
+        raise ConstraintError(f"cannot build a grammar for {label(constraint)}: {problem}", _field_of(constraint))
+
+
+@functools.lru_cache(maxsize=256)
+def _grammar_problem(key: str) -> str | None:
     import xgrammar as xgr
 
     try:
-        xgr.Grammar.from_ebnf(grammar_ebnf(constraint))
-    except ConstraintError:
-        raise
+        xgr.Grammar.from_ebnf(grammar_ebnf(json.loads(key)))
+    except ConstraintError as exc:
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - xgrammar reports bad schemas and grammars with several exception types
-        raise ConstraintError(f"cannot build a grammar for {label(constraint)}: {_reason(exc)}",
-                              _field_of(constraint)) from exc
+        return _reason(exc)
+    return None
 
 
 class Grammars:

@@ -7,16 +7,15 @@ this model (greedy, "what is the capital of Kenya?"); now each of 10 prompts get
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from marft_lg.graph import TeamChatModel
+from marft_lg.serving.local_server import LocalServer
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
+from marft_lg.tracing.sink import make_record_sink
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,19 +49,13 @@ def client(team):
 
 
 @pytest.fixture(scope="module")
-def http_url(client):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not (server.started and server.servers):
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+def http_url(team, tmp_path_factory):
+    """`marft-lg serve` in this process on a loopback port (what a ChatOpenAI app points at)."""
+    sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")
+    server = LocalServer(team, sink)
+    yield server.base_url
+    server.close()
+    sink.shutdown()
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_capital"}}])
@@ -85,26 +78,26 @@ def test_forced_tool_calls_hold_on_ten_prompts(client, choice):
         assert a["finish_reason"] == "tool_calls" and not a["message"].get("invalid_tool_calls"), (q, a)
 
 
-def test_chat_openai_with_structured_output_ten_of_ten_streaming_included(http_url):
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(base_url=http_url, api_key="none", model="writer", temperature=0, max_tokens=96, max_retries=0)
+def _ten_of_ten(llm) -> None:
+    """`with_structured_output(Place)` gives a valid Place for each of the 10 prompts: both methods, and streamed."""
     prompts = [f"{q} Describe the place it is about." for q in QUESTIONS]
     for method in ("json_schema", "function_calling"):
         out = llm.with_structured_output(Place, method=method).batch(prompts)
         assert all(isinstance(o, Place) for o in out), (method, out)
     streamed = [list(llm.with_structured_output(Place).stream(p)) for p in prompts]
     assert all(chunks and isinstance(chunks[-1], Place) for chunks in streamed), streamed
+
+
+def test_chat_openai_with_structured_output_ten_of_ten_streaming_included(http_url):
+    from langchain_openai import ChatOpenAI
+
+    _ten_of_ten(ChatOpenAI(base_url=http_url, api_key="none", model="writer", temperature=0, max_tokens=96,
+                           max_retries=0))
 
 
 def test_team_chat_model_with_structured_output_ten_of_ten_streaming_included(team):
     llm = TeamChatModel(team=team, agent="writer", temperature=0, max_tokens=96)
-    prompts = [f"{q} Describe the place it is about." for q in QUESTIONS]
-    for method in ("json_schema", "function_calling"):
-        out = llm.with_structured_output(Place, method=method).batch(prompts)
-        assert all(isinstance(o, Place) for o in out), (method, out)
-    streamed = [list(llm.with_structured_output(Place).stream(p)) for p in prompts]
-    assert all(chunks and isinstance(chunks[-1], Place) for chunks in streamed), streamed
+    _ten_of_ten(llm)
     forced = llm.bind_tools([CAPITAL], tool_choice="get_capital").batch(QUESTIONS)
     assert all([c["name"] for c in m.tool_calls] == ["get_capital"] for m in forced)
 

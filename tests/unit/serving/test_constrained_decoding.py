@@ -7,8 +7,6 @@ comes from the grammar, not from the model. One batch mixes constrained and free
 from __future__ import annotations
 
 import json
-import threading
-import time
 from typing import Literal
 
 import jsonschema
@@ -29,11 +27,13 @@ from marft_lg.constraints import (
     vllm_fields,
 )
 from marft_lg.graph import TeamChatModel
+from marft_lg.serving.local_server import LocalServer
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 from marft_lg.tool_calls import parse_completion, render_messages
+from marft_lg.tracing.sink import make_record_sink
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -288,19 +288,13 @@ def test_team_chat_model_forced_tools_and_structured_output(team):
 
 # ---- langchain_openai.ChatOpenAI against the server ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def http_url(client):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not (server.started and server.servers):
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    server.should_exit = True
-    thread.join(timeout=10)
+def http_url(team, tmp_path_factory):
+    """`marft-lg serve` in this process on a loopback port (what a ChatOpenAI app points at)."""
+    sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")
+    server = LocalServer(team, sink)
+    yield server.base_url
+    server.close()
+    sink.shutdown()
 
 
 def test_chat_openai_with_structured_output_returns_the_model(http_url):

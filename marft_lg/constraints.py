@@ -153,9 +153,11 @@ def load_constraint(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) and value.get("type") in CONSTRAINT_TYPES else None
 
 
-def forced_tool_call(constraint: dict[str, Any] | None) -> bool:
-    """Whether the request forced a tool call (a reward for choosing to call a tool must not credit it)."""
-    return bool(constraint) and constraint.get("type") == "tool_calls"
+def forced_tool(constraint: dict[str, Any] | None) -> str | None:
+    """The tool a request forced by name (the call was not the model's choice), None when it chose or was free."""
+    if constraint and constraint.get("type") == "tool_calls" and constraint.get("choice") != "required":
+        return str(constraint["choice"])
+    return None
 
 
 def label(constraint: dict[str, Any] | None) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from marft_lg.constraints import load_constraint
+from marft_lg.constraints import forced_tool, load_constraint
 from marft_lg.rewards.base import ComponentScore, RewardComponent, action_list, action_number
 from marft_lg.rewards.registry import register_component
 from marft_lg.trajectories.dataset import Episode
@@ -18,8 +18,7 @@ from marft_lg.trajectories.dataset import Episode
 
 def chosen_calls(action: dict[str, Any]) -> list[dict[str, Any]]:
     """The action's tool calls the model chose: none when the request forced one tool by name."""
-    constraint = load_constraint(action.get("constraint"))
-    if constraint is not None and constraint["type"] == "tool_calls" and constraint.get("choice") != "required":
+    if forced_tool(load_constraint(action.get("constraint"))) is not None:
         return []
     return [tc for tc in action_list(action.get("tool_calls")) if isinstance(tc, dict)]
 

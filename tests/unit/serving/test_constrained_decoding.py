@@ -20,7 +20,7 @@ from marft_lg.constraints import (
     ConstraintError,
     Grammars,
     constraint_for,
-    forced_tool_call,
+    forced_tool,
     grammar_ebnf,
     label,
     load_constraint,
@@ -87,7 +87,7 @@ def test_constraint_for_reads_tool_choice_response_format_and_structured_outputs
     assert constraint_for(structured_outputs={"json": json.dumps(VERDICT)})["schema"] == VERDICT
     # a forced call wins over a response format, as OpenAI orders them
     assert constraint_for([ADD], "required", response_format={"type": "json_object"})["type"] == "tool_calls"
-    assert forced_tool_call(req) and not forced_tool_call(js)
+    assert forced_tool(named) == "transfer_to_writer" and forced_tool(req) is None and forced_tool(js) is None
     assert label(named) == "tool_choice=transfer_to_writer" and label(js) == "json_schema=V"
     assert load_constraint(json.dumps(js)) == js and load_constraint("not json") is None and load_constraint(None) is None
 

@@ -192,8 +192,7 @@ class HFEngine:
         if self._grammars is None:
             from marft_lg.constraints import Grammars
 
-            width = self.model.get_output_embeddings().weight.shape[0]
-            self._grammars = Grammars(self.tokenizer, width, sorted(self.eos_token_ids))
+            self._grammars = Grammars.for_model(self.model, self.tokenizer)  # the trainer's very rule: same masks
         return self._grammars
 
     @contextmanager

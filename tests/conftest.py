@@ -48,3 +48,17 @@ def embedded_model_dir() -> str:
     from marft_lg.serving.models import resolve_model
 
     return str(resolve_model("embedded:smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="module")
+def http_url(team, tmp_path_factory):
+    """`marft-lg serve` in this process on a loopback port, for the requesting module's own `team` fixture: the
+    URL a ChatOpenAI app points at."""
+    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.tracing.sink import make_record_sink
+
+    sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")
+    server = LocalServer(team, sink)
+    yield server.base_url
+    server.close()
+    sink.shutdown()

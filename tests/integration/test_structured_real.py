@@ -12,10 +12,8 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.local_server import LocalServer
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
-from marft_lg.tracing.sink import make_record_sink
 
 pytestmark = [pytest.mark.integration]
 
@@ -46,16 +44,6 @@ def team(embedded_model_dir):
 def client(team):
     with TestClient(create_app(team)) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def http_url(team, tmp_path_factory):
-    """`marft-lg serve` in this process on a loopback port (what a ChatOpenAI app points at)."""
-    sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")
-    server = LocalServer(team, sink)
-    yield server.base_url
-    server.close()
-    sink.shutdown()
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_capital"}}])

@@ -27,13 +27,11 @@ from marft_lg.constraints import (
     vllm_fields,
 )
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.local_server import LocalServer
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 from marft_lg.tool_calls import parse_completion, render_messages
-from marft_lg.tracing.sink import make_record_sink
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -287,16 +285,6 @@ def test_team_chat_model_forced_tools_and_structured_output(team):
 
 
 # ---- langchain_openai.ChatOpenAI against the server ----------------------------------------------------------
-@pytest.fixture(scope="module")
-def http_url(team, tmp_path_factory):
-    """`marft-lg serve` in this process on a loopback port (what a ChatOpenAI app points at)."""
-    sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")
-    server = LocalServer(team, sink)
-    yield server.base_url
-    server.close()
-    sink.shutdown()
-
-
 def test_chat_openai_with_structured_output_returns_the_model(http_url):
     from langchain_openai import ChatOpenAI
 

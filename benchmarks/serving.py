@@ -3,7 +3,8 @@
 Same machine, same run, same prompt and lengths for every engine. Measures tokens/s at batch
 sizes 1, 8, 16, 32 for (a) `PeftModel.generate` with one adapter, (b) the HF engine with one
 adapter, (c) the HF engine with a batch mixing 4 adapters; peak RSS with 1 vs 4 adapters (each in
-its own subprocess); the cost of constrained decoding (every row under a JSON-schema grammar that cannot end
+its own subprocess); time to first token through `marft-lg serve` streaming (HTTP) vs the whole answer; the cost
+of constrained decoding (every row under a JSON-schema grammar that cannot end
 within `max_tokens`, so the lengths match the free rows; and a 4-adapter batch with every other row constrained);
 and, when benchmarks/serving_vllm.py is present, the vLLM engine through
 `run_vllm_bench`. Writes benchmarks/results/serving.json and prints a Markdown table.
@@ -106,6 +107,50 @@ def bench_throughput(model_dir: str, batch_sizes: list[int], prompt_len: int, ma
     return runs
 
 
+def bench_ttft(model_dir: str, prompt_len: int, max_tokens: int, clients: tuple[int, ...] = (1, 8)) -> list[dict]:
+    """Time to first token through `marft-lg serve` (HTTP, streaming), against the whole answer's latency: what a
+    streaming client waits before it sees text, with 1 and with several clients streaming at once."""
+    import statistics
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.tracing.sink import make_record_sink
+
+    team = _team(model_dir, 1)
+    sink = make_record_sink(tempfile.mkdtemp(prefix="ttft-"), file_prefix="served")
+    server = LocalServer(team, sink)
+    messages = _messages(prompt_len, team.tokenizer)
+    body = {"model": "agent0", "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+
+    def one(seed: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        first = None
+        with httpx.stream("POST", f"{server.base_url}/chat/completions", json={**body, "seed": seed}, timeout=600) as r:
+            for line in r.iter_lines():
+                if first is None and '"content": "' in line and '"content": ""' not in line:
+                    first = time.perf_counter() - t0
+        return first if first is not None else float("nan"), time.perf_counter() - t0
+
+    out = []
+    try:
+        one(0)  # warm-up
+        for n in clients:
+            with ThreadPoolExecutor(n) as pool:
+                timings = [t for _ in range(3) for t in pool.map(one, range(n))]
+            ttft, total = statistics.median(t for t, _ in timings), statistics.median(t for _, t in timings)
+            out.append({"clients": n, "max_tokens": max_tokens, "ttft_s": round(ttft, 3), "latency_s": round(total, 3),
+                        "ttft_share": round(ttft / total, 3)})
+            print(out[-1], flush=True)
+    finally:
+        server.close()
+        sink.shutdown()
+        team.close()
+    return out
+
+
 def _rss_child(model_dir: str, n_adapters: int, prompt_len: int, max_tokens: int) -> None:
     from marft_lg.serving.types import ChatRequest
 
@@ -183,6 +228,10 @@ def markdown(results: dict) -> str:
         m, h = get.get(("engine_mixed4", b)), get.get(("engine_mixed4_half_constrained", b))
         if s and c and m and h:
             lines.append(f"| {b} | {s} | {c} | {c / s:.2f} | {h} | {h / m:.2f} |")
+    if results.get("ttft"):
+        lines += ["", "| clients streaming | time to first token | whole answer | first / whole |", "|---:|---:|---:|---:|"]
+        lines += [f"| {t['clients']} | {t['ttft_s']} s | {t['latency_s']} s ({t['max_tokens']} tokens) | "
+                  f"{t['ttft_share']:.2f} |" for t in results["ttft"]]
     if vllm:
         lines += ["", "| batch | vLLM-CPU base | vLLM-CPU, 1 adapter | vLLM-CPU, 4 adapters mixed |", "|---:|---:|---:|---:|"]
         for b in sorted({k[1] for k in vllm}):
@@ -227,18 +276,19 @@ def main() -> None:
     t0 = time.time()
     runs = bench_throughput(model_dir, sizes, args.prompt_len, args.max_tokens)
     rss = bench_rss(model_dir, args.prompt_len, args.max_tokens)
+    ttft = bench_ttft(model_dir, args.prompt_len, 4 * args.max_tokens)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not args.skip_vllm:  # keep the embedded numbers even if the vLLM run dies
-        out.write_text(json.dumps(_results(args, runs, rss, {"not_run": "still running"}, load_start, t0), indent=2))
+        out.write_text(json.dumps(_results(args, runs, rss, {"not_run": "still running"}, load_start, t0, ttft), indent=2))
     vllm = {"not_run": "--skip-vllm"} if args.skip_vllm else bench_vllm(model_dir, sizes, args.prompt_len, args.max_tokens)
-    results = _results(args, runs, rss, vllm, load_start, t0)
+    results = _results(args, runs, rss, vllm, load_start, t0, ttft)
     out.write_text(json.dumps(results, indent=2))
     print(markdown(results))
     print(f"\nwrote {out}")
 
 
-def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: float) -> dict:
+def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: float, ttft: list[dict]) -> dict:
     import torch
 
     ratios = {
@@ -265,6 +315,7 @@ def _results(args, runs: list[dict], rss: dict, vllm: dict, load_start, t0: floa
                     "note": "shared 2-core machine with other engineers' jobs running: absolute numbers are noisy"},
         "runs": runs,
         "rss": rss,
+        "ttft": ttft,
         "vllm": vllm,
         "ratios": ratios,
         "targets": {k: {"target": v, "value": ratios[k],

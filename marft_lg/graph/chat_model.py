@@ -30,6 +30,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from marft_lg.constraints import constraint_for
 from marft_lg.graph import routing
 from marft_lg.graph.scope import route_of
+from marft_lg.graph.token_stream import astream_text, stream_text
 from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.tool_calls import (
     add_system_text,
@@ -330,19 +331,28 @@ class TeamChatModel(BaseChatModel):
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        """The engines answer whole completions: one chunk carrying the full text and metadata."""
+        """Text chunks as the engine decodes them (`token_stream`), then one chunk with the metadata (token ids,
+        log-probs, tool calls) and the rest of the text."""
         engine, request, info = self._request(messages, stop, run_manager, kwargs)
         info["seed"] = request.seed
-        completion = engine.chat([request])[0]
-        yield ChatGenerationChunk(message=self._message(completion, info, chunk=True))
+        for piece in stream_text(engine, request):
+            yield self._chunk(piece, info)
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
         engine, request, info = self._request(messages, stop, run_manager, kwargs)
         info["seed"] = request.seed
-        completion = (await engine.achat([request]))[0]
-        yield ChatGenerationChunk(message=self._message(completion, info, chunk=True))
+        async for piece in astream_text(engine, request):
+            yield self._chunk(piece, info)
+
+    def _chunk(self, piece: str | Completion, info: dict[str, Any]) -> ChatGenerationChunk:
+        """A streamed text piece, or the closing chunk of the finished completion (its text already streamed)."""
+        if isinstance(piece, str):
+            info["streamed"] = True
+            return ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        message = self._message(piece, info, chunk=True)
+        return ChatGenerationChunk(message=message.model_copy(update={"content": ""}) if info.get("streamed") else message)
 
     # -- tools and structured output --------------------------------------------------------
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,

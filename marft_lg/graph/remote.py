@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 
 class RemoteEngine:
@@ -56,9 +56,11 @@ class RemoteEngine:
     def chat(self, requests: list[ChatRequest]) -> list[Completion]:
         return [self.client.chat(r, self.served_name(r)) for r in requests]
 
-    async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
+    async def achat(self, requests: list[ChatRequest],
+                    listeners: list[TokenListener | None] | None = None) -> list[Completion]:
+        """The server's answers; `listeners[i]` hears request i's tokens as the server streams them."""
         names = await asyncio.to_thread(lambda: [self.served_name(r) for r in requests])
-        return list(await self.client.achat_many(requests, names))
+        return list(await self.client.achat_many(requests, names, listeners=listeners))
 
     def close(self) -> None:
         self.client.close()

@@ -232,15 +232,16 @@ def known_models(team: ServedTeam) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _logprobs_block(tok: Any, c: Completion, tokens_as_ids: bool = False) -> dict[str, Any]:
-    """OpenAI's ``logprobs`` of a choice; `tokens_as_ids`: tokens as ``token_id:{id}`` (vLLM's
-    `return_tokens_as_token_ids`)."""
+def logprob_entries(tok: Any, ids: list[int], lps: list[float], tops: list[dict[int, float]] | None = None,
+                    tokens_as_ids: bool = False) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content`` entries of sampled tokens; `tokens_as_ids`: tokens as ``token_id:{id}``
+    (vLLM's `return_tokens_as_token_ids`)."""
     def token(i: int) -> str:
         return f"token_id:{i}" if tokens_as_ids else tok.decode([i])
 
-    tops = c.extra.get("top_logprobs") or []
+    tops = tops or []
     content = []
-    for k, (t, lp) in enumerate(zip(c.completion_token_ids, c.logprobs, strict=True)):
+    for k, (t, lp) in enumerate(zip(ids, lps, strict=True)):
         text = token(t)
         entry = {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
         if k < len(tops):
@@ -248,7 +249,13 @@ def _logprobs_block(tok: Any, c: Completion, tokens_as_ids: bool = False) -> dic
                 {"token": (s := token(i)), "logprob": v, "bytes": list(s.encode())} for i, v in tops[k].items()
             ]
         content.append(entry)
-    return {"content": content}
+    return content
+
+
+def _logprobs_block(tok: Any, c: Completion, tokens_as_ids: bool = False) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice."""
+    return {"content": logprob_entries(tok, c.completion_token_ids, c.logprobs, c.extra.get("top_logprobs"),
+                                       tokens_as_ids)}
 
 
 def _message(c: Completion, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -267,9 +274,10 @@ def _message(c: Completion, opts: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return message, finish_reason
 
 
-def completion_response(team: ServedTeam, completions: list[Completion], opts: dict[str, Any]) -> dict[str, Any]:
+def completion_response(team: ServedTeam, completions: list[Completion], opts: dict[str, Any],
+                        response_id: str | None = None) -> dict[str, Any]:
     """OpenAI chat.completion JSON (vLLM's extra fields when asked); log-prob tokens decoded by the tokenizer
-    of the base model that answered."""
+    of the base model that answered. `response_id`: the id a stream already announced."""
     choices = []
     tok = None
     if opts["logprobs"] and completions:
@@ -286,7 +294,7 @@ def completion_response(team: ServedTeam, completions: list[Completion], opts: d
         choices.append(choice)
     prompt = completions[0].prompt_token_ids
     out: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "id": response_id or f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
         "model": opts["model"], "choices": choices,
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": sum(len(c.completion_token_ids) for c in completions),
                   "total_tokens": len(prompt) + sum(len(c.completion_token_ids) for c in completions)},
@@ -296,40 +304,3 @@ def completion_response(team: ServedTeam, completions: list[Completion], opts: d
     if opts["return_token_ids"]:
         out["prompt_token_ids"] = prompt
     return out
-
-
-def stream_chunks(team: ServedTeam, response: dict[str, Any]):
-    """Server-sent events for a finished completion, then [DONE].
-
-    Per choice: a role chunk, one content chunk (with logprobs and token ids), and when the
-    completion called tools, two ``delta.tool_calls`` chunks per call (id, type and name, then the
-    arguments, as OpenAI streams them) and a closing chunk with the finish_reason (and
-    ``delta.invalid_tool_calls`` for malformed calls).
-    """
-    base = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
-            "model": response["model"]}
-
-    def event(choice: dict[str, Any]) -> str:
-        return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
-
-    for ch in response["choices"]:
-        message, index = ch["message"], ch["index"]
-        calls, invalid = message.get("tool_calls") or [], message.get("invalid_tool_calls") or []
-        yield event({"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-        delta: dict[str, Any] = {"index": index, "delta": {"content": message["content"] or ""},
-                                 "logprobs": ch["logprobs"],
-                                 "finish_reason": None if calls or invalid else ch["finish_reason"]}
-        if "token_ids" in ch:
-            delta["token_ids"] = ch["token_ids"]
-        yield event(delta)
-        for k, call in enumerate(calls):
-            head = {"index": k, "id": call["id"], "type": "function",
-                    "function": {"name": call["function"]["name"], "arguments": ""}}
-            yield event({"index": index, "delta": {"tool_calls": [head]}, "finish_reason": None})
-            args = {"index": k, "function": {"arguments": call["function"]["arguments"]}}
-            yield event({"index": index, "delta": {"tool_calls": [args]}, "finish_reason": None})
-        if calls or invalid:
-            yield event({"index": index, "delta": {"invalid_tool_calls": invalid} if invalid else {},
-                         "finish_reason": ch["finish_reason"]})
-    yield f"data: {json.dumps({**base, 'choices': [], 'usage': response['usage']})}\n\n"
-    yield "data: [DONE]\n\n"

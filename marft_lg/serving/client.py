@@ -8,6 +8,7 @@ layer's exceptions, so callers handle one set of errors whichever engine answers
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ import httpx
 
 from marft_lg.constraints import vllm_fields
 from marft_lg.serving.errors import ContextLengthError, ServingError, UnknownAgentError
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -85,6 +86,52 @@ def _model_label(model: str) -> tuple[str | None, str | None]:
         role, version = model.rsplit("@", 1)
         return role, version
     return model, None
+
+
+class _StreamedReply:
+    """The chunks of a streamed chat completion (server-sent events) put back together as its JSON body."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.top: dict[str, Any] = {}
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+
+    def add(self, line: str, where: str) -> tuple[list[int], list[float]]:
+        """Take one SSE line; returns the token ids and log-probs it brought."""
+        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            return [], []
+        try:
+            chunk = json.loads(line[5:])
+        except ValueError as e:
+            raise MalformedResponseError(f"{where}: a stream chunk is not JSON ({e}): {line[:200]}") from None
+        if isinstance(chunk.get("error"), dict):
+            raise ServerRequestError(f"{where} failed while streaming: {chunk['error'].get('message')}",
+                                     status_code=chunk["error"].get("code"), body=chunk)
+        for key in ("id", "model", "usage", "marft", "prompt_token_ids"):
+            if chunk.get(key) is not None:
+                self.top[key] = chunk[key]
+        ids: list[int] = []
+        lps: list[float] = []
+        for choice in chunk.get("choices") or []:
+            self.content.append((choice.get("delta") or {}).get("content") or "")
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            entries = (choice.get("logprobs") or {}).get("content") or []
+            lps = [float(e["logprob"]) for e in entries]
+            self.token_ids += ids
+            self.logprobs += entries
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            self.stop_reason = choice.get("stop_reason", self.stop_reason)
+        return (ids, lps) if len(ids) == len(lps) else ([], [])
+
+    def data(self) -> dict[str, Any]:
+        """The non-streaming response body these chunks add up to."""
+        choice = {"message": {"role": "assistant", "content": "".join(self.content)}, "token_ids": self.token_ids,
+                  "logprobs": {"content": self.logprobs}, "finish_reason": self.finish_reason,
+                  "stop_reason": self.stop_reason}
+        return {**self.top, "choices": [choice]}
 
 
 class OpenAIEngineClient:
@@ -240,13 +287,40 @@ class OpenAIEngineClient:
                                  transport=self._async_transport)
 
     async def _achat(self, http: httpx.AsyncClient, request: ChatRequest, model: str,
-                     extra_body: dict[str, Any] | None = None) -> Completion:
+                     extra_body: dict[str, Any] | None = None, listener: TokenListener | None = None) -> Completion:
         t0 = time.perf_counter()
+        if listener is not None:
+            return await self._astream(http, request, model, extra_body, listener)
         try:
             response = await http.post("/v1/chat/completions", json=self.payload(request, model, extra_body))
         except httpx.TransportError as e:
             raise self._unavailable(e) from e
         latency = time.perf_counter() - t0
+        await self._araise_for(http, response, model, request)
+        return self._to_completion(response.json(), request, model, latency)
+
+    async def _astream(self, http: httpx.AsyncClient, request: ChatRequest, model: str,
+                       extra_body: dict[str, Any] | None, listener: TokenListener) -> Completion:
+        """One streamed completion: `listener` hears each chunk's token ids and log-probs as the server sends them;
+        the chunks are put together into the same `Completion` a non-streaming call returns."""
+        t0 = time.perf_counter()
+        body = {**self.payload(request, model, extra_body), "stream": True, "stream_options": {"include_usage": True}}
+        whole = _StreamedReply()
+        try:
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    await self._araise_for(http, response, model, request)
+                async for line in response.aiter_lines():
+                    ids, lps = whole.add(line, f"POST {self.base_url}/v1/chat/completions model={model!r}")
+                    if ids:
+                        listener(ids, lps)
+        except httpx.TransportError as e:
+            raise self._unavailable(e) from e
+        return self._to_completion(whole.data(), request, model, time.perf_counter() - t0)
+
+    async def _araise_for(self, http: httpx.AsyncClient, response: httpx.Response, model: str,
+                          request: ChatRequest) -> None:
         if response.status_code == 404:
             known: list[str] | None = None
             try:
@@ -257,21 +331,22 @@ class OpenAIEngineClient:
                 known = None
             self._raise_for(response, model=model, request=request, known=known)
         self._raise_for(response, model=model, request=request)
-        return self._to_completion(response.json(), request, model, latency)
 
-    async def achat(self, request: ChatRequest, model: str, *,
-                    extra_body: dict[str, Any] | None = None) -> Completion:
-        """Async twin of `chat`."""
+    async def achat(self, request: ChatRequest, model: str, *, extra_body: dict[str, Any] | None = None,
+                    listener: TokenListener | None = None) -> Completion:
+        """Async twin of `chat`; with `listener`, streamed (it hears the tokens as they come)."""
         async with self._async_client() as http:
-            return await self._achat(http, request, model, extra_body)
+            return await self._achat(http, request, model, extra_body, listener)
 
     async def achat_many(self, requests: Sequence[ChatRequest], models: Sequence[str], *,
-                         max_concurrency: int = 64, extra_body: dict[str, Any] | None = None) -> list[Completion]:
+                         max_concurrency: int = 64, extra_body: dict[str, Any] | None = None,
+                         listeners: Sequence[TokenListener | None] | None = None) -> list[Completion]:
         """Send the requests concurrently (the server batches them); results in request order.
 
         At most `max_concurrency` are in flight. If any request fails, the others still run to
-        completion and the first error is raised.
+        completion and the first error is raised. `listeners[i]`: request i is streamed to it.
         """
+        listeners = list(listeners) if listeners is not None else [None] * len(requests)
         if len(requests) != len(models):
             raise ValueError(f"achat_many: {len(requests)} requests but {len(models)} model names")
         width = max(1, min(len(requests), max_concurrency))
@@ -280,11 +355,11 @@ class OpenAIEngineClient:
         async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self.timeout,
                                      transport=self._async_transport, limits=limits) as http:
 
-            async def one(request: ChatRequest, model: str) -> Completion:
+            async def one(request: ChatRequest, model: str, listener: TokenListener | None) -> Completion:
                 async with sem:
-                    return await self._achat(http, request, model, extra_body)
+                    return await self._achat(http, request, model, extra_body, listener)
 
-            results = await asyncio.gather(*(one(r, m) for r, m in zip(requests, models, strict=True)),
+            results = await asyncio.gather(*(one(r, m, li) for r, m, li in zip(requests, models, listeners, strict=True)),
                                            return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):

@@ -98,6 +98,9 @@ def serve(
     insecure_no_auth: bool = typer.Option(False, "--insecure-no-auth",
                                           help="Allow a non-loopback --host without --api-key."),
     max_body_mb: float = typer.Option(8.0, help="Largest request body in MB; larger ones get 413 unread."),
+    request_timeout: float = typer.Option(600.0, help="Seconds a generation may run before it is cancelled (504)."),
+    read_timeout: float = typer.Option(30.0, help="Seconds a client has to send its request (else 408) and may "
+                                       "leave a stream unread before it is dropped."),
     lora: Path | None = typer.Option(None, help="LoRA settings YAML of the fresh (initial) adapters."),
     max_batch_size: int = typer.Option(32, help="Most requests batched together (hf engine)."),
     threads: int | None = typer.Option(None, help="torch CPU threads (hf engine); 1 is fastest on a busy machine."),
@@ -127,8 +130,10 @@ def serve(
         raise _serve_failed(f"refusing to bind {host} without --api-key: anyone who can reach it could use and swap "
                             "the adapters; pass --api-key KEY (or MARFT_LG_API_KEY), bind 127.0.0.1, or pass "
                             "--insecure-no-auth")
-    if not max_body_mb > 0:
-        raise _serve_failed(f"--max-body-mb must be > 0, got {max_body_mb}")
+    for flag, value in (("--max-body-mb", max_body_mb), ("--request-timeout", request_timeout),
+                        ("--read-timeout", read_timeout)):
+        if not value > 0:
+            raise _serve_failed(f"{flag} must be > 0, got {value}")
     if not 0 <= port <= 65535:
         raise _serve_failed(f"--port must be 0..65535 (0: any free port), got {port}")
     if registry is not None and not create_registry and not registry.exists():
@@ -149,7 +154,8 @@ def serve(
     team = _load_team(spec, "live" if pinned is None and registry is not None else pinned, threads, sock, console)
     _announce(team, host, sock.getsockname()[1], api_key, console)
     recorder = None if no_trace else _recorder(trace_dir, capture_messages, console)
-    _run(team, sock, host, api_key, max_body_mb, recorder)
+    _run(team, sock, host, recorder, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+         request_timeout_s=request_timeout, read_timeout_s=read_timeout)
 
 
 def _serve_failed(message: str) -> typer.Exit:
@@ -209,8 +215,9 @@ def _recorder(trace_dir: Path, capture_messages: bool, console: Any) -> Any:
                           capture_messages=capture_messages, owns_sink=True)
 
 
-def _run(team: Any, sock: Any, host: str, api_key: str | None, max_body_mb: float, recorder: Any) -> None:
-    """Serve until stopped; the recorder, the team and the socket are closed whatever happens."""
+def _run(team: Any, sock: Any, host: str, recorder: Any, **app_options: Any) -> None:
+    """Serve until stopped (`app_options`: `create_app`'s); the recorder, the team and the socket are closed
+    whatever happens."""
     import logging
 
     import uvicorn
@@ -219,7 +226,7 @@ def _run(team: Any, sock: Any, host: str, api_key: str | None, max_body_mb: floa
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = create_app(team, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20), recorder=recorder)
+        app = create_app(team, recorder=recorder, **app_options)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning"))
         server.run(sockets=[sock])
     finally:

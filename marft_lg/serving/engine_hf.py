@@ -34,7 +34,7 @@ from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.integrity import base_shapes_from_model, verify_adapter
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.scheduler import Item, Scheduler
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 
 def _message_text(content: Any) -> str:
@@ -148,7 +148,8 @@ class HFEngine:
         self.batch_wait_s = batch_wait_s
         self.min_shared_prefix = min_shared_prefix
         self.stats = {"batches": 0, "requests": 0, "largest_batch": 0, "generated_tokens": 0, "shared_prefix_tokens": 0,
-                      "prefix_cache_hits": 0, "joined_running": 0, "constrained_tokens": 0}
+                      "prefix_cache_hits": 0, "joined_running": 0, "constrained_tokens": 0,
+                      "cancelled": 0}
         self._exclusive_owner: int | None = None
         self._grammars: Any = None
         self._closed = False
@@ -218,20 +219,29 @@ class HFEngine:
         )
         return [int(t) for t in ids]
 
-    def submit(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Future]:
+    def submit(self, requests: list[ChatRequest], adapter_names: list[str | None],
+               listeners: list[TokenListener | None] | None = None) -> list[Future]:
         """Queue requests for the batching loop; each future resolves to a `Completion`.
 
         Validation (unknown adapter, bad parameters, prompt too long) raises here, before anything is queued.
+        `listeners[i]` is told request i's tokens as they are decoded (streaming).
         """
+        return [it.future for it in self._enqueue(requests, adapter_names, listeners)]
+
+    def _enqueue(self, requests: list[ChatRequest], adapter_names: list[str | None],
+                 listeners: list[TokenListener | None] | None) -> list[Item]:
         if self._closed:
             raise RuntimeError("engine is closed")
         if self._exclusive_owner == threading.get_ident():
             raise RuntimeError("cannot generate inside exclusive(): serving is paused by this very thread")
         if len(requests) != len(adapter_names):
             raise ValueError(f"{len(requests)} requests but {len(adapter_names)} adapter names")
+        listeners = listeners or [None] * len(requests)
+        if len(listeners) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(listeners)} listeners")
         loaded = set(self.loaded_adapters())
         items = []
-        for req, name in zip(requests, adapter_names, strict=True):
+        for req, name, listener in zip(requests, adapter_names, listeners, strict=True):
             if isinstance(req.stop, str):
                 req = dataclasses.replace(req, stop=[req.stop])
             if name is not None and name not in loaded:
@@ -246,19 +256,26 @@ class HFEngine:
             if len(ids) + req.max_tokens > self._max_context:
                 raise ContextLengthError(len(ids), req.max_tokens, self._max_context, req.agent)
             matcher = self.grammars.matcher(req.constraint) if req.constraint else None
-            items.append(Item(req, name, ids, Future(), matcher=matcher))
+            items.append(Item(req, name, ids, Future(), matcher=matcher, listener=listener))
         self._scheduler.put(items)
-        return [it.future for it in items]
+        return items
 
     def generate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
         return [f.result() for f in self.submit(requests, adapter_names)]
 
-    async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
+    async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None],
+                        listeners: list[TokenListener | None] | None = None) -> list[Completion]:
+        """Async `generate`; cancelling the awaiting task takes its rows out of the batch at the next step."""
         if self._exclusive_owner == threading.get_ident():
             raise RuntimeError("cannot generate inside exclusive(): serving is paused by this very thread")
         # validation and tokenizing (chat template) run in a worker thread: a long prompt never stalls the event loop
-        futures = await asyncio.to_thread(self.submit, requests, adapter_names)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        items = await asyncio.to_thread(self._enqueue, requests, adapter_names, listeners)
+        try:
+            return list(await asyncio.gather(*(asyncio.wrap_future(it.future) for it in items)))
+        except BaseException:
+            for it in items:  # the caller gave up (or one row failed): the others stop decoding too
+                it.cancelled = True
+            raise
 
     def close(self) -> None:
         if self._closed:

@@ -27,7 +27,7 @@ from typing import Any
 
 from marft_lg.serving.client import OpenAIEngineClient, ServerRequestError
 from marft_lg.serving.errors import ContextLengthError, ServingError, UnknownAgentError
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -335,12 +335,14 @@ class VLLMEngine:
                 raise e
         return self._label([f.result() for f in futures], requests, adapter_names)
 
-    async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None]) -> list[Completion]:
-        """Async twin of `generate`."""
+    async def agenerate(self, requests: list[ChatRequest], adapter_names: list[str | None],
+                        listeners: list[TokenListener | None] | None = None) -> list[Completion]:
+        """Async twin of `generate`; `listeners[i]` hears request i's tokens as vLLM streams them."""
         models = await asyncio.to_thread(self._prepare, requests, adapter_names)
         if not requests:
             return []
-        results = await self.client.achat_many(requests, models, max_concurrency=self.max_concurrency)
+        results = await self.client.achat_many(requests, models, max_concurrency=self.max_concurrency,
+                                               listeners=listeners)
         return self._label(results, requests, adapter_names)
 
     def __repr__(self) -> str:

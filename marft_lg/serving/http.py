@@ -20,8 +20,9 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "PayloadTooLargeError",
-                500: "InternalServerError"}
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "RequestTimeoutError",
+                413: "PayloadTooLargeError", 499: "ClientClosedRequest", 500: "InternalServerError",
+                504: "GatewayTimeoutError"}
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 MAX_JSON_DEPTH = 64
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -43,6 +44,10 @@ class _BodyTooLarge(Exception):
     """Raised from `receive` when a (chunked) body passes the limit."""
 
 
+class _BodyTooSlow(Exception):
+    """Raised from `receive` when the body has not arrived within the read timeout."""
+
+
 class RequestGuard:
     """Pure ASGI middleware around the whole app: request ids, the API key (every path but /health), the body-size
     limit, and the last-resort handler that turns any unexpected exception into a logged JSON 500.
@@ -52,10 +57,12 @@ class RequestGuard:
     413 when it passes the limit, so an oversized request costs no memory.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None):
+    def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None,
+                 read_timeout_s: float = 30.0):
         self.app = app
         self.max_body_bytes = int(max_body_bytes)
         self.api_key = api_key
+        self.read_timeout_s = float(read_timeout_s)
 
     async def _send_json(self, send: Any, status: int, body: dict[str, Any], rid: str) -> None:
         payload = json.dumps(body).encode()
@@ -89,14 +96,21 @@ class RequestGuard:
             if int(length) > limit:
                 await self._send_json(send, 413, too_large, rid)
                 return
-        started = False
+        started = body_done = False
         received = 0
+        deadline = asyncio.get_running_loop().time() + self.read_timeout_s
 
         async def guarded_receive() -> Any:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:  # only the disconnect is left to hear: no deadline
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except TimeoutError:
+                raise _BodyTooSlow from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > limit:
                     raise _BodyTooLarge
             return message
@@ -106,18 +120,27 @@ class RequestGuard:
             if message["type"] == "http.response.start":
                 started = True
                 message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
-            await send(message)
+                await send(message)
+                return
+            try:  # a client that stops reading a stream is dropped instead of holding its rows forever
+                await asyncio.wait_for(send(message), self.read_timeout_s)
+            except TimeoutError:
+                raise _BodyTooSlow from None
 
         try:
             await self.app(scope, guarded_receive, tagged_send)
         except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
             raise
         except BaseException as e:  # noqa: BLE001 - the last resort: logged with its traceback, answered as JSON
-            too_big = isinstance(e, _BodyTooLarge) or (  # a task group below may re-raise ours wrapped
-                isinstance(e, BaseExceptionGroup) and e.split(_BodyTooLarge)[1] is None)
-            if too_big:
+            if _only(e, _BodyTooLarge):
                 if not started:
                     await self._send_json(send, 413, too_large, rid)
+                return
+            if _only(e, _BodyTooSlow):
+                log.info("request %s: the client was too slow (--read-timeout %g s); dropped", rid, self.read_timeout_s)
+                if not started:
+                    await self._send_json(send, 408, error_body(408, "the request did not arrive within the server's "
+                                                                     f"read timeout of {self.read_timeout_s:g} s"), rid)
                 return
             log.error("request %s %s %s failed", rid, scope.get("method"), scope.get("path"), exc_info=e)
             if not started:
@@ -125,6 +148,11 @@ class RequestGuard:
                                         "traceback is in the server log")
                 body["request_id"] = rid
                 await self._send_json(send, 500, body, rid)
+
+
+def _only(e: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `e` is a `kind`, or a group (a task group below re-raises ours wrapped) holding only those."""
+    return isinstance(e, kind) or (isinstance(e, BaseExceptionGroup) and e.split(kind)[1] is None)
 
 
 def _json_depth_exceeds(obj: Any, limit: int) -> bool:

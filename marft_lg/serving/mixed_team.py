@@ -24,7 +24,7 @@ from marft_lg.serving.errors import UnknownAgentError
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.registry import AdapterRegistry
 from marft_lg.serving.team import _UNSET, ModelSpec, Team, _check_versions, base_model_name, plan_bases
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 
 def unique_names(names: list[str]) -> list[str]:
@@ -196,14 +196,16 @@ class MixedTeam:
                    for name, idx in groups.items()]
         return self._merge(len(requests), [(idx, f.result()) for idx, f in futures])
 
-    async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
-        """Async `chat`: the bases' shares run concurrently (``asyncio.gather``)."""
+    async def achat(self, requests: list[ChatRequest],
+                    listeners: list[TokenListener | None] | None = None) -> list[Completion]:
+        """Async `chat`: the bases' shares run concurrently (``asyncio.gather``); `listeners` as `Team.achat`."""
         groups = self._split(requests)
         if not groups:
             return []
+        listeners = listeners or [None] * len(requests)
         if len(groups) == 1:
-            return await self._bases[next(iter(groups))].achat(requests)
-        results = await asyncio.gather(*(self._bases[name].achat([requests[i] for i in idx])
+            return await self._bases[next(iter(groups))].achat(requests, listeners)
+        results = await asyncio.gather(*(self._bases[name].achat([requests[i] for i in idx], [listeners[i] for i in idx])
                                          for name, idx in groups.items()))
         return self._merge(len(requests), list(zip(groups.values(), results, strict=True)))
 

@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from marft_lg.serving.mixed_forward import BASE, RowAdapters, mixed_adapter_forward
 from marft_lg.serving.prefix import PrefixStore, common_prefix_length
 from marft_lg.serving.sampling import sample, stop_index, top_logprobs
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 if TYPE_CHECKING:
     from marft_lg.serving.engine_hf import HFEngine
@@ -41,6 +41,8 @@ class Item:
     future: Future
     submitted: float = field(default_factory=time.perf_counter)
     matcher: Any = None  # a `RowMatcher` when the request is constrained
+    listener: TokenListener | None = None  # told each new token (streaming)
+    cancelled: bool = False  # set by the caller that gave up: the row leaves the batch at the next step
 
 
 @dataclass
@@ -206,7 +208,7 @@ class Scheduler:
         """Prefill new requests (one group per adapter, each group's shared prefix once), sample their
         first tokens and merge them into the running rows."""
         stats = self.engine.stats
-        live = [it for it in items if it.future.set_running_or_notify_cancel()]
+        live = [it for it in items if not self._dropped(it) and it.future.set_running_or_notify_cancel()]
         if running is not None and running.rows:
             stats["joined_running"] += len(live)
         groups: dict[str, list[Item]] = {}
@@ -333,10 +335,23 @@ class Scheduler:
             self._adapter_params[name] = params
         return (self._epoch, *(p._version for p in params))
 
+    def _dropped(self, it: Item) -> bool:
+        """True (and the item's future failed) when its caller gave up: its row is not decoded any further."""
+        if not it.cancelled:
+            return False
+        self.engine.stats["cancelled"] += 1
+        if not it.future.done():
+            it.future.set_exception(CancelledError())
+        return True
+
     def _decode(self, running: _Running) -> _Running:
-        """One decode step for every running row."""
+        """One decode step for every running row (rows whose caller gave up leave first)."""
         import torch
 
+        if any(r.item.cancelled for r in running.rows):
+            running = self._select(running, [j for j, r in enumerate(running.rows) if not self._dropped(r.item)])
+            if not running.rows:
+                return running
         mask = torch.cat([running.mask, running.mask.new_ones((len(running.rows), 1))], dim=1)
         positions = running.positions + 1
         out = self._forward([r.name for r in running.rows], input_ids=running.last[:, None], attention_mask=mask,
@@ -363,6 +378,8 @@ class Scheduler:
             row.lps.append(chosen_lp[j])
             if req.top_logprobs:
                 row.tops.append(top_logprobs(logp[j], int(req.top_logprobs)))
+            if row.item.listener is not None:
+                self._tell(row.item, tok, chosen_lp[j])
             matcher = row.item.matcher
             if matcher is None:
                 ended = tok in self.engine.eos_token_ids and not req.ignore_eos
@@ -385,6 +402,15 @@ class Scheduler:
         if len(keep) < len(rows):
             running = self._select(running, keep)
         return running
+
+    @staticmethod
+    def _tell(it: Item, tok: int, lp: float) -> None:
+        """Stream a token to the request's listener; a listener that fails is dropped, never the batch."""
+        try:
+            it.listener([tok], [lp])
+        except Exception:  # noqa: BLE001 - the caller's callback must not end other rows
+            log.exception("a token listener failed; the request goes on without it")
+            it.listener = None
 
     def _constrain(self, logits: Any, rows: list[_Row], constrained: list[int]) -> Any:
         """`logits` (float32) with the tokens each constrained row's grammar forbids at this step set to -inf."""

@@ -19,13 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from marft_lg.serving.chat_api import (
-    TOOL_FORMATS,
-    completion_response,
-    known_models,
-    parse_chat_body,
-    stream_chunks,
-)
+from marft_lg.serving.chat_api import TOOL_FORMATS, completion_response, known_models, parse_chat_body
+from marft_lg.serving.chat_stream import ChunkStream
 from marft_lg.serving.errors import (
     AdapterIntegrityError,
     AdapterMismatchError,
@@ -43,6 +38,7 @@ from marft_lg.serving.http import (
     parse_json_body,
 )
 from marft_lg.serving.served_spans import CallContext, ServedRecorder
+from marft_lg.serving.streaming import queue_listener, streams
 from marft_lg.serving.team import FRESH, SHARED
 from marft_lg.serving.types import ServedTeam
 
@@ -50,8 +46,14 @@ _LOAD_USAGE = ('body must be {"lora_name": str, "lora_path": "<registry>/<role>/
                '{"lora_name": str, "version": "init"}')
 
 
+DEFAULT_REQUEST_TIMEOUT_S = 600.0
+DEFAULT_READ_TIMEOUT_S = 30.0
+
+
 def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str = "auto",
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None,
+               request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+               read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
     every path but /health (/docs, /redoc, /openapi.json too) needs ``Authorization: Bearer <key>``. `recorder`:
     every answered chat request is recorded as server spans (`served_spans`), joined to the caller's span through
@@ -60,11 +62,17 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
     `tool_format`: how requests with ``tools`` are rendered: "auto" (the chat template when it renders
     tools, else the text format), "template" or "text" (`marft_lg.tool_calls`).
     `max_body_bytes`: larger request bodies get 413 without being read.
+    `request_timeout_s`: a generation still running after this long is cancelled (504, or an error event when
+    streaming). `read_timeout_s`: a client that has not sent its whole request by then gets 408, and a streaming
+    client that reads nothing for this long is dropped. A client that hangs up cancels its generation at the next
+    decode step, streaming or not.
     """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
     if int(max_body_bytes) < 1:
         raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
+    if not (request_timeout_s > 0 and read_timeout_s > 0):
+        raise ValueError(f"timeouts must be > 0 s, got request {request_timeout_s!r}, read {read_timeout_s!r}")
     app = FastAPI(title="marft_lg serving", version="0.1.0")
     app.state.team = team
 
@@ -75,9 +83,9 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
                             content=error_body(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
     _health_routes(app)
-    _chat_routes(app, team, tool_format, recorder)
+    _chat_routes(app, team, tool_format, recorder, float(request_timeout_s))
     _adapter_routes(app, team)
-    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key)  # added last: the outermost layer
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key, read_timeout_s=read_timeout_s)  # added last: the outermost layer
     return app
 
 
@@ -100,6 +108,8 @@ def _handle(e: Exception, registry_status: int = 400, adapter_param: str | None 
         return error_response(registry_status, str(e), "model" if registry_status == 404 else None)
     if isinstance(e, (ContextLengthError, AdapterMismatchError, ValueError)):
         return error_response(400, str(e))
+    if isinstance(e, TimeoutError):
+        return error_response(504, str(e))
     raise e
 
 
@@ -109,7 +119,8 @@ def _health_routes(app: FastAPI) -> None:
         return {"status": "ok"}
 
 
-def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: ServedRecorder | None) -> None:
+def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: ServedRecorder | None,
+                 timeout_s: float) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         start_ns = time.time_ns()
@@ -117,19 +128,129 @@ def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: Ser
         try:
             body = await _json(request)
             reqs, opts = parse_chat_body(body, team, tool_format, context)
-            # a role goes through the team (which routes it to its base); a base model name to that base
-            completions = await (team.achat(reqs) if opts["agent"] is not None else team.bases[opts["base"]].achat(reqs))
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
             return _handle(e, registry_status=404, adapter_param="model")
-        response = completion_response(team, completions, opts)
-        if recorder is not None:
+        served = team if opts["agent"] is not None else team.bases[opts["base"]]  # a role via the team, a base name to it
+        call = _Call(request, served, reqs, opts, timeout_s)
+
+        def record(response: dict[str, Any], completions: list[Any]) -> None:
+            if recorder is None:
+                return
             try:
                 recorder.record(context, body["messages"], opts, reqs, completions, response["id"], start_ns)
             except Exception:  # noqa: BLE001 - a record that cannot be made never fails the answer
                 log.exception("request %s: recording the served completion failed", request.state.request_id)
+
         if opts["stream"]:
-            return StreamingResponse(stream_chunks(team, response), media_type="text/event-stream")
+            return await call.stream(record)
+        try:
+            completions = await call.whole()
+        except _ClientGone:
+            return error_response(499, "the client closed the connection before its answer was ready")
+        except Exception as e:  # noqa: BLE001
+            return _handle(e, registry_status=404, adapter_param="model")
+        response = completion_response(team, completions, opts)
+        record(response, completions)
         return response
+
+
+class _ClientGone(Exception):
+    """The client hung up before its answer was ready."""
+
+
+class _Call:
+    """One chat request being generated: it is cancelled when its client hangs up or it outlives `timeout_s`."""
+
+    def __init__(self, request: Request, served: Any, reqs: list[Any], opts: dict[str, Any], timeout_s: float):
+        self.request, self.served, self.reqs, self.opts, self.timeout_s = request, served, reqs, opts, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+
+    async def _hung_up(self) -> None:
+        while (await self.request.receive())["type"] != "http.disconnect":
+            pass
+
+    async def _race(self, task: asyncio.Future, *others: asyncio.Future) -> set[asyncio.Future]:
+        """Wait for `task` or one of `others`, the client's hang-up or the deadline; the task is cancelled on the
+        last two."""
+        watch = asyncio.ensure_future(self._hung_up())
+        try:
+            done, _ = await asyncio.wait({task, watch, *others}, timeout=max(0.0, self.deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if task in done or any(o in done for o in others):
+            return done
+        task.cancel()
+        if watch in done:
+            log.info("request %s: the client hung up; its generation is cancelled", self.request.state.request_id)
+            raise _ClientGone
+        raise TimeoutError(f"the generation took longer than the server's request timeout ({self.timeout_s:g} s; "
+                           "marft-lg serve --request-timeout)")
+
+    async def whole(self) -> list[Any]:
+        """The completions; `_ClientGone` when the client hangs up first (its rows are cancelled)."""
+        task = asyncio.ensure_future(self.served.achat(self.reqs))
+        await self._race(task)
+        return task.result()
+
+    async def stream(self, record: Any) -> Any:
+        """A `StreamingResponse` whose chunks follow the decoding; a request refused before its first token is
+        still answered with its 4xx."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        listeners = [queue_listener(loop, queue, i) for i in range(len(self.reqs))]
+        # a team that cannot stream answers whole: its text comes with the last chunk
+        call = self.served.achat(self.reqs, listeners) if streams(self.served.achat) else self.served.achat(self.reqs)
+        task = asyncio.ensure_future(call)
+        first = asyncio.ensure_future(queue.get())
+        try:
+            await self._race(task, first)
+        except (_ClientGone, TimeoutError) as e:
+            first.cancel()
+            return error_response(*((504, str(e)) if isinstance(e, TimeoutError) else (499, "client gone")))
+        got = [first.result()] if first.done() else []
+        if not first.done():
+            first.cancel()
+            if task.exception() is not None:
+                return _handle(task.exception(), registry_status=404, adapter_param="model")
+        return StreamingResponse(self._events(task, queue, got, record), media_type="text/event-stream")
+
+    async def _events(self, task: asyncio.Future, queue: asyncio.Queue, got: list[Any], record: Any) -> Any:
+        """The stream's events: tokens as the queue brings them (`got`: those already taken), then the end."""
+        chunks = ChunkStream(self.served, self.reqs, self.opts)
+        try:
+            for event in chunks.start():
+                yield event
+            while True:
+                while not queue.empty():
+                    got.append(queue.get_nowait())
+                for index, ids, lps in got:
+                    if (event := chunks.tokens(index, ids, lps)) is not None:
+                        yield event
+                got = []
+                if task.done():
+                    break
+                nxt = asyncio.ensure_future(queue.get())
+                if nxt in await self._race(task, nxt):
+                    got.append(nxt.result())
+                else:
+                    nxt.cancel()
+            completions = task.result()
+            response = completion_response(self.served, completions, self.opts, chunks.id)
+            record(response, completions)
+            for event in chunks.finish(response):
+                yield event
+        except _ClientGone:
+            return
+        except Exception as e:  # noqa: BLE001 - the status line is sent: the failure becomes the last event
+            status = 504 if isinstance(e, TimeoutError) else 500
+            if status == 500:
+                log.exception("request %s: the stream failed", self.request.state.request_id)
+            for event in chunks.error(status, str(e) or type(e).__name__):
+                yield event
+        finally:
+            if not task.done():
+                task.cancel()
 
 
 def _adapter_routes(app: FastAPI, team: ServedTeam) -> None:

@@ -28,7 +28,8 @@ from marft_lg.serving.errors import RegistryError, UnknownAgentError
 from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
 from marft_lg.serving.models import DEFAULT_MODEL, model_content_hash, model_fingerprint, resolve_model
 from marft_lg.serving.registry import AdapterRegistry
-from marft_lg.serving.types import ChatRequest, Completion
+from marft_lg.serving.streaming import streams
+from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 FRESH = "init"  # the version name of a freshly initialised adapter
 SHARED = "shared"  # the registry role of the one adapter all roles use with shared_adapter=True
@@ -349,11 +350,15 @@ class Team:
         finally:
             self._release(names)
 
-    async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
-        """Async `chat`; concurrent callers share batches."""
+    async def achat(self, requests: list[ChatRequest],
+                    listeners: list[TokenListener | None] | None = None) -> list[Completion]:
+        """Async `chat`; concurrent callers share batches. `listeners[i]` is told request i's tokens as they are
+        decoded (an engine that cannot stream tells nothing); cancelling the call cancels its rows."""
         names = self._acquire(requests)
         try:
-            return self._label(await self.engine.agenerate(requests, names), requests, names)
+            wanted = listeners is not None and any(listeners) and streams(self.engine.agenerate)
+            more = {"listeners": listeners} if wanted else {}
+            return self._label(await self.engine.agenerate(requests, names, **more), requests, names)
         finally:
             self._release(names)
 

@@ -6,8 +6,14 @@ the tracer and the trainer never care which engine produced a completion.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+TokenListener = Callable[[list[int], list[float]], None]
+"""Told each request's new completion token ids and their log-probs as they are decoded (streaming). An engine calls
+it from its own thread: it must be quick and thread-safe (e.g. ``loop.call_soon_threadsafe``). Engines that take
+``listeners=`` in `achat` / `agenerate` stream; the last call comes before the request's `Completion` is returned."""
 
 
 @dataclass
@@ -84,7 +90,8 @@ class ChatEngine(Protocol):
         ...
 
     async def achat(self, requests: list[ChatRequest]) -> list[Completion]:
-        """Async twin of `chat`; concurrent callers are batched together by the engine."""
+        """Async twin of `chat`; concurrent callers are batched together by the engine. Engines that stream also
+        take ``listeners: list[TokenListener | None]`` (one per request); cancelling the call cancels its rows."""
         ...
 
     def agents(self) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import time
 
 import pytest
 
@@ -172,6 +173,21 @@ def test_async_mixed_batch_keeps_order(engine):
     outs = asyncio.run(engine.agenerate(reqs, names))
     assert [o.model for o in outs] == [n or engine.model_name for n in names]
     assert all(len(o.completion_token_ids) == len(o.logprobs) > 0 for o in outs)
+
+
+def test_vllm_streams_tokens_as_it_decodes_them(engine):
+    """`listeners` turn the request into vLLM's own stream: each chunk's token ids and log-probs are heard as they
+    come, and they add up to the completion a non-streaming call returns (greedy)."""
+    heard: list[tuple[float, list[int], list[float]]] = []
+    req = _req(max_tokens=24, temperature=0.0)
+    (streamed,) = asyncio.run(engine.agenerate([req], ["planner@v1"],
+                                               listeners=[lambda ids, lps: heard.append((time.perf_counter(), ids, lps))]))
+    done = time.perf_counter()
+    (whole,) = engine.generate([req], ["planner@v1"])
+    assert len(heard) > 3 and heard[0][0] < done
+    assert [t for _, ids, _ in heard for t in ids] == streamed.completion_token_ids == whole.completion_token_ids
+    assert [x for _, _, lps in heard for x in lps] == streamed.logprobs
+    assert streamed.text == whole.text and streamed.prompt_token_ids == whole.prompt_token_ids
 
 
 def test_guided_requests_are_forwarded_to_vllm_and_hold(engine):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
@@ -15,7 +14,6 @@ import httpx
 import pytest
 import torch
 import typer
-import uvicorn
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -23,6 +21,7 @@ from marft_lg.serving.http import MAX_JSON_DEPTH
 from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.server import create_app
 from marft_lg.serving.team import Team
+from tests.servers import uvicorn_thread
 
 MSG = [{"role": "user", "content": "Say hi."}]
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -48,25 +47,6 @@ def _openai_error(r, status: int) -> dict:
     assert set(body["error"]) == ERROR_KEYS and body["error"]["code"] == status and body["error"]["message"]
     assert r.headers["x-request-id"]
     return body["error"]
-
-
-@contextlib.contextmanager
-def uvicorn_thread(app):
-    """A real HTTP server on 127.0.0.1 (an OS-chosen port) in a thread; stopped through its own flag."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def test_a_body_over_the_limit_is_413_before_it_is_read(client):

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,9 @@ CLI = [sys.executable, "-m", "marft_lg.cli"]
 
 
 def _cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    t0 = time.perf_counter()
     proc = subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    print(f"marft-lg {args[0]}: {time.perf_counter() - t0:.1f} s")  # where the minutes go (pytest -s / on failure)
     assert proc.returncode == 0, f"marft-lg {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout + proc.stderr
 

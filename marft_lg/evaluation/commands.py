@@ -65,6 +65,19 @@ def _format_versions(versions: dict[str, str]) -> str:
     return ",".join(f"{r}={v}" for r, v in versions.items())
 
 
+def _trackers(report_to: str | None) -> list[str]:
+    """`--report-to` checked (names and installed packages) before any work."""
+    from marft_lg._config import ConfigError
+    from marft_lg.tracking.settings import TrackingUnavailable, parse_report_to, require_all
+
+    try:
+        names = parse_report_to(report_to) if report_to else []
+        require_all(names)
+    except (ConfigError, TrackingUnavailable) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--report-to") from None
+    return names
+
+
 def _load_gate(gate_path: Path | None) -> Any:
     """The promotion gate of --gate (the default gate without one); a bad file is a usage error naming it."""
     from marft_lg.evaluation.gate import PromotionGate
@@ -75,13 +88,18 @@ def _load_gate(gate_path: Path | None) -> Any:
         raise typer.BadParameter(str(exc), param_hint="--gate") from None
 
 
-def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
-    from marft_lg.evaluation.report import print_summary, write_report
+def _finish(result: Any, gate: Any, out: Path, console: Any, report_to: list[str] | None = None) -> Any:
+    from marft_lg.evaluation.report import log_comparison, print_summary, write_report
+    from marft_lg.tracking.base import open_tracker
 
     decision = gate.evaluate(result, context={"run_dir": str(out)})
     result.save(out)
     decision_path = decision.write(out / "decision.json")
     paths = write_report(result, out, decision)
+    if report_to:
+        tracker = open_tracker(report_to, out, name=f"compare {out.name}")
+        log_comparison(tracker, result, decision, out)
+        tracker.finish()
     print_summary(result, decision, console)
     console.print(f"report: {paths['markdown']}  {paths['html']}\ndecision: {decision_path}")
     return decision
@@ -141,6 +159,7 @@ def compare(
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
     ray: str | None = typer.Option(None, "--ray", help="Replay on Ray rollout workers: an address (local, auto, ray://host:port) or a YAML file with a ray: section; --app must then be a factory f(llm) -> graph."),
     ray_workers: int = typer.Option(2, "--ray-workers", help="Rollout workers with --ray ADDRESS (a ray: section says its own)."),
+    report_to: str | None = typer.Option(None, "--report-to", help="Trackers for the report and decision, comma-separated: tensorboard, mlflow, wandb (offline) or none."),
 ) -> None:
     """Shadow-compare a candidate team against the baseline, gate it, and write the report.
 
@@ -156,6 +175,7 @@ def compare(
         roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    trackers = _trackers(report_to)
     if from_traces is not None and not from_traces.is_dir():
         raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -172,7 +192,7 @@ def compare(
                                           seed=seed)
         except (FileNotFoundError, ValueError) as exc:  # no trace files, no mirrored pairs in them
             raise typer.BadParameter(str(exc), param_hint="--from-traces") from None
-        _finish(result, gate_spec, out, console)
+        _finish(result, gate_spec, out, console, trackers)
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
@@ -186,7 +206,8 @@ def compare(
         team = spec.build_team(registry=reg)
     try:
         decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
-                                            scorer, samples, seed, _formats(format), drift, gate_spec, console)
+                                            scorer, samples, seed, _formats(format), drift, gate_spec, console,
+                                            trackers)
     finally:
         team.close()
     if promote_if_passed and decision.promote:
@@ -289,7 +310,7 @@ def _promote_candidate(reg: Any, result: Any, decision: Any, server: str | None,
 
 def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_workers: int, baseline: Any, candidate: Any,
                      scenarios: Any, scorer: Any, samples: int, seed: int, formats: dict[str, str], drift: bool,
-                     gate: Any, console: Any) -> tuple[Any, Any]:
+                     gate: Any, console: Any, report_to: list[str] | None = None) -> tuple[Any, Any]:
     """The replays (here or on Ray workers), the gate and the report; a comparison whose episodes failed or missed
     the versions under test is an error, not a report."""
     from marft_lg._config import ConfigError
@@ -312,7 +333,7 @@ def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_worke
         raise typer.Exit(1) from None
     finally:
         wrapped.close()
-    return _finish(result, gate, out, console), result
+    return _finish(result, gate, out, console, report_to), result
 
 
 def _episodes_per_worker(result: Any) -> str:

@@ -9,6 +9,7 @@ registry: SQLite is a store MLflow's model registry works on).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,12 @@ from marft_lg.tracking.base import flat_params
 DEFAULT_EXPERIMENT = "marft-lg"
 _BATCH = 100  # MLflow's most params / metrics per log_batch call
 _PARAM_CHARS = 6000  # MLflow's longest param value
+_BAD_KEY = re.compile(r"[^\w\-. :/]")
+
+
+def _key(name: str) -> str:
+    """A param or metric name MLflow accepts (alphanumerics, ``_ - . space : /``; anything else becomes ``_``)."""
+    return _BAD_KEY.sub("_", name)[:250]
 
 
 def default_uri(run_dir: Path) -> str:
@@ -74,7 +81,7 @@ class MlflowTracker:
         """Config values as MLflow params (nested keys dotted, long values cut to MLflow's limit)."""
         from mlflow.entities import Param
 
-        items = [Param(k[:250], v[:_PARAM_CHARS]) for k, v in flat_params(params).items()]
+        items = [Param(_key(k), v[:_PARAM_CHARS]) for k, v in flat_params(params).items()]
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, params=items[i:i + _BATCH])
 
@@ -83,7 +90,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()]
+        items = [Metric(_key(k), float(v), now, int(step)) for k, v in metrics.items()]
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, metrics=items[i:i + _BATCH])
 

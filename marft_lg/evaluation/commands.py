@@ -88,18 +88,25 @@ def _load_gate(gate_path: Path | None) -> Any:
         raise typer.BadParameter(str(exc), param_hint="--gate") from None
 
 
-def _finish(result: Any, gate: Any, out: Path, console: Any, report_to: list[str] | None = None) -> Any:
-    from marft_lg.evaluation.report import log_comparison, print_summary, write_report
+def _track(report_to: list[str], result: Any, decision: Any, out: Path) -> None:
+    """The comparison (report, decision, CIs) as a run of its own in the `--report-to` trackers."""
+    if not report_to:
+        return
+    from marft_lg.evaluation.report import log_comparison
     from marft_lg.tracking.base import open_tracker
+
+    tracker = open_tracker(report_to, out, name=f"compare {out.name}")
+    log_comparison(tracker, result, decision, out)
+    tracker.finish()
+
+
+def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
+    from marft_lg.evaluation.report import print_summary, write_report
 
     decision = gate.evaluate(result, context={"run_dir": str(out)})
     result.save(out)
     decision_path = decision.write(out / "decision.json")
     paths = write_report(result, out, decision)
-    if report_to:
-        tracker = open_tracker(report_to, out, name=f"compare {out.name}")
-        log_comparison(tracker, result, decision, out)
-        tracker.finish()
     print_summary(result, decision, console)
     console.print(f"report: {paths['markdown']}  {paths['html']}\ndecision: {decision_path}")
     return decision
@@ -192,7 +199,7 @@ def compare(
                                           seed=seed)
         except (FileNotFoundError, ValueError) as exc:  # no trace files, no mirrored pairs in them
             raise typer.BadParameter(str(exc), param_hint="--from-traces") from None
-        _finish(result, gate_spec, out, console, trackers)
+        _track(trackers, result, _finish(result, gate_spec, out, console), out)
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
@@ -333,7 +340,9 @@ def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_worke
         raise typer.Exit(1) from None
     finally:
         wrapped.close()
-    return _finish(result, gate, out, console, report_to), result
+    decision = _finish(result, gate, out, console)
+    _track(report_to or [], result, decision, out)
+    return decision, result
 
 
 def _episodes_per_worker(result: Any) -> str:

@@ -171,8 +171,7 @@ def compare(
     """Shadow-compare a candidate team against the baseline, gate it, and write the report.
 
     With no `live` version in the registry yet (a first project), `--baseline live` compares against the
-    initial adapters (role=init) and says so.
-    """
+    initial adapters (role=init) and says so."""
     from rich.console import Console
 
     from marft_lg.loading import parse_node_roles
@@ -212,9 +211,8 @@ def compare(
                         f"{', '.join(spec.agents)}"):
         team = spec.build_team(registry=reg)
     try:
-        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
-                                            scorer, samples, seed, _formats(format), drift, gate_spec, console,
-                                            trackers)
+        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set, scorer,
+                                            samples, seed, _formats(format), drift, gate_spec, console, trackers)
     finally:
         team.close()
     if promote_if_passed and decision.promote:

@@ -65,19 +65,6 @@ def _format_versions(versions: dict[str, str]) -> str:
     return ",".join(f"{r}={v}" for r, v in versions.items())
 
 
-def _trackers(report_to: str | None) -> list[str]:
-    """`--report-to` checked (names and installed packages) before any work."""
-    from marft_lg._config import ConfigError
-    from marft_lg.tracking.settings import TrackingUnavailable, parse_report_to, require_all
-
-    try:
-        names = parse_report_to(report_to) if report_to else []
-        require_all(names)
-    except (ConfigError, TrackingUnavailable) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--report-to") from None
-    return names
-
-
 def _load_gate(gate_path: Path | None) -> Any:
     """The promotion gate of --gate (the default gate without one); a bad file is a usage error naming it."""
     from marft_lg.evaluation.gate import PromotionGate
@@ -95,9 +82,7 @@ def _track(report_to: list[str], result: Any, decision: Any, out: Path) -> None:
     from marft_lg.evaluation.report import log_comparison
     from marft_lg.tracking.base import open_tracker
 
-    tracker = open_tracker(report_to, out, name=f"compare {out.name}")
-    log_comparison(tracker, result, decision, out)
-    tracker.finish()
+    log_comparison(open_tracker(report_to, out, name=f"compare {out.name}"), result, decision, out, finish=True)
 
 
 def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
@@ -175,13 +160,14 @@ def compare(
     from rich.console import Console
 
     from marft_lg.loading import parse_node_roles
+    from marft_lg.tracking.commands import report_to_option
 
     console = Console()
     try:
         roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
-    trackers = _trackers(report_to)
+    trackers = report_to_option(report_to)
     if from_traces is not None and not from_traces.is_dir():
         raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -302,9 +302,11 @@ def print_summary(result: ComparisonResult, decision: GateDecision | None = None
             console.print(f"  - {r}")
 
 
-def log_comparison(tracker: Any, result: ComparisonResult, decision: GateDecision, out: str | Path) -> None:
+def log_comparison(tracker: Any, result: ComparisonResult, decision: GateDecision, out: str | Path, *,
+                   finish: bool = False) -> None:
     """A comparison into a run's trackers: the compared versions as params, every CI and the gate's checks as
-    metrics (``gate/passed`` 1 or 0), the report (Markdown, HTML, plots), comparison.json and decision.json."""
+    metrics (``gate/passed`` 1 or 0), the report (Markdown, HTML, plots), comparison.json and decision.json;
+    `finish` ends the run after."""
     from marft_lg.tracking.base import flat_metrics
 
     data = result.to_dict()
@@ -325,3 +327,5 @@ def log_comparison(tracker: Any, result: ComparisonResult, decision: GateDecisio
             tracker.log_file(root / name, "comparison")
     for plot in sorted((root / "plots").glob("*.png")):
         tracker.log_file(plot, "comparison/plots")
+    if finish:
+        tracker.finish()

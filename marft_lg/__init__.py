@@ -40,6 +40,9 @@ _EXPORTS: dict[str, str] = {
     "PromotionGate": "marft_lg.evaluation.gate",
     # jobs
     "RetrainJob": "marft_lg.jobs.config",
+    # tracking
+    "open_tracker": "marft_lg.tracking.base",
+    "export_version": "marft_lg.tracking.export",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

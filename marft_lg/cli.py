@@ -26,6 +26,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("compare", "marft_lg.evaluation.commands", "compare"),
     ("promote", "marft_lg.evaluation.commands", "promote"),
     ("rollback", "marft_lg.evaluation.commands", "rollback"),
+    ("export", "marft_lg.tracking.commands", "export"),
     ("retrain", "marft_lg.jobs.commands", "retrain"),
     ("schedule", "marft_lg.jobs.commands", "schedule"),
     ("demo", "marft_lg.demo", "demo"),

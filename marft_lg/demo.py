@@ -132,14 +132,15 @@ class _Log:
 
 
 def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
-             console: Any = None, node_roles: dict[str, str] | str | None = None) -> dict[str, Any]:
+             console: Any = None, node_roles: dict[str, str] | str | None = None,
+             report_to: list[str] | None = None) -> dict[str, Any]:
     """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
 
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
-    both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``).
+    both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``); `report_to`: trackers.
     """
     run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
-                  node_roles=node_roles)
+                  node_roles=node_roles, report_to=report_to)
     try:
         for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
             stage()
@@ -153,7 +154,7 @@ class DemoRun:
     compare, gate and promote) plus the report; each stage records its numbers in the run's log."""
 
     def __init__(self, budget: DemoBudget, run_dir: Path, *, model: str, seed: int, trace_root: Path, console: Any,
-                 node_roles: dict[str, str] | str | None):
+                 node_roles: dict[str, str] | str | None, report_to: list[str] | None = None):
         import torch
         from rich.console import Console
 
@@ -167,6 +168,7 @@ class DemoRun:
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
         self.budget, self.run_dir, self.model, self.seed, self.roles = budget, run_dir, model, seed, roles
+        self.report_to, self.trainer = list(report_to or []), None
         self.trace_dir = trace_root / f"demo-{run_dir.name}"
         if self.trace_dir.exists() and any(self.trace_dir.iterdir()):  # mining it would mix an earlier run in
             raise typer.BadParameter(f"{self.trace_dir} already holds the traces of an earlier run named "
@@ -248,7 +250,8 @@ class DemoRun:
         cfg = MARFTConfig(**self.math_team.settings.MARFT_SETTINGS, group_size=b.group_size,
                           max_new_tokens=b.max_tokens, max_context=1024, seed=self.seed,
                           offline_passes=b.offline_passes, offline_episodes_per_iteration=max(8, self.n_traced // 2),
-                          checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size)
+                          checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size,
+                          report_to=self.report_to)
         self.trainer = MARFTTrainer(self.team, self.reward, cfg, self.run_dir / "train", run_id="demo")
         rows = self.trainer.fit_offline(self.dataset, self.problems.traced)
         self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
@@ -298,10 +301,13 @@ class DemoRun:
 
     def report(self) -> dict[str, Any]:
         """8: summary.json, the report (Markdown + HTML + plots) and the closing lines; returns the summary."""
-        from marft_lg.evaluation.report import print_summary, write_report
+        from marft_lg.evaluation.report import log_comparison, print_summary, write_report
 
         self.log.stage("8/8 report")
         compare_files = write_report(self.result, self.run_dir / "compare", self.decision)
+        if self.report_to:  # the comparison, a child run of the training run
+            log_comparison(self.trainer.tracker.child("compare", self.run_dir / "compare"), self.result,
+                           self.decision, self.run_dir / "compare", finish=True)
         summary = self._summary()
         write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
         report = _write_report(self.run_dir, summary, compare_files)
@@ -342,6 +348,8 @@ class DemoRun:
         }
 
     def close(self) -> None:
+        if self.report_to and self.trainer is not None:
+            self.trainer.close()
         for app in self.apps:
             app.close()
         if self.team is not None:
@@ -467,6 +475,7 @@ def demo(
     trace_root: Path = typer.Option(Path("traces"), help="Where the demo's traces go (a sub-directory per run)."),
     node_roles: str | None = typer.Option(None, "--node-roles",
                                           help="node=role,... mapping the math team's nodes to roles (default: same names)."),
+    report_to: str | None = typer.Option(None, "--report-to", help="Trackers: tensorboard, mlflow, wandb (offline) or none."),
 ) -> None:
     """The main job: serve, trace, mine, train offline then on-policy, compare, promote, report."""
     from rich.console import Console
@@ -480,4 +489,7 @@ def demo(
         console.print(f"[yellow]{name} budget: about {b.minutes:g} minutes, too little training to expect a "
                       "significant gain; run without --quick for the full demo[/yellow]")
     out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
-    run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console, node_roles=node_roles)
+    from marft_lg.tracking.commands import report_to_option
+
+    run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console, node_roles=node_roles,
+             report_to=report_to_option(report_to))

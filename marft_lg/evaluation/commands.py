@@ -75,6 +75,16 @@ def _load_gate(gate_path: Path | None) -> Any:
         raise typer.BadParameter(str(exc), param_hint="--gate") from None
 
 
+def _track(report_to: list[str], result: Any, decision: Any, out: Path) -> None:
+    """The comparison (report, decision, CIs) as a run of its own in the `--report-to` trackers."""
+    if not report_to:
+        return
+    from marft_lg.evaluation.report import log_comparison
+    from marft_lg.tracking.base import open_tracker
+
+    log_comparison(open_tracker(report_to, out, name=f"compare {out.name}"), result, decision, out, finish=True)
+
+
 def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
     from marft_lg.evaluation.report import print_summary, write_report
 
@@ -141,21 +151,23 @@ def compare(
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
     ray: str | None = typer.Option(None, "--ray", help="Replay on Ray rollout workers: an address (local, auto, ray://host:port) or a YAML file with a ray: section; --app must then be a factory f(llm) -> graph."),
     ray_workers: int = typer.Option(2, "--ray-workers", help="Rollout workers with --ray ADDRESS (a ray: section says its own)."),
+    report_to: str | None = typer.Option(None, "--report-to", help="Trackers for the report and decision, comma-separated: tensorboard, mlflow, wandb (offline) or none."),
 ) -> None:
     """Shadow-compare a candidate team against the baseline, gate it, and write the report.
 
     With no `live` version in the registry yet (a first project), `--baseline live` compares against the
-    initial adapters (role=init) and says so.
-    """
+    initial adapters (role=init) and says so."""
     from rich.console import Console
 
     from marft_lg.loading import parse_node_roles
+    from marft_lg.tracking.commands import report_to_option
 
     console = Console()
     try:
         roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    trackers = report_to_option(report_to)
     if from_traces is not None and not from_traces.is_dir():
         raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -172,7 +184,7 @@ def compare(
                                           seed=seed)
         except (FileNotFoundError, ValueError) as exc:  # no trace files, no mirrored pairs in them
             raise typer.BadParameter(str(exc), param_hint="--from-traces") from None
-        _finish(result, gate_spec, out, console)
+        _track(trackers, result, _finish(result, gate_spec, out, console), out)
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
@@ -185,8 +197,8 @@ def compare(
                         f"{', '.join(spec.agents)}"):
         team = spec.build_team(registry=reg)
     try:
-        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set,
-                                            scorer, samples, seed, _formats(format), drift, gate_spec, console)
+        decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set, scorer,
+                                            samples, seed, _formats(format), drift, gate_spec, console, trackers)
     finally:
         team.close()
     if promote_if_passed and decision.promote:
@@ -289,7 +301,7 @@ def _promote_candidate(reg: Any, result: Any, decision: Any, server: str | None,
 
 def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_workers: int, baseline: Any, candidate: Any,
                      scenarios: Any, scorer: Any, samples: int, seed: int, formats: dict[str, str], drift: bool,
-                     gate: Any, console: Any) -> tuple[Any, Any]:
+                     gate: Any, console: Any, report_to: list[str] | None = None) -> tuple[Any, Any]:
     """The replays (here or on Ray workers), the gate and the report; a comparison whose episodes failed or missed
     the versions under test is an error, not a report."""
     from marft_lg._config import ConfigError
@@ -312,7 +324,9 @@ def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_worke
         raise typer.Exit(1) from None
     finally:
         wrapped.close()
-    return _finish(result, gate, out, console), result
+    decision = _finish(result, gate, out, console)
+    _track(report_to or [], result, decision, out)
+    return decision, result
 
 
 def _episodes_per_worker(result: Any) -> str:

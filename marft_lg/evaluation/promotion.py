@@ -61,8 +61,10 @@ class PromotionRecord:
 
 def _append_record(registry: Any, record: PromotionRecord, run_dir: str | Path | None) -> None:
     from marft_lg._durable import append_durable, write_atomic
+    from marft_lg.tracking.lineage import record_alias_change
 
     append_durable(Path(registry.root) / RECORDS, json.dumps(record.to_dict(), default=str) + "\n")
+    record_alias_change(registry, record.to_dict())  # lineage, and MLflow's model registry aliases (best effort)
     if run_dir is not None:
         out = Path(run_dir) / f"{record.action}.json"
         out.parent.mkdir(parents=True, exist_ok=True)

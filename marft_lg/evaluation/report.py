@@ -300,3 +300,32 @@ def print_summary(result: ComparisonResult, decision: GateDecision | None = None
         console.print(f"gate: {verdict}")
         for r in decision.reasons:
             console.print(f"  - {r}")
+
+
+def log_comparison(tracker: Any, result: ComparisonResult, decision: GateDecision, out: str | Path, *,
+                   finish: bool = False) -> None:
+    """A comparison into a run's trackers: the compared versions as params, every CI and the gate's checks as
+    metrics (``gate/passed`` 1 or 0), the report (Markdown, HTML, plots), comparison.json and decision.json;
+    `finish` ends the run after."""
+    from marft_lg.tracking.base import flat_metrics
+
+    data = result.to_dict()
+    tracker.log_params({"baseline": data["meta"].get("baseline"), "candidate": data["meta"].get("candidate"),
+                        "gate": decision.gate})
+    numbers = flat_metrics({k: v for k, v in data.items() if k not in ("meta", "unmatched")})
+    numbers["gate/passed"] = 1.0 if decision.promote else 0.0
+    for check in decision.checks:
+        numbers[f"gate/checks/{check.name}/passed"] = 1.0 if check.passed else 0.0
+        if check.value is not None and math.isfinite(check.value):
+            numbers[f"gate/checks/{check.name}/value"] = float(check.value)
+    tracker.log_metrics(numbers, 0)
+    text = "\n".join([f"decision: {'promote' if decision.promote else 'reject'}", *decision.reasons])
+    tracker.log_text(text, "gate_decision.txt")
+    root = Path(out)
+    for name in ("report.md", "report.html", "decision.json", "comparison.json"):
+        if (root / name).is_file():
+            tracker.log_file(root / name, "comparison")
+    for plot in sorted((root / "plots").glob("*.png")):
+        tracker.log_file(plot, "comparison/plots")
+    if finish:
+        tracker.finish()

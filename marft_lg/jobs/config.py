@@ -14,6 +14,7 @@ from typing import Any
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
 from marft_lg.loading import check_model_mapping, check_roles, parse_node_roles
+from marft_lg.tracking.settings import check_report_to
 
 _PATH_FIELDS = ("traces", "registry", "reward", "trainer", "scenarios", "gate", "output_dir", "store", "lock")
 
@@ -88,6 +89,13 @@ class RetrainJob:
     ray: Any = None
     """The `ray:` section (as in train.yaml): online training and the comparison's replays run on Ray rollout
     workers (docs/distributed.md). None: everything in the job's process."""
+    report_to: list[str] = field(default_factory=list)
+    """Trackers of each run (tensorboard, mlflow, wandb offline, none): one parent run per retraining run, with the
+    train and compare stages as its children (docs/tracking.md)."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI; None: one SQLite store for all the job's runs, `<output_dir>/mlflow.db`."""
+    experiment: str | None = None
+    """MLflow experiment / W&B project; None: `marft-lg`."""
     stages: str = "marft_lg.jobs.stages:LibraryStages"
     """`module:Class` (or `file.py:Class`) implementing the pipeline stages (swap for custom mining/training/evaluation)."""
     config_path: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -137,6 +145,7 @@ class RetrainJob:
         check_int("seed", self.seed, low=0)
         check_range("settle_s", self.settle_s, low=0.0)
         check_range("lock_stale_after_s", self.lock_stale_after_s, low=0.0, low_open=True)
+        self.report_to = check_report_to(self.report_to)
         if not isinstance(self.stages, str) or ":" not in self.stages:
             raise ConfigError(f"must be 'module:Class' or 'file.py:Class', got {self.stages!r}", key="stages")
         if self.app is not None and (not isinstance(self.app, str) or ":" not in self.app):

@@ -30,6 +30,7 @@ from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.lock import LockHeld, RunLock
 from marft_lg.jobs.store import JobStore, RunRecord
 from marft_lg.jobs.watermark import Window, format_time, parse_time, select_window, window_for
+from marft_lg.tracking.base import NullTracker, Tracker, flat_metrics, open_tracker
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 
@@ -42,6 +43,8 @@ class RunContext:
     run_dir: Path
     window: Window
     log: Callable[[str], None] = print
+    tracker: Tracker = field(default_factory=NullTracker)
+    """The run's parent run in the job's trackers (`report_to`); stages log into children of it."""
 
 
 @dataclass
@@ -215,23 +218,43 @@ def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id:
     window = window_for(store.watermark(job.name), now, settle_s=job.settle_s, initial=job.initial_watermark)
     store.update_run(run_id, window_start=format_time(window.start) if window.start else None,
                      window_end=format_time(window.end))
-    ctx = RunContext(job=job, run_id=run_id, run_dir=run_dir, window=window, log=log)
+    ctx = RunContext(job=job, run_id=run_id, run_dir=run_dir, window=window, log=log,
+                     tracker=_job_tracker(job, run_id, run_dir, window))
     guard = _SigtermGuard()
     previous = signal.signal(signal.SIGTERM, guard.on_term) if handle_sigterm else None
     try:
-        return _stages(ctx, store, stages, guard)
+        result = _stages(ctx, store, stages, guard)
     except Interrupted:
         message = "interrupted by SIGTERM; live adapters and watermark unchanged"
-        record = store.finish_run(run_id, st.INTERRUPTED, message=message)
-        return RunResult(st.INTERRUPTED, message, record)
+        result = RunResult(st.INTERRUPTED, message, store.finish_run(run_id, st.INTERRUPTED, message=message))
     except Exception as exc:
         write_atomic(run_dir / "error.txt", traceback.format_exc())
         message = f"{type(exc).__name__}: {exc} (traceback in {run_dir / 'error.txt'}); live adapters and watermark unchanged"
-        record = store.finish_run(run_id, st.FAILED, message=message)
-        return RunResult(st.FAILED, message, record)
+        result = RunResult(st.FAILED, message, store.finish_run(run_id, st.FAILED, message=message))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    record = result.record
+    if record is not None:
+        ctx.tracker.log_metrics(flat_metrics({"n_episodes": record.n_episodes, **(record.metrics or {})}), 0)
+    ctx.tracker.log_text(f"{result.status}: {result.message}", "outcome.txt")
+    ctx.tracker.finish("KILLED" if result.status == st.INTERRUPTED else "FINISHED" if result.ok else "FAILED")
+    return result
+
+
+def _job_tracker(job: RetrainJob, run_id: str, run_dir: Path, window: Window) -> Tracker:
+    """The run's parent run in the job's trackers: the job's settings as params, its window as the data window of
+    every adapter it publishes; MLflow's store is shared by the job's runs (`<output_dir>/mlflow.db` by default)."""
+    if not job.report_to:
+        return NullTracker()
+    from marft_lg.tracking.mlflow_backend import default_uri
+
+    uri = job.tracking_uri or (default_uri(Path(job.output_dir)) if "mlflow" in job.report_to else None)
+    params = {k: v for k, v in job.to_dict().items() if k not in ("ray",)}
+    window_dict = {"start": format_time(window.start) if window.start else None, "end": format_time(window.end),
+                   "watermark": format_time(window.start) if window.start else None}
+    return open_tracker(job.report_to, run_dir, name=run_id, params=params, uri=uri, experiment=job.experiment,
+                        tags={"marft.job": job.name}, context={"data_window": window_dict})
 
 
 def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _SigtermGuard) -> RunResult:

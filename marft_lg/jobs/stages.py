@@ -167,13 +167,16 @@ class LibraryStages:
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
         from marft_lg.serving.team import FRESH
+        from marft_lg.tracking.lineage import record_published
         from marft_lg.training.trainer import MARFTTrainer
 
         cfg = self.trainer_config()
         scenarios = self.scenarios(None) if Path(self.job.scenarios).exists() else None
         team = self.new_team(baseline)
+        tracker = ctx.tracker.child("train", ctx.run_dir / "train", cfg.to_dict())
+        status = "FAILED"
         try:
-            trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id)
+            trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id, tracker=tracker)
             rows = trainer.fit_offline(dataset, scenarios)
             if self.job.online_iterations:
                 with self.runner(ctx, team, "online_traces") as runner, self._wrapped(ctx, team, "online_traces",
@@ -187,8 +190,11 @@ class LibraryStages:
                 if current == baseline[role]:  # trained in memory (or initial weights): not in the registry yet
                     current = team.save_version(role, parent=None if current == FRESH else current,
                                                 run_id=ctx.run_id)
+                    record_published(tracker, self.registry, role, current, iteration=trainer.iteration)
                 candidate[role] = current
+            status = "FINISHED"
         finally:
+            tracker.finish(status)
             team.close()
         if not trained:
             raise RuntimeError("training updated no adapter (no agent had actions in the mined episodes?); "
@@ -196,7 +202,7 @@ class LibraryStages:
         return candidate
 
     def compare(self, ctx: RunContext, baseline: dict[str, str], candidate: dict[str, str]) -> Comparison:
-        from marft_lg.evaluation.report import write_report
+        from marft_lg.evaluation.report import log_comparison, write_report
         from marft_lg.evaluation.shadow import shadow_compare
 
         gate = self.gate_config()
@@ -214,6 +220,9 @@ class LibraryStages:
         result.save(out)
         decision.write(out)
         report = write_report(result, out, decision)
+        tracker = ctx.tracker.child("compare", out, {"baseline": baseline, "candidate": candidate})
+        log_comparison(tracker, result, decision, out)
+        tracker.finish()
         self._decision = decision
         team_ci = result.team
         metrics = {"n_pairs": result.n_pairs, "team_reward_delta": team_ci.mean, "team_reward_ci": [team_ci.low, team_ci.high],

@@ -13,6 +13,7 @@ train.yaml:
     phases: [offline, online]
     online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
+    report_to: [mlflow]                     # trackers (tensorboard, mlflow, wandb, none); overrides marft.report_to
     ray: {address: local, rollout_workers: 2, worker: {num_cpus: 1, num_gpus: 0}, async: false}  # optional
 
 `model` may be a mapping ``{role: model spec}`` (a team of several base models, `MixedTeam`): then `agents` may be
@@ -35,6 +36,7 @@ import typer
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, convert, load_yaml
 from marft_lg.loading import LoadError, check_model_mapping, check_roles, load_object, parse_node_roles
+from marft_lg.tracking.settings import TrackingUnavailable, check_report_to, parse_report_to, require_all
 
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
@@ -61,6 +63,8 @@ class TrainFile:
     online: dict[str, Any] = field(default_factory=dict)
     marft: dict[str, Any] = field(default_factory=dict)
     ray: Any = None
+    report_to: list[str] | None = None
+    """Trackers of the run (docs/tracking.md); set, it overrides `marft.report_to`."""
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
     doc: YamlDoc | None = field(default=None, init=False, repr=False)
@@ -102,7 +106,13 @@ class TrainFile:
         """The `marft` section as a `MARFTConfig` (checked, errors name train.yaml's line)."""
         from marft_lg.training.config import MARFTConfig
 
-        return MARFTConfig.from_dict(self.marft, doc=self._doc().at("marft"))
+        cfg = MARFTConfig.from_dict(self.marft, doc=self._doc().at("marft"))
+        if self.report_to is not None:
+            try:
+                cfg.report_to = check_report_to(self.report_to)
+            except ConfigError as exc:
+                raise self._doc().locate(exc) from None
+        return cfg
 
     def load_reward(self) -> Any:
         """The `reward` (a CompositeReward YAML path or an inline mapping) built; errors name the file and line."""
@@ -259,7 +269,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
     from marft_lg.training.metrics import MetricsError
     from marft_lg.training.run_files import RunDirError
 
-    return (ConfigError, LoadError, FileNotFoundError, CheckpointError, MetricsError, RunDirError)
+    return (ConfigError, LoadError, FileNotFoundError, CheckpointError, MetricsError, RunDirError, TrackingUnavailable)
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
@@ -272,6 +282,8 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue from the run directory's newest usable checkpoint"),
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="delete the run directory's run files (metrics, checkpoints, plots) first"),
+    report_to: str | None = typer.Option(None, "--report-to", help="trackers, comma-separated: tensorboard, mlflow, "
+                                         "wandb (offline) or none; overrides train.yaml's report_to"),
 ) -> None:
     """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph).
 
@@ -291,6 +303,9 @@ def train(
     try:
         spec = TrainFile.load(config)
         cfg = spec.config()
+        if report_to is not None:
+            cfg.report_to = parse_report_to(report_to)
+        require_all(cfg.trackers())  # a missing tracker package stops here, one line naming its extra
         app = spec.app_spec(cfg)
         if "online" in spec.phases:
             app.check_app()  # a bad online.app fails before any work
@@ -334,6 +349,7 @@ def _ray_collector(spec: TrainFile, app: Any, cfg: Any, team: Any, run_id: str) 
 def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenarios: Any, dataset: Any, resume: bool,
            console: Any, errors: tuple[type[BaseException], ...]) -> None:
     from marft_lg.graph.collect import RolloutError
+    from marft_lg.tracking.lineage import data_window
     from marft_lg.training.trainer import MARFTTrainer
 
     try:
@@ -352,15 +368,22 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
             console.print(line, markup=False, highlight=False)
         if not report:
             console.print(f"[yellow]no checkpoint under {spec.run_dir}; starting from iteration 0[/]")
-    if dataset is not None:
-        console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
-        trainer.fit_offline(dataset, scenarios)
-    if "online" in spec.phases:
-        try:
-            _online(spec, cfg, app, team, trainer, scenarios, console)
-        except RolloutError as exc:
-            raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}", code=EXIT_ROLLOUTS) from None
-    _publish(spec, team, trainer, console)
+    status = "FAILED"
+    try:
+        if dataset is not None:
+            console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
+            trainer.tracker.context["data_window"] = data_window(dataset, spec.data)
+            trainer.fit_offline(dataset, scenarios)
+        if "online" in spec.phases:
+            try:
+                _online(spec, cfg, app, team, trainer, scenarios, console)
+            except RolloutError as exc:
+                raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}",
+                            code=EXIT_ROLLOUTS) from None
+        _publish(spec, team, trainer, console)
+        status = "FINISHED"
+    finally:
+        trainer.close(status)
 
 
 def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenarios: Any, console: Any) -> None:
@@ -382,12 +405,15 @@ def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenar
 
 def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any) -> None:
     """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated."""
+    from marft_lg.tracking.lineage import record_published
+
     published = {}
     serving = team.versions()
     for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
         if role in trainer.unpublished or serving.get(role, "init") == "init":
             published[role] = team.save_version(role, run_id=trainer.run_id,
                                                 metrics={"iteration": float(trainer.iteration)})
+            record_published(trainer.tracker, team.registry, role, published[role], iteration=trainer.iteration)
         else:
             published[role] = serving[role]
     team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields, check_int, check_range, load_yaml
+from marft_lg.tracking.settings import check_report_to
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "granularity": ("action", "token"),
@@ -145,7 +146,16 @@ class MARFTConfig:
     # --- bookkeeping ---------------------------------------------------------------------------
     checkpoint_every: int = 1
     tensorboard: bool = False
+    """Same as listing `tensorboard` in `report_to` (event files in `<run_dir>/tensorboard`)."""
     plots: bool = True
+
+    # --- experiment tracking (docs/tracking.md) --------------------------------------------------
+    report_to: list[str] = field(default_factory=list)
+    """Trackers the run logs to: any of `tensorboard`, `mlflow`, `wandb` (offline), or `none`."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI; null: a SQLite store in the run folder (`sqlite:///<run_dir>/mlflow.db`)."""
+    experiment: str | None = None
+    """MLflow experiment / W&B project; null: `marft-lg`."""
 
     def __post_init__(self) -> None:
         """Check every value's type and range; a bad one raises `ConfigError` naming the key."""
@@ -183,6 +193,10 @@ class MARFTConfig:
                 raise ConfigError(f"lists {dup} more than once", key="train_agents")
         if self.critic_base is not None and (not isinstance(self.critic_base, str) or not self.critic_base):
             raise ConfigError(f"expected a base model name or null, got {self.critic_base!r}", key="critic_base")
+        self.report_to = check_report_to(self.report_to)
+        for name in ("tracking_uri", "experiment"):
+            if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
+                raise ConfigError(f"expected text or null, got {getattr(self, name)!r}", key=name)
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
                               "compares K rollouts of one scenario)", key="group_size")
@@ -190,6 +204,10 @@ class MARFTConfig:
     def lr_for(self, role: str) -> float:
         """Learning rate of one agent's adapter."""
         return float(self.agent_learning_rates.get(role, self.learning_rate))
+
+    def trackers(self) -> list[str]:
+        """The trackers of `report_to`, with `tensorboard` when `tensorboard: true`."""
+        return list(dict.fromkeys(self.report_to + (["tensorboard"] if self.tensorboard else [])))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

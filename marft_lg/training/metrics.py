@@ -1,4 +1,4 @@
-"""Per-iteration training metrics: JSONL log, optional TensorBoard, PNG plots of the run."""
+"""Per-iteration training metrics: JSONL log (its numbers also to the run's trackers), PNG plots of the run."""
 
 from __future__ import annotations
 
@@ -15,31 +15,24 @@ class MetricsError(ValueError):
 
 
 class MetricsLog:
-    """Appends one JSON object per iteration to `<run>/metrics.jsonl` (and TensorBoard when asked).
+    """Appends one JSON object per iteration to `<run>/metrics.jsonl` (and its numbers to the run's trackers).
 
     Every line is fsynced as it is written, so a crash loses at most the line being written; `repair`
     (called on resume) drops such a half-written last line and says so.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = False):
+    def __init__(self, run_dir: str | Path, *, tracker: Any = None):
+        """`tracker`: a `marft_lg.tracking.Tracker` that gets each row's numbers too (None: the file only)."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:  # tensorboard is optional
-                raise RuntimeError("tensorboard: true needs the `tensorboard` package (pip install tensorboard)") from exc
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.tracker = tracker
 
     def log(self, row: dict[str, Any]) -> None:
         append_line(self.path, json.dumps(_clean(row)))
-        if self._tb is not None:
-            step = int(row.get("iteration", 0))
-            for key, value in _flatten(row).items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
-            self._tb.flush()
+        if self.tracker is not None:
+            from marft_lg.tracking.base import flat_metrics
+
+            self.tracker.log_metrics(flat_metrics(_clean(row)), int(row.get("iteration", 0)))
 
     def rows(self) -> list[dict[str, Any]]:
         return read_metrics(self.path)
@@ -152,17 +145,6 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     fig.savefig(run / "agents.png", dpi=100)
     plt.close(fig)
     out.append(run / "agents.png")
-    return out
-
-
-def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "/"))
-        else:
-            out[key] = v
     return out
 
 

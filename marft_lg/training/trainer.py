@@ -20,6 +20,8 @@ import pandas as pd
 import torch
 
 from marft_lg.rewards.base import Scorer
+from marft_lg.tracking.base import Tracker, open_tracker
+from marft_lg.tracking.lineage import data_window, record_published
 from marft_lg.training.batch import BaseModel, Critic, LazyGrammars, TrainBatch, build_batch
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.checkpoint import save_checkpoint
@@ -74,7 +76,8 @@ class MARFTTrainer:
     """
 
     def __init__(self, team: TrainableTeam, reward: Any, config: MARFTConfig | None = None,
-                 run_dir: str | Path = "runs/marft", *, run_id: str | None = None, progress: bool = True):
+                 run_dir: str | Path = "runs/marft", *, run_id: str | None = None, progress: bool = True,
+                 tracker: Tracker | None = None):
         if not isinstance(team, TrainableTeam):
             raise TypeError(f"MARFTTrainer needs a team with `bases` and `agents()` (Team, MixedTeam, LocalPolicy); "
                             f"got {type(team).__name__}")
@@ -128,7 +131,11 @@ class MARFTTrainer:
         self.update_steps: dict[str, int] = {r: 0 for r in self.roles}
         """Optimizer steps each trained role has taken in this run (0: never updated, e.g. the sequential scheme's
         turn never came to it, or it had no actions)."""
-        self.metrics = MetricsLog(self.run_dir, tensorboard=self.cfg.tensorboard)
+        self.tracker: Tracker = tracker if tracker is not None else open_tracker(
+            self.cfg.trackers(), self.run_dir, name=f"train {self.run_id}", params=self.cfg.to_dict(),
+            uri=self.cfg.tracking_uri, experiment=self.cfg.experiment, tags={"marft.run_id": self.run_id})
+        """The run's trackers (`report_to`; a job hands its train stage's in): metrics, plots, adapter lineage."""
+        self.metrics = MetricsLog(self.run_dir, tracker=self.tracker)
 
     def _make_critic(self) -> Critic | None:
         """Value heads on the frozen base(s): one per base with trained roles, or one on `critic_base`."""
@@ -165,6 +172,7 @@ class MARFTTrainer:
         """
         if resume:
             self.resume()
+        self.tracker.context.setdefault("data_window", data_window(dataset))
         episodes = self._scores(dataset, scenarios) if action_rewards is None else None
         rewards_by_ep = action_rewards if action_rewards is not None else episodes[1]
         ep_table = episodes[0] if episodes is not None else None
@@ -399,6 +407,7 @@ class MARFTTrainer:
             version = self.team.save_version(role, run_id=self.run_id, metrics=metrics)
             self.team.load_version(role, version)
             self._rebind(role, self.team.adapter_name(role))
+            record_published(self.tracker, self.team.registry, role, version, iteration=self.iteration)
             published[role] = version
             self.unpublished.discard(role)
         row["published"] = published
@@ -445,4 +454,9 @@ class MARFTTrainer:
     # ---- reporting -------------------------------------------------------------------------------
     def _finish(self) -> None:
         if self.cfg.plots:
-            plot_run(self.run_dir)
+            for plot in plot_run(self.run_dir):
+                self.tracker.log_file(plot, "plots")
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run in its trackers (FINISHED, FAILED or KILLED); metrics.jsonl needs no closing."""
+        self.tracker.finish(status)

@@ -131,3 +131,41 @@ def test_a_registry_with_nothing_promoted_starts_from_the_initial_adapters(world
     assert any("no live version for ['planner', 'writer'] (nothing promoted yet)" in line for line in logged)
     live = AdapterRegistry(root / "empty").alias("live")
     assert set(live) == set(ROLES) and all(v.startswith("v") for v in live.values())
+
+
+def test_report_to_mlflow_logs_a_parent_run_with_train_and_compare_children(world):
+    """A job with `report_to: [mlflow]`: one parent run per retraining run in `<output_dir>/mlflow.db`, the train
+    and compare stages as its children (metrics, the report, the decision), and the promoted adapters registered
+    with MLflow's `live` alias on the registry's live versions."""
+    import shutil
+
+    import mlflow
+
+    from marft_lg.jobs import store as st
+    from marft_lg.jobs.pipeline import run_once
+    from marft_lg.serving.registry import AdapterRegistry
+
+    root = world["root"]
+    shutil.copytree(root / "adapters", root / "tracked", ignore=shutil.ignore_patterns("*.jsonl", "tracking.json"))
+    result = run_once(job_for(world, LENIENT, registry="tracked", output_dir="runs-tracked", name="tracked",
+                              report_to=["mlflow"]), now=world["first_batch_done"] + timedelta(seconds=1),
+                      log=lambda m: None)
+    assert result.status == st.PROMOTED, result.message
+    uri = f"sqlite:///{root / 'runs-tracked' / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["marft-lg"])
+    parent = runs[runs["tags.mlflow.runName"] == result.record.run_id].iloc[0]
+    children = runs[runs["tags.mlflow.parentRunId"] == parent["run_id"]]
+    assert sorted(children["tags.mlflow.runName"]) == ["compare", "train"]
+    assert parent["status"] == "FINISHED" and parent["metrics.n_episodes"] == 6
+    train = children[children["tags.mlflow.runName"] == "train"].iloc[0]
+    compare = children[children["tags.mlflow.runName"] == "compare"].iloc[0]
+    assert "metrics.reward_mean" in runs.columns and train["params.learning_rate"] == "0.001"
+    assert compare["metrics.gate/passed"] == 1.0 and compare["metrics.n_pairs"] == 2
+    client = mlflow.MlflowClient(uri, registry_uri=uri)
+    names = {f.path for f in client.list_artifacts(compare["run_id"], "comparison")}
+    assert {"comparison/report.md", "comparison/report.html", "comparison/decision.json"} <= names
+    live = AdapterRegistry(root / "tracked").alias("live")
+    for role, version in live.items():
+        mv = client.get_model_version_by_alias(f"marft-{role}", "live")
+        assert mv.tags["registry_version"] == version and mv.tags["gate_decision"] == "promote"

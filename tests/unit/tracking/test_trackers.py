@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 
 import pytest
 
@@ -133,6 +134,8 @@ def test_wandb_offline_writes_the_run_and_sends_nothing(tmp_path, monkeypatch):
     tracker.finish()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
-    data = next(runs[0].glob("run-*.wandb")).read_bytes()
+    deadline = time.monotonic() + 30  # wandb's service process writes the file after finish() returns
+    while b"reward_mean" not in (data := next(runs[0].glob("run-*.wandb")).read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"agents/actor/clip_fraction" in data and b"reward_mean" in data
     assert (runs[0] / "files" / "agents.png").is_file()

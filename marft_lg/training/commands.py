@@ -61,6 +61,8 @@ class TrainFile:
     online: dict[str, Any] = field(default_factory=dict)
     marft: dict[str, Any] = field(default_factory=dict)
     ray: Any = None
+    max_line_mb: float = 64.0
+    """Trace lines of `data` longer than this are skipped unread (quarantined, named in a warning)."""
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
     doc: YamlDoc | None = field(default=None, init=False, repr=False)
@@ -150,6 +152,8 @@ class TrainFile:
                             ("phases",))
         if not out.phases:
             raise doc.error("phases is empty; use offline and/or online", ("phases",))
+        if not out.max_line_mb > 0:
+            raise doc.error(f"must be > 0, got {out.max_line_mb}", ("max_line_mb",))
         out.phases = list(dict.fromkeys(out.phases))
         out._check_online(doc)
         cfg = out.config()  # the marft section, checked now (line numbers) rather than when training starts
@@ -225,15 +229,21 @@ class TrainFile:
             raise ConfigError(str(exc)) from None
 
 
-def _load_dataset(spec: str):
+def _load_dataset(spec: str, max_line_mb: float) -> Any:
+    """`data` as a dataset: a `marft-lg mine --out` folder read back, else its traces mined (lines over
+    `max_line_mb` skipped unread, with a warning naming them)."""
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
     p = Path(spec)
     if p.is_dir() and (p / "episodes.parquet").exists():
         return TrajectoryDataset.from_parquet(p)
-    from marft_lg.trajectories.mining import mine
+    from marft_lg.trajectories.mining import mine_with_report
 
-    return mine([spec])
+    dataset, report = mine_with_report([spec], max_line_bytes=int(max_line_mb * 2**20))
+    note = report.long_lines_note("max_line_mb in train.yaml")
+    if note:
+        typer.echo(f"warning: data: {note}", err=True)
+    return dataset
 
 
 def _no_usable_data(spec: str, dataset: Any) -> str | None:
@@ -299,7 +309,7 @@ def train(
         scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
         if not resume and not overwrite:
             check_fresh_run_dir(spec.run_dir)
-        dataset = _load_dataset(spec.data) if "offline" in spec.phases else None
+        dataset = _load_dataset(spec.data, spec.max_line_mb) if "offline" in spec.phases else None
     except errors as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read

@@ -370,7 +370,7 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
             _online(spec, cfg, app, team, trainer, scenarios, console)
         except RolloutError as exc:
             raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}", code=EXIT_ROLLOUTS) from None
-    _publish(spec, team, trainer, console)
+    _publish(spec, team, trainer, console, resumed=resume)
 
 
 def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenarios: Any, console: Any) -> None:
@@ -390,8 +390,33 @@ def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenar
         wrapped.close()
 
 
-def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any) -> None:
-    """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated."""
+def _published_before(spec: TrainFile, team: Any, trainer: Any) -> dict[str, str] | None:
+    """What this run published when it already did (a `--resume` of a finished run): ``{role: version}`` when every
+    role it would save has a version this run saved at this iteration, else None."""
+    found, serving = {}, team.versions()
+    for role in spec.agents:
+        if role in trainer.unpublished or serving.get(role, "init") == "init":
+            found[role] = team.registry.saved_by(team.slot(role), trainer.run_id, trainer.iteration)
+            if found[role] is None:
+                return None
+        else:
+            found[role] = serving[role]
+    return found
+
+
+def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed: bool = False) -> None:
+    """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated. A
+    resumed run that had published already publishes nothing new; a run's last checkpoint is its end."""
+    if trainer.iteration and trainer.iteration % trainer.cfg.checkpoint_every:
+        trainer.save_checkpoint()  # a resume starts from the end, never re-runs (and re-publishes) the last ones
+    before = _published_before(spec, team, trainer) if resumed else None
+    if before is not None:
+        if team.registry.alias("candidate") != before:  # it died between saving and setting the alias
+            team.registry.set_alias("candidate", before, reason=f"marft-lg train run {trainer.run_id}")
+        console.print(f"run {trainer.run_id} in {spec.run_dir} had finished (iteration {trainer.iteration}) and "
+                      f"published {before} as alias 'candidate'; nothing new to publish", markup=False,
+                      highlight=False)
+        return
     published = {}
     serving = team.versions()
     for role in spec.agents:  # a role the online phase just published keeps that version: one version per update

@@ -16,6 +16,8 @@ def mine(
     quarantine: Path | None = typer.Option(
         None, "--quarantine", help="JSONL file receiving every unusable line/span with its reason and file:line."),
     max_attribute_mb: float = typer.Option(8.0, "--max-attribute-mb", help="Larger attribute values quarantine their span."),
+    max_line_mb: float = typer.Option(
+        64.0, "--max-line-mb", help="Longer trace lines are skipped unread and quarantined with their file:line."),
     workers: int | None = typer.Option(
         None, "--workers", min=1,
         help="Worker processes, or Ray actors with --ray (default: one per usable core for inputs over 64 MB, else 1;"
@@ -34,7 +36,7 @@ def mine(
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
     console = Console(stderr=True, soft_wrap=True)
-    problem = _bad_flags(out, quarantine, max_attribute_mb)
+    problem = _bad_flags(out, quarantine, max_attribute_mb, max_line_mb)
     if problem:
         console.print(f"[red]marft-lg mine: {escape(problem)}[/red]")
         raise typer.Exit(2)
@@ -44,7 +46,8 @@ def mine(
             task = bar.add_task("mine", total=None)
             report = mine_to_parquet(
                 paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
-                progress=lambda n: bar.update(task, completed=n), workers=workers, ray=ray)
+                max_line_bytes=int(max_line_mb * 2**20), progress=lambda n: bar.update(task, completed=n),
+                workers=workers, ray=ray)
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]marft-lg mine: {escape(str(exc))}[/red]")  # "marft_lg[ray]" is not markup
         raise typer.Exit(2) from exc
@@ -62,7 +65,7 @@ def mine(
     out_console.print(f"wrote {out / 'episodes.parquet'} and {out / 'actions.parquet'}")
 
 
-def _bad_flags(out: Path, quarantine: Path | None, max_attribute_mb: float) -> str | None:
+def _bad_flags(out: Path, quarantine: Path | None, max_attribute_mb: float, max_line_mb: float) -> str | None:
     """What is wrong with the output flags, checked before any file is read (a traceback after minutes of mining
     otherwise), or None."""
     if out.exists() and not out.is_dir():
@@ -71,6 +74,8 @@ def _bad_flags(out: Path, quarantine: Path | None, max_attribute_mb: float) -> s
         return f"--quarantine {quarantine} is a directory; give a JSONL file to write the quarantined input to"
     if not max_attribute_mb > 0:
         return f"--max-attribute-mb must be > 0, got {max_attribute_mb}"
+    if not max_line_mb > 0:
+        return f"--max-line-mb must be > 0, got {max_line_mb}"
     return None
 
 
@@ -106,7 +111,9 @@ def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> Non
         table.add_row(f"  {reason}", f"{n:,}", style="yellow")
     out_console.print(table)
     for reason in report.quarantined:
-        out_console.print(f"  [yellow]{reason}[/yellow]: {REASONS.get(reason, '')}")
+        where = ", ".join(report.first_quarantined.get(reason, []))
+        out_console.print(f"  [yellow]{reason}[/yellow]: {REASONS.get(reason, '')}"
+                          + (f" (first at {escape(where)})" if where else ""))
     if report.quarantined_total and quarantine is None:
         out_console.print("[yellow]pass --quarantine FILE to keep the quarantined input for inspection[/yellow]")
     if report.actions_without_token_ids:

@@ -3,12 +3,16 @@ names. Without the section nothing changes: everything runs in this process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from marft_lg._config import ConfigError, YamlDoc, check_fields
 
+_LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch: "0" keeps every address of a cluster on loopback
 _ADDRESS = re.compile(r"^(local|auto|ray://[^\s:/]+(:\d+)?|[^\s:/]+:\d+)$")
 
 
@@ -77,6 +81,25 @@ class RayConfig:
         return out
 
 
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """While a private cluster starts, Ray's single-machine switch: without it Ray turns ``127.0.0.1`` into the
+    machine's reachable address and its GCS, raylet and workers listen on every interface. The cluster's processes
+    inherit it; this process gets its old value back for any later connection."""
+    from ray._private import ray_constants
+
+    old_env, old_flag = os.environ.get(_LOCAL_ONLY), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_LOCAL_ONLY], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
+        if old_env is None:
+            os.environ.pop(_LOCAL_ONLY, None)
+        else:
+            os.environ[_LOCAL_ONLY] = old_env
+
+
 def connect(cfg: RayConfig, *, num_cpus: int | None = None) -> Any:
     """`ray.init` for `cfg.address` (a no-op when this process is already connected); returns the `ray` module. A
     `local` cluster binds to 127.0.0.1, has no dashboard, and is sized for the rollout workers (or `num_cpus`)."""
@@ -88,9 +111,10 @@ def connect(cfg: RayConfig, *, num_cpus: int | None = None) -> Any:
         return ray
     if cfg.address == "local":
         cpus = num_cpus if num_cpus is not None else max(1, int(round(cfg.rollout_workers * cfg.worker.num_cpus)) + 1)
-        ray.init(num_cpus=cpus, num_gpus=int(cfg.rollout_workers * cfg.worker.num_gpus + 0.999) or None,
-                 include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-                 configure_logging=False)
+        with _loopback_only():
+            ray.init(num_cpus=cpus, num_gpus=int(cfg.rollout_workers * cfg.worker.num_gpus + 0.999) or None,
+                     include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+                     configure_logging=False)
     else:
         ray.init(address=cfg.address, log_to_driver=False, configure_logging=False)
     return ray

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from marft_lg.distributed.config import RayConfig, connect
 from marft_lg.trajectories import mining as _mining
-from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.otlp import DEFAULT_MAX_LINE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import gc_paused
 from marft_lg.trajectories.range_worker import Channel, RangeWorker
 from marft_lg.trajectories.ranges import default_workers
@@ -95,8 +95,9 @@ class RayExecutor:
                                  concurrency_groups={"progress": 1})(_MiningActor)
 
     def start(self, index: int, ranges: list[FileRange], *, max_attribute_bytes: int, tmp: Path,
-              quarantine: bool) -> _RayChannel:
-        return _RayChannel(self.ray, index, self._actor.remote(index, ranges, max_attribute_bytes, quarantine))
+              quarantine: bool, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> _RayChannel:
+        return _RayChannel(self.ray, index, self._actor.remote(index, ranges, max_attribute_bytes, quarantine,
+                                                               max_line_bytes))
 
     def wait(self, channels: list[Channel], timeout: float | None) -> list[Channel]:
         replies = [c.replies for c in channels]  # type: ignore[attr-defined]
@@ -107,12 +108,14 @@ class RayExecutor:
 class _MiningActor:
     """A `RangeWorker` in a Ray actor: `handle` streams its replies; its files live in a directory of its own."""
 
-    def __init__(self, index: int, ranges: list[FileRange], max_attribute_bytes: int, quarantine: bool):
+    def __init__(self, index: int, ranges: list[FileRange], max_attribute_bytes: int, quarantine: bool,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
         self._gc = contextlib.ExitStack()
         self._gc.enter_context(gc_paused())  # for the actor's life: it holds its spans between commands
         self._tmp = Path(tempfile.mkdtemp(prefix="marft-mine-"))
         self._read = 0
-        self._worker = RangeWorker(index, ranges, max_attribute_bytes, self._tmp, quarantine, self._progress)
+        self._worker = RangeWorker(index, ranges, max_attribute_bytes, self._tmp, quarantine, self._progress,
+                                   max_line_bytes)
 
     def _progress(self, n: int) -> None:
         self._read = n

@@ -3,8 +3,9 @@
 Each iteration: the workers load the versions the learner serves now (by name from a shared registry, or as the
 versions' files through the object store), the planned episodes (`plan_episodes`: the same ids and seeds as in one
 process) are dealt out round-robin, and each worker returns its share's trajectories through the object store. A
-worker that dies mid-iteration is replaced and its unfinished share re-runs on the live workers, so the iteration
-holds every planned episode exactly once. With `async: true` the trainer `prefetch`es iteration k+1's episodes on
+worker that dies mid-iteration is replaced, the spans its unfinished share left in its trace folder are dropped, and
+the share re-runs on the live workers, so the iteration (and the trace folder) holds every planned episode exactly
+once. With `async: true` the trainer `prefetch`es iteration k+1's episodes on
 the versions it serves before it updates on iteration k's (one step off-policy; PPO ratios stay against the
 behaviour log-probs the workers recorded), and each record carries its staleness.
 """
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from marft_lg.distributed.config import RayConfig, connect
-from marft_lg.distributed.worker import RolloutWorker, WorkerSpec, version_files
+from marft_lg.distributed.worker import RolloutWorker, WorkerSpec, version_files, worker_trace_dir
 from marft_lg.graph.collect import EpisodeFailure, EpisodeJob, check_failures, check_served, plan_episodes
+from marft_lg.tracing.reader import drop_episodes
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
 
@@ -180,7 +182,7 @@ class RayCollector:
             try:
                 worker, dataset, failed = self._ray.get(ready[0])
             except RayActorError as exc:
-                live = self._replace(index, exc)
+                live = self._replace(index, exc, share)
                 for n, i in enumerate(live):  # the dead worker's share, dealt out again
                     batch.submit(self._workers, share[n::len(live)], i)
                 continue
@@ -196,10 +198,18 @@ class RayCollector:
                            "staleness_mean": float(staleness), "ray_rollout_s": round(time.perf_counter() - batch.t0, 3)}
         return dataset
 
-    def _replace(self, index: int, exc: BaseException) -> list[int]:
-        """Start a worker in place of the dead one; returns the live workers' indices."""
+    def _replace(self, index: int, exc: BaseException, share: list[EpisodeJob]) -> list[int]:
+        """Start a worker in place of the dead one, after dropping the spans its unfinished `share` left in its
+        trace folder (their re-runs write whole episodes elsewhere: mining must not join the two); returns the
+        live workers' indices."""
         log.warning("rollout worker %d died (%s); starting a replacement and re-running its episodes", index,
                     type(exc).__name__)
+        with contextlib.suppress(Exception):  # already dead: make sure it writes nothing more
+            self._ray.kill(self._workers[index])
+        folder = worker_trace_dir(self.spec, index)
+        if folder is not None:
+            dropped = drop_episodes(folder, [j.episode_id for j in share])
+            log.warning("dropped %d spans of its unfinished episodes from %s", dropped, folder)
         self._workers.pop(index, None)
         self.replaced += 1
         new = self._spawn()

@@ -86,7 +86,7 @@ class RolloutWorker:
             app = spec.app_spec()
         app.check_app()
         self.team = app.build_team()
-        trace_dir = Path(spec.trace_dir) / f"worker-{index}" if spec.trace_dir else self._scratch / "traces"
+        trace_dir = worker_trace_dir(spec, index) or self._scratch / "traces"
         self.app = app.build_app(self.team, trace_dir)
         self.collector = GraphCollector(self.app, concurrency=spec.concurrency)
 
@@ -129,6 +129,11 @@ class RolloutWorker:
         if close is not None:
             close()
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def worker_trace_dir(spec: WorkerSpec, index: int) -> Path | None:
+    """Where worker `index` writes its spans under the spec's `trace_dir` (None: a private folder of its own)."""
+    return Path(spec.trace_dir) / f"worker-{index}" if spec.trace_dir else None
 
 
 def version_files(registry_root: str | Path, role: str, version: str) -> AdapterFiles:

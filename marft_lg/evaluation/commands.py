@@ -132,7 +132,10 @@ def compare(
     app: str | None = typer.Option(None, help="The LangGraph app: FILE.py:NAME or module:NAME (a compiled graph, a WrappedGraph, a factory f() -> graph, or f(llm) -> graph given a TeamChatModel); ChatOpenAI calls for the team's roles are served the versions under test."),
     reward: Path = typer.Option(..., help="Reward YAML (CompositeReward) scoring both sides."),
     from_traces: Path | None = typer.Option(None, "--from-traces", help="Compare the live/shadow pairs mirrored into this trace dir instead of replaying."),
-    registry: Path | None = typer.Option(None, help="Adapter registry directory (resolves aliases, loads versions)."),
+    registry: Path | None = typer.Option(None, help="Adapter registry directory (resolves aliases, loads versions). "
+                                         "It must exist unless --create-registry."),
+    create_registry: bool = typer.Option(False, "--create-registry",
+                                         help="Create --registry DIR (empty) if it does not exist."),
     model: str = typer.Option("embedded:smollm2-135m-instruct",
                               help="Base model spec for the team (of every role --agents gives no model)."),
     agents: str | None = typer.Option(None, help="Comma-separated agent roles (default: the registry's roles); "
@@ -159,17 +162,11 @@ def compare(
     initial adapters (role=init) and says so."""
     from rich.console import Console
 
-    from marft_lg.loading import parse_node_roles
     from marft_lg.tracking.commands import report_to_option
 
     console = Console()
-    try:
-        roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    roles_of_nodes = _check_flags(registry, create_registry, from_traces, node_roles)
     trackers = report_to_option(report_to)
-    if from_traces is not None and not from_traces.is_dir():
-        raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
     out = out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     scorer = _load_reward(reward)
@@ -203,6 +200,24 @@ def compare(
         team.close()
     if promote_if_passed and decision.promote:
         _promote_candidate(reg, result, decision, server, out, console)
+
+
+def _check_flags(registry: Path | None, create_registry: bool, from_traces: Path | None, node_roles: str | None) -> Any:
+    """The paths and `--node-roles` checked before anything is created (the report folder included): usage errors
+    naming the flag. Returns the parsed node roles."""
+    from marft_lg.loading import parse_node_roles
+    from marft_lg.serving.registry import missing_registry
+
+    missing = missing_registry(registry, create=create_registry)
+    if missing:
+        raise typer.BadParameter(missing, param_hint="--registry")
+    try:
+        roles_of_nodes = parse_node_roles(node_roles, key="--node-roles")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
+    if from_traces is not None and not from_traces.is_dir():
+        raise typer.BadParameter(f"{from_traces} is not a trace directory", param_hint="--from-traces")
+    return roles_of_nodes
 
 
 def _load_reward(path: Path) -> Any:

@@ -76,7 +76,7 @@ DbOption = typer.Option(None, "--store", help="The SQLite job store itself (inst
 
 
 def _open_store(job: Path | None, store: Path | None):
-    from marft_lg.jobs.store import JobStore
+    from marft_lg.jobs.store import JobStore, NotAJobStore
 
     if store is None and job is None:
         typer.echo("error: give --job job.yaml or --store jobs.sqlite", err=True)
@@ -90,7 +90,10 @@ def _open_store(job: Path | None, store: Path | None):
         typer.echo(f"error: no job store at {store} (no run recorded yet?)", err=True)
         raise typer.Exit(EXIT_BAD_JOB)
     try:
-        return JobStore(store), name
+        return JobStore(store, foreign_ok=False), name
+    except NotAJobStore as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_BAD_JOB) from None
     except sqlite3.DatabaseError as exc:  # a file that is not SQLite, or a damaged one
         typer.echo(f"error: {store} is not a job store (SQLite database): {exc}", err=True)
         raise typer.Exit(EXIT_BAD_JOB) from None

@@ -73,6 +73,8 @@ class RetrainJob:
     min_new_episodes: int = 20
     """Fewer new episodes than this: the run is skipped and the watermark stays, so they accumulate."""
     settle_s: float = 60.0
+    max_line_mb: float = 64.0
+    """Trace lines longer than this are skipped unread when mining (quarantined with their file:line)."""
     """Episodes ending in the last `settle_s` seconds are left for the next run (spans may still be in flight)."""
     initial_watermark: str | None = None
     """ISO time to start from on the very first run (None = all traces)."""
@@ -144,6 +146,7 @@ class RetrainJob:
         check_int("misfire_grace_s", self.misfire_grace_s, low=0)
         check_int("seed", self.seed, low=0)
         check_range("settle_s", self.settle_s, low=0.0)
+        check_range("max_line_mb", self.max_line_mb, low=0.0, low_open=True)
         check_range("lock_stale_after_s", self.lock_stale_after_s, low=0.0, low_open=True)
         self.report_to = check_report_to(self.report_to)
         if not isinstance(self.stages, str) or ":" not in self.stages:

@@ -154,7 +154,7 @@ class LibraryStages:
         return {r: live.get(r, FRESH) for r in roles}
 
     def mine(self, ctx: RunContext, since: datetime | None) -> TrajectoryDataset:
-        from marft_lg.trajectories.mining import mine
+        from marft_lg.trajectories.mining import mine_with_report
 
         try:
             files = trace_files(self.job.traces)
@@ -163,7 +163,12 @@ class LibraryStages:
         ctx.log(f"  {len(files)} trace file(s)")
         if not files:
             return TrajectoryDataset()
-        return mine(files, since=since, quarantine=ctx.run_dir / "quarantine.jsonl")
+        dataset, report = mine_with_report(files, since=since, quarantine=ctx.run_dir / "quarantine.jsonl",
+                                           max_line_bytes=int(self.job.max_line_mb * 2**20))
+        note = report.long_lines_note("max_line_mb in the job file")
+        if note:
+            ctx.log(f"  warning: {note}")
+        return dataset
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
         from marft_lg.serving.team import FRESH

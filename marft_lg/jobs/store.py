@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS watermarks (
 );
 """
 _JSON_FIELDS = ("baseline", "candidate", "live_after", "metrics")
+OUR_TABLES = frozenset({"runs", "watermarks", "apscheduler_jobs"})  # what a job store file holds (the scheduler's too)
+
+
+class NotAJobStore(ValueError):
+    """An SQLite file of another program: opened to read, it is refused rather than given our tables."""
 
 
 @dataclass
@@ -87,10 +92,17 @@ def _now() -> str:
 class JobStore:
     """Run records and watermarks in one SQLite file (short connections; safe across processes)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, foreign_ok: bool = True):
+        """`foreign_ok=False` (the CLI reading a `--store` it was given) refuses an SQLite file whose tables are
+        another program's (`NotAJobStore`), before anything is written to it."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
+            if not foreign_ok:
+                tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and not tables & OUR_TABLES:
+                    raise NotAJobStore(f"{self.path} is an SQLite database of another program (tables: "
+                                       f"{', '.join(sorted(tables)[:5])}), not a job store; nothing was changed")
             db.executescript(_SCHEMA)
 
     @contextlib.contextmanager

@@ -136,9 +136,11 @@ def serve(
             raise _serve_failed(f"{flag} must be > 0, got {value}")
     if not 0 <= port <= 65535:
         raise _serve_failed(f"--port must be 0..65535 (0: any free port), got {port}")
-    if registry is not None and not create_registry and not registry.exists():
-        raise _serve_failed(f"--registry {registry} does not exist (a typo would serve fresh adapters from a new "
-                            "empty registry); pass --create-registry to start one there")
+    from marft_lg.serving.registry import missing_registry
+
+    missing = missing_registry(registry, create=create_registry)
+    if missing:
+        raise _serve_failed(missing)
     settings = _lora_settings(lora)
     try:
         sock = _bind(host, port)
@@ -275,6 +277,7 @@ def adapters(
     except ServingError as e:
         err.print(f"error: {_one_line(e)}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
+    _warn_incomplete(reg, aliases, err)
     rows = []
     damaged = []
     for role in reg.roles():
@@ -313,3 +316,18 @@ def adapters(
     for role, v, integrity in damaged:
         err.print(f"warning: {role}/{v} is DAMAGED: {integrity['file']}: {integrity['reason']}", style="yellow",
                   markup=False, highlight=False)
+
+
+def _warn_incomplete(reg: Any, aliases: dict[str, dict[str, str]], err: Any) -> None:
+    """Name each version folder without a manifest (not a version any more, so not in the table), loudest when an
+    alias still names it: such a version must not vanish from `adapters` without a word."""
+    for role, version in reg.incomplete():
+        folder = reg.root / role / version
+        named = sorted(a for a, mp in aliases.items() if mp.get(role) == version)
+        if named:
+            err.print(f"warning: {folder} has no manifest.json, yet alias {', '.join(named)} names it for {role}: "
+                      f"that alias cannot be served or promoted; restore the manifest or point the alias elsewhere",
+                      style="red", markup=False, highlight=False)
+        else:
+            err.print(f"warning: {folder} has no manifest.json (deleted, or a save that never finished); it is not "
+                      "listed as a version", style="yellow", markup=False, highlight=False)

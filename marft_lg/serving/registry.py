@@ -10,18 +10,22 @@ a crash never leaves a half-written version or alias file. Weights are safetenso
 ever unpickled. Each manifest records the version's content hashes and LoRA shape (`integrity`), and
 `verify` checks a version against it before anything loads it. Alias writes are compare-and-swap:
 `set_alias` / `rollback` take the `alias_revision()` a caller read and refuse if the file changed since.
+A save works in ``<role>/.tmp-<pid>-<ns>-<host>``; the folders of saves that died (their process is gone) are
+removed the next time the registry is opened or saved to (`_clean_stale_saves`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,10 @@ MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
 _VERSION = re.compile(r"^v([1-9][0-9]*)$")
+_SAVE_TMP = re.compile(r"^\.tmp-(\d+)-(\d+)(?:-(.+))?$")  # a save's work folder: pid, ns, host (older: no host)
+_HOST = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "host"
+FOREIGN_SAVE_STALE_S = 24 * 3600  # another host's save folder: its pid means nothing here, so only its age counts
+log = logging.getLogger("marft_lg.serving")
 
 
 def _check_name(name: str, what: str) -> str:
@@ -90,8 +98,41 @@ def _check_alias_data(data: Any, p: Path) -> dict[str, Any]:
     return data
 
 
+def missing_registry(path: str | os.PathLike | None, *, create: bool) -> str | None:
+    """Why a command's `--registry` cannot be used (it does not exist and `--create-registry` was not given), or
+    None: the one refusal of `serve` and `compare`, where a typo would silently start an empty registry."""
+    if path is None or create or Path(path).expanduser().exists():
+        return None
+    return (f"--registry {path} does not exist (a typo would use fresh adapters from a new empty registry); pass "
+            "--create-registry to start one there")
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # no process can have that id
+        return False
+    return True
+
+
+def _dead_save(folder: Path) -> bool:
+    """A save's work folder whose process died: on this host (or unnamed, as older saves wrote it) its pid is not
+    alive; from another host, it is older than `FOREIGN_SAVE_STALE_S`. Never the folder of a live process."""
+    m = _SAVE_TMP.match(folder.name)
+    if m is None or not folder.is_dir():
+        return False
+    if m.group(3) not in (None, _HOST):
+        return time.time() - folder.stat().st_mtime > FOREIGN_SAVE_STALE_S
+    return not _pid_alive(int(m.group(1)))
 
 
 class AdapterRegistry:
@@ -111,6 +152,25 @@ class AdapterRegistry:
             except OSError as e:
                 raise RegistryError(f"cannot create adapter registry {path}: {e.strerror or e}") from None
         self.root = path.resolve()
+        self._clean_stale_saves()
+
+    def _clean_stale_saves(self) -> list[Path]:
+        """Remove the work folders of saves that died mid-way (`_dead_save`: a kill leaves them behind); returns
+        them. A registry this process may not write to is left as it is."""
+        removed = []
+        try:
+            folders = [p for d in self.root.iterdir() if d.is_dir() and _NAME.match(d.name) for p in d.iterdir()]
+        except OSError:
+            return removed
+        for p in folders:
+            with suppress(OSError):  # gone meanwhile (another process cleaned it): nothing to do
+                if not _dead_save(p):
+                    continue
+                shutil.rmtree(p, ignore_errors=True)
+                if not p.exists():
+                    log.warning("removed %s, left by a save that died", p)
+                    removed.append(p)
+        return removed
 
     # ---- locking -------------------------------------------------------------------------------
     @contextmanager
@@ -132,6 +192,26 @@ class AdapterRegistry:
             return []
         found = [(int(m.group(1)), p.name) for p in d.iterdir() if (m := _VERSION.match(p.name)) and (p / MANIFEST).is_file()]
         return [name for _, name in sorted(found)]
+
+    def incomplete(self) -> list[tuple[str, str]]:
+        """(role, version) of version folders without a manifest (deleted, or never written): `versions` does not
+        list them, so `marft-lg adapters` names them instead of letting them vanish silently."""
+        found = []
+        for d in sorted(p for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name)):
+            numbered = [(int(m.group(1)), p.name) for p in d.iterdir() if (m := _VERSION.match(p.name)) and p.is_dir()]
+            found += [(d.name, v) for _, v in sorted(numbered) if not (d / v / MANIFEST).is_file()]
+        return found
+
+    def saved_by(self, role: str, run_id: str, iteration: int) -> str | None:
+        """The newest version of `role` that run `run_id` saved at `iteration` (as its manifest records), or None:
+        how a resumed run that had already published finds what it published."""
+        for version in reversed(self.versions(role)):
+            with suppress(RegistryError):
+                m = self.manifest(role, version)
+                metrics = m.get("metrics") if isinstance(m.get("metrics"), dict) else {}
+                if m.get("run_id") == run_id and metrics.get("iteration") == float(iteration):
+                    return version
+        return None
 
     def resolve(self, role: str, ref: str) -> str:
         """``"v3"``, ``"3"``, ``"latest"`` or an alias name -> the concrete version ``"v<k>"``."""
@@ -253,7 +333,8 @@ class AdapterRegistry:
             parent = self.resolve(role, parent)
         role_dir = self.root / role
         role_dir.mkdir(exist_ok=True)
-        tmp = role_dir / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
+        self._clean_stale_saves()
+        tmp = role_dir / f".tmp-{os.getpid()}-{time.monotonic_ns()}-{_HOST}"
         try:
             if isinstance(peft_model_or_dir, (str, os.PathLike)):
                 src = check_adapter_dir(peft_model_or_dir)
@@ -282,6 +363,8 @@ class AdapterRegistry:
             with self._lock():
                 existing = self.versions(role)
                 k = int(existing[-1][1:]) + 1 if existing else 1
+                while (role_dir / f"v{k}").exists():  # a folder without a manifest keeps its number (`incomplete`)
+                    k += 1
                 version = f"v{k}"
                 manifest = {
                     "role": role, "version": version, "base_fingerprint": base_fingerprint, "base_name": base_name,

@@ -65,6 +65,8 @@ class TrainFile:
     ray: Any = None
     report_to: list[str] | None = None
     """Trackers of the run (docs/tracking.md); set, it overrides `marft.report_to`."""
+    max_line_mb: float = 64.0
+    """Trace lines of `data` longer than this are skipped unread (quarantined, named in a warning)."""
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
     doc: YamlDoc | None = field(default=None, init=False, repr=False)
@@ -160,6 +162,8 @@ class TrainFile:
                             ("phases",))
         if not out.phases:
             raise doc.error("phases is empty; use offline and/or online", ("phases",))
+        if not out.max_line_mb > 0:
+            raise doc.error(f"must be > 0, got {out.max_line_mb}", ("max_line_mb",))
         out.phases = list(dict.fromkeys(out.phases))
         out._check_online(doc)
         cfg = out.config()  # the marft section, checked now (line numbers) rather than when training starts
@@ -235,15 +239,21 @@ class TrainFile:
             raise ConfigError(str(exc)) from None
 
 
-def _load_dataset(spec: str):
+def _load_dataset(spec: str, max_line_mb: float) -> Any:
+    """`data` as a dataset: a `marft-lg mine --out` folder read back, else its traces mined (lines over
+    `max_line_mb` skipped unread, with a warning naming them)."""
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
     p = Path(spec)
     if p.is_dir() and (p / "episodes.parquet").exists():
         return TrajectoryDataset.from_parquet(p)
-    from marft_lg.trajectories.mining import mine
+    from marft_lg.trajectories.mining import mine_with_report
 
-    return mine([spec])
+    dataset, report = mine_with_report([spec], max_line_bytes=int(max_line_mb * 2**20))
+    note = report.long_lines_note("max_line_mb in train.yaml")
+    if note:
+        typer.echo(f"warning: data: {note}", err=True)
+    return dataset
 
 
 def _no_usable_data(spec: str, dataset: Any) -> str | None:
@@ -314,7 +324,7 @@ def train(
         scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
         if not resume and not overwrite:
             check_fresh_run_dir(spec.run_dir)
-        dataset = _load_dataset(spec.data) if "offline" in spec.phases else None
+        dataset = _load_dataset(spec.data, spec.max_line_mb) if "offline" in spec.phases else None
     except errors as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read
@@ -380,7 +390,7 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
             except RolloutError as exc:
                 raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}",
                             code=EXIT_ROLLOUTS) from None
-        _publish(spec, team, trainer, console)
+        _publish(spec, team, trainer, console, resumed=resume)
         status = "FINISHED"
     finally:
         trainer.close(status)
@@ -403,10 +413,35 @@ def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenar
         wrapped.close()
 
 
-def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any) -> None:
-    """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated."""
+def _published_before(spec: TrainFile, team: Any, trainer: Any) -> dict[str, str] | None:
+    """What this run published when it already did (a `--resume` of a finished run): ``{role: version}`` when every
+    role it would save has a version this run saved at this iteration, else None."""
+    found, serving = {}, team.versions()
+    for role in spec.agents:
+        if role in trainer.unpublished or serving.get(role, "init") == "init":
+            found[role] = team.registry.saved_by(team.slot(role), trainer.run_id, trainer.iteration)
+            if found[role] is None:
+                return None
+        else:
+            found[role] = serving[role]
+    return found
+
+
+def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed: bool = False) -> None:
+    """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated. A
+    resumed run that had published already publishes nothing new; a run's last checkpoint is its end."""
     from marft_lg.tracking.lineage import record_published
 
+    if trainer.iteration and trainer.iteration % trainer.cfg.checkpoint_every:
+        trainer.save_checkpoint()  # a resume starts from the end, never re-runs (and re-publishes) the last ones
+    before = _published_before(spec, team, trainer) if resumed else None
+    if before is not None:
+        if team.registry.alias("candidate") != before:  # it died between saving and setting the alias
+            team.registry.set_alias("candidate", before, reason=f"marft-lg train run {trainer.run_id}")
+        console.print(f"run {trainer.run_id} in {spec.run_dir} had finished (iteration {trainer.iteration}) and "
+                      f"published {before} as alias 'candidate'; nothing new to publish", markup=False,
+                      highlight=False)
+        return
     published = {}
     serving = team.versions()
     for role in spec.agents:  # a role the online phase just published keeps that version: one version per update

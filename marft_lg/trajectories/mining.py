@@ -20,7 +20,7 @@ from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.assembly import ACTION_FIELDS, NO_TOKEN_IDS, group_episodes
 from marft_lg.trajectories.columns import EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
-from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, FileRange
+from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, DEFAULT_MAX_LINE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
     RawSpans,
     assemble_batches,
@@ -72,31 +72,45 @@ class MiningReport:
     served_merged: int = 0
     """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
+    first_quarantined: dict[str, list[str]] = field(default_factory=dict)
+    """The first `file:line`s (up to 3) of each quarantine reason, e.g. of the lines over `max_line_bytes`."""
 
     @property
     def quarantined_total(self) -> int:
         return sum(self.quarantined.values())
 
+    def long_lines_note(self, setting: str) -> str | None:
+        """One line saying which trace lines were over the line bound and skipped (None when none was), for the
+        commands that mine as a step (`train`, `retrain`); `setting` names how to raise the bound."""
+        n = self.quarantined.get("line_too_long", 0)
+        if not n:
+            return None
+        where = ", ".join(self.first_quarantined.get("line_too_long", []))
+        return (f"{n} trace line(s) longer than the line bound were skipped unread (first at {where}); raise "
+                f"{setting} to mine them")
+
 
 def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
          max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES, workers: int | None = None,
-         executor: RangeExecutor | None = None) -> TrajectoryDataset:
+         executor: RangeExecutor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TrajectoryDataset:
     """Mine trace files, directories or globs into a `TrajectoryDataset`.
 
     `since` keeps only episodes that ended after it (a watermark); `quarantine` is a JSONL file
-    that receives every line or span that could not be used, with its reason and `file:line`.
+    that receives every line or span that could not be used, with its reason and `file:line`; a line longer than
+    `max_line_bytes` is one of them, skipped without being read whole (memory stays flat).
     `workers` processes share the work (default: one per core for inputs over 64 MB, else 1).
     `executor` runs those workers elsewhere (see `range_worker.RangeExecutor`; `marft_lg.distributed.mining.mine` passes
     Ray actors): then the input is always cut into `workers` ranges, whatever its size.
     """
     return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes,
-                            workers=workers, executor=executor)[0]
+                            workers=workers, executor=executor, max_line_bytes=max_line_bytes)[0]
 
 
 def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                      progress: Callable[[int], None] | None = None, workers: int | None = None,
-                     executor: RangeExecutor | None = None) -> tuple[TrajectoryDataset, MiningReport]:
+                     executor: RangeExecutor | None = None,
+                     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> tuple[TrajectoryDataset, MiningReport]:
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far. `paths` may
     also be a `RawSpans` list of spans already in memory (`mine_spans`)."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
@@ -104,7 +118,7 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
     action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or flat columns)
     with gc_paused():
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=20_000, executor=executor):
+                                   chunk_actions=20_000, executor=executor, max_line_bytes=max_line_bytes):
             episode_rows.extend(rows)
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
@@ -125,7 +139,8 @@ def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None)
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
                     quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                     progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000,
-                    workers: int | None = None, executor: RangeExecutor | None = None) -> MiningReport:
+                    workers: int | None = None, executor: RangeExecutor | None = None,
+                    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> MiningReport:
     """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
     dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
     Nothing is written when no episode was mined. `workers` and `executor` as in `mine`."""
@@ -134,7 +149,8 @@ def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     with gc_paused(), DatasetParquetWriter(out) as writer:
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=chunk_actions, writer=writer, executor=executor):
+                                   chunk_actions=chunk_actions, writer=writer, executor=executor,
+                                   max_line_bytes=max_line_bytes):
             writer.write(rows, cols)
         if report.episodes == 0:
             writer.abort()
@@ -157,8 +173,8 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
 
 def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None, max_attribute_bytes: int,
              progress: Callable[[int], None] | None, report: MiningReport, *, workers: int | None, chunk_actions: int,
-             writer: DatasetParquetWriter | None = None,
-             executor: RangeExecutor | None = None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+             writer: DatasetParquetWriter | None = None, executor: RangeExecutor | None = None,
+             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """(episode rows, action columns) batches, token columns as `TokenColumn`s; fills `report` at the end.
     With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
     as well: the first worker's as they arrive, the others' as parquet parts appended at the end. With `executor`
@@ -166,7 +182,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     watermark = _watermark(since)
     if isinstance(paths, RawSpans):
         yield from _local_batches(paths, watermark, quarantine, max_attribute_bytes, progress, report,
-                                  chunk_actions=chunk_actions, share_strings=writer is None)
+                                  chunk_actions=chunk_actions, share_strings=writer is None)  # no lines to bound
         return
     files = _fresh_files(trace_files(paths), watermark, report)
     n_workers = _worker_count(files, workers)
@@ -177,10 +193,12 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
         groups = plan_ranges(files, n_workers, count_lines=False)  # counted once the first worker runs
     if len(groups) > 1 or (groups and executor is not None):
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
-                                     chunk_actions=chunk_actions, writer=writer, executor=executor)
+                                     chunk_actions=chunk_actions, writer=writer, executor=executor,
+                                     max_line_bytes=max_line_bytes)
         return
     yield from _local_batches([FileRange(f) for f in files], watermark, quarantine, max_attribute_bytes, progress,
-                              report, chunk_actions=chunk_actions, share_strings=writer is None)
+                              report, chunk_actions=chunk_actions, share_strings=writer is None,
+                              max_line_bytes=max_line_bytes)
 
 
 SINCE_FILE_MARGIN_S = 3600
@@ -202,14 +220,15 @@ def _fresh_files(files: list[Path], watermark: int | None, report: MiningReport)
 
 def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                    progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
-                   share_strings: bool) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                   share_strings: bool,
+                   max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """`_batches` in this process, from `FileRange`s or `RawSpans`."""
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
     agents: Counter[str] = Counter()
     with Quarantine(quarantine) as q:
         spans = read_spans(source, q, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                           progress=progress)
+                           progress=progress, max_line_bytes=max_line_bytes)
         kept = len(spans)
         episodes, feedback_spans = group_episodes(spans)
         del spans
@@ -219,17 +238,19 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
                                            share_strings=share_strings):
             yield rows, flatten(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
-        _fill_report(report, stats, formats, kept, q.counts, agents)
+        _fill_report(report, stats, formats, kept, q, agents)
 
 
 def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                       progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
                       writer: DatasetParquetWriter | None,
-                      executor: RangeExecutor | None) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                      executor: RangeExecutor | None,
+                      max_line_bytes: int) -> Iterator[tuple[list[dict], dict[str, list]]]:
     from marft_lg.trajectories.parallel import ParallelRun
 
     run = ParallelRun(groups, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes, watermark=watermark,
-                      chunk_actions=chunk_actions, progress=progress, writer=writer, executor=executor)
+                      chunk_actions=chunk_actions, progress=progress, writer=writer, executor=executor,
+                      max_line_bytes=max_line_bytes)
     try:
         run.start()
         if writer is None:  # mine() builds DataFrames at the end: pandas loads now, beside the reading workers
@@ -240,17 +261,18 @@ def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Pat
             writer.append_parts(run.part_dirs())
         quarantine_orphan_feedback(run.feedback_spans, run.seen, run.q)
         run.finish_quarantine()
-        _fill_report(report, run.stats, run.formats, run.spans_kept, run.q.counts, run.agents)
+        _fill_report(report, run.stats, run.formats, run.spans_kept, run.q, run.agents)
     finally:
         run.close()
 
 
-def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[str], kept: int,
-                 quarantined: Counter[str], agents: Counter[str]) -> None:
+def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[str], kept: int, q: Quarantine,
+                 agents: Counter[str]) -> None:
     report.files = stats.get("files", 0)
     report.lines = stats.get("lines", 0)
     report.spans_read = stats.get("spans_read", 0)
-    report.quarantined = {k: v for k, v in sorted(quarantined.items()) if v}
+    report.quarantined = {k: v for k, v in sorted(q.counts.items()) if v}
+    report.first_quarantined = {k: list(q.first.get(k, ())) for k in report.quarantined}
     report.spans_kept = kept - report.quarantined.get("tool_without_action", 0)
     report.repaired_parents = stats.get("repaired_parents", 0)
     report.spans_without_actions = stats.get("spans_without_actions", 0)

@@ -2,7 +2,8 @@
 
 Each good span comes out as a `RawSpan` (ids normalised to lower-case hex, attributes as Python
 values, its source `file:line`); each bad line or span goes to the `Quarantine` with its reason.
-Files are read one line at a time, so memory does not grow with the file size. A well-formed line is
+Files are read one line at a time, so memory does not grow with the file size; a line longer than
+`max_line_bytes` is never held whole: it is skipped in chunks to its newline and quarantined with its `file:line`. A well-formed line is
 decoded by `otlp_schema.typed_spans` in one typed pass (msgspec); a line it declines goes through the tolerant
 path, which decides every quarantine reason.
 """
@@ -37,7 +38,9 @@ except ImportError:  # pragma: no cover
     _JSONError = (ValueError,)
 
 DEFAULT_MAX_ATTRIBUTE_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024  # an exporter's line is ~100 kB; a longer one than this is not read
 _READ_BUFFER = 1 << 20  # exporters write long lines (~100 kB for 64 spans): 8 kB reads cost ~1 us a span
+_SKIP_CHUNK = 1 << 16  # what `skip_line` holds at a time
 _HEX_ID = re.compile("[0-9a-fA-F]+")
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -118,9 +121,11 @@ def iter_raw_spans(
     *,
     max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
     stats: dict[str, int] | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> Iterator[RawSpan]:
     """Yield every usable span of every file (or `FileRange`); send unusable lines and spans to `quarantine`."""
-    for spans in iter_span_batches(paths, quarantine, max_attribute_bytes=max_attribute_bytes, stats=stats):
+    for spans in iter_span_batches(paths, quarantine, max_attribute_bytes=max_attribute_bytes, stats=stats,
+                                   max_line_bytes=max_line_bytes):
         yield from spans
 
 
@@ -130,9 +135,11 @@ def iter_span_batches(
     *,
     max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
     stats: dict[str, int] | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> Iterator[Iterable[RawSpan]]:
     """`iter_raw_spans` a line at a time: a well-formed line's spans as a list, any other line's as a generator that
-    quarantines as it goes (iterate each before asking for the next, so records keep their order)."""
+    quarantines as it goes (iterate each before asking for the next, so records keep their order). A line over
+    `max_line_bytes` (newline excluded) is skipped unread and quarantined as ``line_too_long``."""
     stats = stats if stats is not None else {}
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
@@ -154,16 +161,22 @@ def iter_span_batches(
             lineno = unit.first_line - 1
             while left is None or left > 0:
                 try:
-                    line = fh.readline()
+                    line = fh.readline(max_line_bytes + 1)  # never more: a longer line is skipped, not held
+                    too_long = len(line) > max_line_bytes and not line.endswith(b"\n")
+                    size = len(line) + skip_line(fh) if too_long else len(line)
                 except (OSError, EOFError) as exc:  # truncated .gz
                     quarantine.add("invalid_json", f"{path}:{lineno + 1}", detail=f"unreadable: {exc}")
                     break
                 if not line:
                     break
                 if left is not None:
-                    left -= len(line)
+                    left -= size
                 lineno += 1
                 stats["lines"] = stats.get("lines", 0) + 1
+                if too_long:
+                    quarantine.add("line_too_long", f"{path}:{lineno}", detail=f"{size} bytes, over max_line_bytes "
+                                   f"({max_line_bytes}); skipped unread: raise the limit to mine it")
+                    continue
                 if line.isspace():  # the same ASCII whitespace as bytes.strip(), without copying the line
                     stats["empty_lines"] = stats.get("empty_lines", 0) + 1
                     continue
@@ -175,6 +188,17 @@ def iter_span_batches(
                 else:
                     stats["spans_read"] = stats.get("spans_read", 0) + typed[1]
                     yield typed[0]
+
+
+def skip_line(fh: Any) -> int:
+    """Read past the rest of the current line (to its newline or the end) in chunks, never holding it whole;
+    returns the bytes skipped."""
+    skipped = 0
+    while chunk := fh.readline(_SKIP_CHUNK):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
 
 
 def _text(line: bytes) -> str:

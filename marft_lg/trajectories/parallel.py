@@ -33,7 +33,7 @@ from typing import Any
 
 from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.otlp import DEFAULT_MAX_LINE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
     feedback_index,
@@ -57,8 +57,9 @@ class ParallelRun:
 
     def __init__(self, groups: list[list[FileRange]], *, quarantine: str | Path | None, max_attribute_bytes: int,
                  watermark: int | None, chunk_actions: int, progress: Callable[[int], None] | None,
-                 writer: Any = None, executor: RangeExecutor | None = None):
-        self.groups, self.max_attribute_bytes = groups, max_attribute_bytes
+                 writer: Any = None, executor: RangeExecutor | None = None,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
+        self.groups, self.max_attribute_bytes, self.max_line_bytes = groups, max_attribute_bytes, max_line_bytes
         self.writer, self.parquet = writer, writer is not None
         self.watermark, self.chunk_actions, self.progress = watermark, chunk_actions, progress
         self.executor: RangeExecutor = executor if executor is not None else ProcessExecutor()
@@ -82,7 +83,8 @@ class ParallelRun:
             if i == 1:
                 self.groups = number_lines(self.groups)
             worker = self.executor.start(i, self.groups[i], max_attribute_bytes=self.max_attribute_bytes,
-                                         tmp=self._tmp, quarantine=self.quarantine_path is not None)
+                                         tmp=self._tmp, quarantine=self.quarantine_path is not None,
+                                         max_line_bytes=self.max_line_bytes)
             self._workers.append(worker)
             worker.send("parse")
 
@@ -201,12 +203,12 @@ class ParallelRun:
                                            self.agents, share_strings=not self.parquet):
             yield rows, flatten(cols)
         done = self._write_parts() if self.parquet else [w.recv() for w in self._workers]
-        for _, st, seen, qcounts, agents in done:
+        for _, st, seen, qcounts, qfirst, agents in done:
             self.agents.update(agents)
             for k, v in st.items():
                 self.stats[k] = self.stats.get(k, 0) + v
             self.seen |= seen
-            self.q.counts.update(qcounts)
+            self.q.merge(qcounts, qfirst)
         for i, w in enumerate(self._workers):  # their memory is free before the rows are loaded here
             files = [] if self.parquet else [rows_file(i)]
             w.release([*files, quarantine_file(i)] if self.quarantine_path is not None else files, self._tmp)

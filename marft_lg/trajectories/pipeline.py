@@ -20,7 +20,7 @@ from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_te
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.formats import interpret
 from marft_lg.trajectories.formats.base import SpanInfo
-from marft_lg.trajectories.otlp import iter_span_batches
+from marft_lg.trajectories.otlp import DEFAULT_MAX_LINE_BYTES, iter_span_batches
 from marft_lg.trajectories.quarantine import Quarantine
 
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
@@ -47,12 +47,13 @@ def gc_paused() -> Iterator[None]:
 
 
 def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
-               progress: Callable[[int], None] | None = None) -> list[SpanInfo]:
+               progress: Callable[[int], None] | None = None,
+               max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> list[SpanInfo]:
     """Every usable span of `source` (paths, `FileRange`s, or a `RawSpans` of spans already in memory), in read
     order; re-exports are quarantined."""
     spans: list[SpanInfo] = []
     _read_first_copies(source, q, {}, spans, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                       progress=progress)
+                       progress=progress, max_line_bytes=max_line_bytes)
     return spans
 
 
@@ -61,24 +62,25 @@ class RawSpans(list):
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
-                progress: Callable[[int], None] | None = None) -> dict[str, dict[str, SpanInfo]]:
+                progress: Callable[[int], None] | None = None,
+                max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> dict[str, dict[str, SpanInfo]]:
     """`read_spans` as trace id -> span id -> span (read order): no list of all spans, which is what a mining
     worker holds at its peak."""
     traces: dict[str, dict[str, SpanInfo]] = {}
     _read_first_copies(source, q, traces, None, max_attribute_bytes=max_attribute_bytes, stats=stats, formats=formats,
-                       progress=progress)
+                       progress=progress, max_line_bytes=max_line_bytes)
     return traces
 
 
 def _read_first_copies(source: Any, q: Quarantine, traces: dict[str, dict[str, SpanInfo]], spans: list[SpanInfo] | None,
                        *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
-                       progress: Callable[[int], None] | None) -> None:
+                       progress: Callable[[int], None] | None, max_line_bytes: int) -> None:
     """Interpret every span read into `traces` (trace id -> span id -> span) and, when given, `spans` (read order)."""
     n = 0
     if isinstance(source, RawSpans):
         stats["spans_read"] = stats.get("spans_read", 0) + len(source)
     batches = (source,) if isinstance(source, RawSpans) else iter_span_batches(
-        source, q, max_attribute_bytes=max_attribute_bytes, stats=stats)
+        source, q, max_attribute_bytes=max_attribute_bytes, stats=stats, max_line_bytes=max_line_bytes)
     for batch in batches:
         for raw in batch:
             n += 1

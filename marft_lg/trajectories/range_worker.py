@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from marft_lg.trajectories.assembly import episode_key
 from marft_lg.trajectories.formats.base import FEEDBACK, SpanInfo
-from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.otlp import DEFAULT_MAX_LINE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
     assemble_batches,
     flatten,
@@ -61,14 +61,16 @@ class RangeWorker:
     - ``assemble`` (episodes as trace ids, their feedback, watermark, chunk_actions, to_file): assemble the episodes;
       with `to_file` the batches go to `tmp`/`rows_file(index)` (for `mine`), else each is a reply ("batch",
       episode columns, action columns) ready for parquet; then ("done", stats, episodes seen, quarantine counts,
-      actions per agent). The last command.
+      the first sources of each quarantine reason, actions per agent). The last command.
 
     Quarantine records go to `tmp`/`quarantine_file(index)` when `quarantine` is set.
     """
 
     def __init__(self, index: int, ranges: list[FileRange], max_attribute_bytes: int, tmp: str | Path,
-                 quarantine: bool, progress: Callable[[int], None] | None = None):
+                 quarantine: bool, progress: Callable[[int], None] | None = None,
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
         self.index, self.ranges, self.max_attribute_bytes = index, ranges, max_attribute_bytes
+        self.max_line_bytes = max_line_bytes
         self.tmp, self.progress = Path(tmp), progress
         self.q = Quarantine(self.tmp / quarantine_file(index) if quarantine else None)
         self.by_trace: dict[str, list[SpanInfo]] = {}
@@ -88,7 +90,7 @@ class RangeWorker:
         stats: dict[str, int] = {}
         formats: Counter[str] = Counter()
         traces = read_traces(self.ranges, self.q, max_attribute_bytes=self.max_attribute_bytes, stats=stats,
-                             formats=formats, progress=self.progress)
+                             formats=formats, progress=self.progress, max_line_bytes=self.max_line_bytes)
         kept = 0
         for t in list(traces):
             members = traces.pop(t)
@@ -122,18 +124,18 @@ class RangeWorker:
                 yield ("batch", *table_columns(rows, flatten(cols)))
                 del rows, cols
         self.q.close()
-        yield "done", st, seen, dict(self.q.counts), dict(agents)
+        yield "done", st, seen, dict(self.q.counts), dict(self.q.first), dict(agents)
 
 
 def _worker_main(conn: Connection, index: int, ranges: list[FileRange], max_attribute_bytes: int, tmp: str,
-                 quarantine: bool, counter: Any) -> None:
+                 quarantine: bool, counter: Any, max_line_bytes: int) -> None:
     """A worker process: answers the parent's commands on `conn` until it has assembled (see `RangeWorker`)."""
     def progress(n: int) -> None:
         counter.value = n
 
     try:
         with gc_paused():  # a spawned worker does not inherit the caller's paused collector
-            worker = RangeWorker(index, ranges, max_attribute_bytes, tmp, quarantine, progress)
+            worker = RangeWorker(index, ranges, max_attribute_bytes, tmp, quarantine, progress, max_line_bytes)
             cmd = ""
             while cmd != "assemble":
                 cmd, arg = conn.recv()
@@ -198,7 +200,7 @@ class RangeExecutor(Protocol):
     `marft_lg.distributed.mining`, Ray actors. Every worker reads the files at the paths this process sees."""
 
     def start(self, index: int, ranges: list[FileRange], *, max_attribute_bytes: int, tmp: Path,
-              quarantine: bool) -> Channel:
+              quarantine: bool, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Channel:
         """Start worker `index` on `ranges`; it writes its files (see `RangeWorker`) to `tmp` or to its own
         directory, which `Channel.release` copies into `tmp`."""
 
@@ -214,13 +216,14 @@ class ProcessExecutor:
         self._ctx: Any = None
 
     def start(self, index: int, ranges: list[FileRange], *, max_attribute_bytes: int, tmp: Path,
-              quarantine: bool) -> _ProcessChannel:
+              quarantine: bool, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> _ProcessChannel:
         if self._ctx is None:
             self._ctx = mp.get_context(_start_method())
         counter = self._ctx.Value("q", 0, lock=False)
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker_main, name=f"marft-mine-{index}", daemon=True,
-                                 args=(child, index, ranges, max_attribute_bytes, str(tmp), quarantine, counter))
+                                 args=(child, index, ranges, max_attribute_bytes, str(tmp), quarantine, counter,
+                                       max_line_bytes))
         proc.start()
         child.close()
         return _ProcessChannel(index, proc, parent, counter)

@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from marft_lg.trajectories.otlp import FileRange
+from marft_lg.trajectories.otlp import FileRange, skip_line
 
 _BLOCK = 16 * 1024 * 1024
 
@@ -78,7 +78,7 @@ def _next_line_start(path: Path, pos: int) -> int:
     """The first line start after `pos`."""
     with path.open("rb") as fh:
         fh.seek(pos)
-        fh.readline()
+        skip_line(fh)  # in chunks: a line of any length costs no memory
         return fh.tell()
 
 

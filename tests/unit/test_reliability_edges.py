@@ -147,6 +147,30 @@ def test_compare_from_traces_with_a_missing_or_empty_folder_is_a_usage_error(tmp
         assert "--from-traces" in text and str(folder) in text and says in text
 
 
+def test_compare_refuses_a_missing_registry_unless_asked_to_create_it(tmp_path):
+    (tmp_path / "reward.yaml").write_text("weights: {step_count: -0.1}\n")
+    missing = tmp_path / "registy"
+    args = ("compare", "--registry", missing, "--reward", tmp_path / "reward.yaml", "--out", tmp_path / "cmp")
+    result, text = _invoke(*args)
+    assert result.exit_code == 2 and f"--registry {missing} does not exist" in text and "--create-registry" in text
+    assert not missing.exists() and not (tmp_path / "cmp").exists()  # nothing created, not even the report folder
+    result, text = _invoke(*args, "--create-registry")
+    assert result.exit_code == 2 and "does not exist" not in text and "replay needs --scenarios" in text  # past it
+
+
+def test_jobs_list_on_another_programs_sqlite_file_refuses_it_and_adds_nothing(tmp_path):
+    import sqlite3
+
+    other = tmp_path / "app.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+    result, text = _invoke("jobs", "list", "--store", other)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"error: {other} is an SQLite database of another program (tables: customers), not a job store" in text
+    with sqlite3.connect(other) as db:
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["customers"]
+
+
 def test_promote_with_a_missing_or_non_json_decision_is_one_line(tmp_path):
     (tmp_path / "registry").mkdir()
     (tmp_path / "decision.json").write_text("not json")

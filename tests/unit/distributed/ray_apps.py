@@ -8,6 +8,7 @@ import operator
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Annotated, TypedDict
 
 from langgraph.graph import END, START, StateGraph
@@ -30,6 +31,17 @@ def two_agents(llm):
     return g.compile()
 
 
+def _wait_for_chat_spans(trace_dir: str, n: int, timeout_s: float = 60.0) -> None:
+    """Until the trace files this process wrote under `trace_dir` hold `n` chat spans (a condition, not a timer)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        files = Path(trace_dir).rglob(f"*-{os.getpid()}-*.jsonl")
+        if sum(f.read_bytes().count(b'"name":"chat ') for f in files) >= n:
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"{n} chat spans never reached {trace_dir}")
+
+
 class FixedLatencyEngine:
     """A `ChatEngine` that answers every call after `latency_s` (the spec's `engine_options`, default 0.05 s) with
     text and tokens derived from the request: what measures the orchestration's own cost, not a model's."""
@@ -43,6 +55,9 @@ class FixedLatencyEngine:
         # spot, mid-iteration, exactly once across all workers (the file decides): a kill with no timer to race
         self._die_once, self._die_after, self._calls = (spec.engine_options.get("die_once"),
                                                         int(spec.engine_options.get("die_after", 0)), 0)
+        # `die_traced` (the workers' trace folder): before dying, wait until this process's trace files there hold
+        # the chat spans of every call it answered, so the death leaves whole and partial episodes on disk for sure
+        self._traced = spec.engine_options.get("die_traced")
 
     def _maybe_die(self):
         with self._lock:
@@ -53,6 +68,8 @@ class FixedLatencyEngine:
             os.close(os.open(self._die_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return  # another worker died already
+        if self._traced:
+            _wait_for_chat_spans(self._traced, self._die_after - 1)
         os._exit(1)
 
     def agents(self):

@@ -27,9 +27,12 @@ SCENARIOS = [Scenario(f"s{i}", {"msgs": [f"question {i}"]}) for i in range(4)]
 
 @pytest.fixture(scope="module")
 def cluster():
+    from marft_lg.distributed.config import _loopback_only
+
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
-             configure_logging=False, log_to_driver=False)
+    with _loopback_only():  # as `address: local` starts one: nothing listens beyond 127.0.0.1
+        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+                 configure_logging=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -80,6 +83,56 @@ def test_a_worker_killed_mid_iteration_is_replaced_and_no_episode_is_lost_or_dou
         assert len(collector.workers) == 2 and sorted(collector.workers) != [0, 1]  # one index replaced (2)
         again = collector.collect(SCENARIOS[:1], 2, 1, seed=1)  # the pool keeps working after the replacement
         assert len(again.episodes) == 2
+
+
+def test_a_worker_killed_mid_episode_leaves_only_whole_episodes_in_the_trace_folder(cluster, tmp_path, caplog):
+    from marft_lg.trajectories.mining import mine
+
+    # each worker answers 12 calls in iteration 0 (6 episodes of 2 calls, one at a time); the first to answer its
+    # 16th call (iteration 1, the writer of its 2nd episode) dies there, once its 15 chat spans are on disk: its
+    # folder holds iteration 0's whole episodes, one whole and one half episode of iteration 1
+    traces = tmp_path / "traces"
+    spec = _fixed_spec(engine_options={"latency_s": 0.0, "die_once": str(tmp_path / "died"), "die_after": 16,
+                                       "die_traced": str(traces)}, concurrency=1, trace_dir=str(traces))
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="m") as collector:
+        for iteration in range(2):
+            collector.collect(SCENARIOS, 3, iteration, seed=1)
+        assert (tmp_path / "died").exists() and collector.replaced == 1
+    mined = mine([str(traces)])
+    planned = [f"m-it{it}-s{i}-{j}" for it in range(2) for i in range(4) for j in range(3)]
+    assert sorted(mined.episode_ids) == sorted(planned)  # each episode exactly once
+    sizes = mined.actions.groupby("episode_id").size()
+    assert (sizes == 2).all(), sizes[sizes != 2]  # whole episodes: no half-run leftover joined to its re-run
+    assert re.search(r"dropped [1-9]\d* spans of its unfinished episodes", caplog.text), caplog.text
+
+
+def test_a_local_cluster_listens_on_loopback_only():
+    import subprocess
+    import sys
+
+    script = """
+import json, psutil
+from marft_lg.distributed.config import RayConfig, connect
+ray = connect(RayConfig(address="local", rollout_workers=1))
+ray.get(ray.remote(lambda: 1).remote())  # a worker process too
+info = ray._private.worker.global_worker.node.address_info
+listening = []
+for p in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+    try:
+        listening += [[p.name(), c.laddr.ip] for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        pass
+print(json.dumps({"node": info["node_ip_address"], "gcs": info["gcs_address"], "listening": listening}))
+ray.shutdown()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["node"] == "127.0.0.1" and seen["gcs"].startswith("127.0.0.1:"), seen
+    names = {name for name, _ in seen["listening"]}
+    assert {"gcs_server", "raylet"} <= names, seen
+    outside = [(n, ip) for n, ip in seen["listening"] if ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not outside, outside
 
 
 def test_workers_serve_the_versions_the_learner_serves(cluster):

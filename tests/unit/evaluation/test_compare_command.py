@@ -63,7 +63,7 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "reward.yaml").write_text(yaml.safe_dump({"weights": {"step_count": -0.1}}))
     (tmp_path / "scenarios.jsonl").write_text('{"scenario_id": "s1", "inputs": {"question": "q"}}\n')
     base = ["compare", "--app", str(appdir / "app.py") + ":build_graph", "--reward", str(tmp_path / "reward.yaml"),
-            "--scenarios", str(tmp_path / "scenarios.jsonl"), "--registry", str(tmp_path / "registry"),
+            "--scenarios", str(tmp_path / "scenarios.jsonl"), "--registry", str(tmp_path / "registry"), "--create-registry",
             "--agents", "planner,writer", "--out", str(tmp_path / "out")]
     return types.SimpleNamespace(seen=seen, args=base, root=tmp_path)
 

@@ -120,6 +120,7 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
     class FakeTrainer:
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
         roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
+        cfg = types.SimpleNamespace(checkpoint_every=1, update_scheme="parallel")
 
         def __init__(self, *a, **kw):
             pass

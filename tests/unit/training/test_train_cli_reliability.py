@@ -147,6 +147,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
     class FakeTrainer:
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
         roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
+        cfg = types.SimpleNamespace(checkpoint_every=1, update_scheme="parallel")
 
         def __init__(self, team, reward, cfg, run_dir):
             seen["run_dir_files"] = sorted(p.name for p in Path(run_dir).iterdir())
@@ -156,7 +157,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _OneEpisode())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb: _OneEpisode())
     (tmp_path / "data").mkdir()
     run = tmp_path / "runs" / "train"
     (run / "checkpoints" / "iter_000001").mkdir(parents=True)
@@ -189,7 +190,7 @@ def test_damaged_checkpoints_on_resume_exit_2_naming_them(tmp_path, monkeypatch)
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec: _OneEpisode())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb: _OneEpisode())
     (tmp_path / "data").mkdir()
     result, text = _invoke("--config", _write(tmp_path, BASE), "--resume")
     assert result.exit_code == 2 and "iter_000002: truncated" in text and "Traceback" not in result.output

@@ -121,12 +121,16 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
         roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
         cfg = types.SimpleNamespace(checkpoint_every=1, update_scheme="parallel")
+        tracker = types.SimpleNamespace(context={})
 
         def __init__(self, *a, **kw):
             pass
 
         def fit_online(self, wrapped, scenarios, iterations):
             seen["app"], seen["scenarios"] = wrapped, scenarios
+
+        def close(self, status):
+            seen["status"] = status
 
     wrapped = types.SimpleNamespace(close=lambda: seen.setdefault("closed", True))
 
@@ -148,6 +152,7 @@ def test_online_node_roles_reach_wrap(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["train", "--config", str(p)])
     assert result.exit_code == 0, result.output
     assert seen["graph"] == ("graph", "ok") and seen["app"] is wrapped and seen["closed"]
+    assert seen["status"] == "FINISHED"
     assert seen["wrap"]["node_roles"] == {"think": "reasoner", "answer": "actor"}
     assert seen["wrap"]["serve_http"] is True  # an app's own ChatOpenAI calls for a role reach the trained team
 

@@ -24,8 +24,11 @@ class _OneEpisode(list):
     """A stand-in dataset with one episode and one action: enough for `train` to go on to the trainer."""
 
     def __init__(self) -> None:
+        import pandas as pd
+
         super().__init__([{"episode_id": "e"}])
         self.actions = [{"episode_id": "e"}]
+        self.episodes = pd.DataFrame({"episode_id": ["e"]})
 
 
 def _flat(text: str) -> str:
@@ -148,9 +151,13 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
         run_id, iteration, unpublished, frozen_roles = "run", 1, set(), []
         roles, update_steps = ["reasoner", "actor"], {"reasoner": 1, "actor": 1}
         cfg = types.SimpleNamespace(checkpoint_every=1, update_scheme="parallel")
+        tracker = types.SimpleNamespace(context={})
 
         def __init__(self, team, reward, cfg, run_dir):
             seen["run_dir_files"] = sorted(p.name for p in Path(run_dir).iterdir())
+
+        def close(self, status):
+            pass
 
         def fit_offline(self, dataset, scenarios):
             seen["fit"] = True

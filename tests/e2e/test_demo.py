@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gate_decision import assert_decision_follows_from_the_comparison
+
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,3 +128,5 @@ def test_gate_decision_matches_the_registry(demo_run):
     assert aliases["aliases"]["live"] == live
     if not decision["promote"]:
         assert decision["reasons"]
+    # whichever way it went, it follows from the comparison's numbers
+    assert_decision_follows_from_the_comparison(run_dir, _log(run_dir)["compare"])

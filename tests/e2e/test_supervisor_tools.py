@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from examples.wrap_existing.run import free_port, start_process, stop_server
+from tests.gate_decision import assert_decision_follows_from_the_comparison
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "supervisor_tools"
@@ -62,8 +63,8 @@ def test_the_whole_loop_runs_from_the_cli(tmp_path):
         out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios.jsonl",
                     "--app", "app.py:build_graph", "--reward", "reward.yaml", "--registry", "registry", "--agents",
                     agents, "--max-tokens", "48", "--out", "runs/compare", "--no-drift"], work, env, timeout=900)
-        decision = json.loads((work / "runs" / "compare" / "decision.json").read_text())
-        assert decision["decision"] in ("promote", "reject") and "gate:" in out
+        decision = assert_decision_follows_from_the_comparison(work / "runs" / "compare")
+        assert f"gate: {decision['decision'].upper()}" in out  # what the terminal said is what the file says
         from marft_lg.trajectories.mining import mine
 
         replayed = mine([work / "runs" / "compare" / "traces"]).actions

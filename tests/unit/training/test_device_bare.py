@@ -1,24 +1,17 @@
 """The device tests run on a bare CUDA PyTorch machine (a borrowed H100's image: torch, transformers, peft, pandas,
-pytest; no embedded model package, no LangChain/LangGraph/OpenTelemetry, none of the wheels that
-/work/shared/gpu/README.md lists): test_device.py in a subprocess that cannot import them (tests/bare_machine)."""
+pytest; no embedded model package, no LangChain/LangGraph/OpenTelemetry, none of the wheels docs/gpu-check.md lists):
+test_device.py in a subprocess that cannot import them (tests/bare_machine)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.bare_machine.bare_env import bare_env
+
 ROOT = Path(__file__).resolve().parents[3]
-BARE = ROOT / "tests" / "bare_machine"
-
-
-def bare_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARFT_TEST_", "MARFT_HIDE_"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(BARE), str(ROOT)]), MARFT_LG_CACHE=str(tmp_path / "empty-cache"),
-               PYTHONDONTWRITEBYTECODE="1")
-    return env
 
 
 def test_hiding_works(tmp_path):

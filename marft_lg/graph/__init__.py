@@ -1,6 +1,32 @@
-"""marft_lg.graph: route a LangGraph app's LLM calls to a Team's adapters and trace every episode."""
+"""marft_lg.graph: route a LangGraph app's LLM calls to a Team's adapters and trace every episode.
 
-from marft_lg.graph.chat_model import TeamChatModel, UnmappedNodeError
-from marft_lg.graph.wrap import WrappedGraph, wrap
+The names below load on first use: `marft_lg.graph.collect` (what `training.rollout` imports) needs no
+LangChain/LangGraph, so the trainer and the device tests run on a machine without them.
+"""
 
-__all__ = ["TeamChatModel", "UnmappedNodeError", "WrappedGraph", "wrap"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TeamChatModel": "marft_lg.graph.chat_model",
+    "UnmappedNodeError": "marft_lg.graph.chat_model",
+    "WrappedGraph": "marft_lg.graph.wrap",
+    "wrap": "marft_lg.graph.wrap",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'marft_lg.graph' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -96,6 +96,31 @@ def _update(policy, buf, cfg):
     return delta, stats
 
 
+def test_the_gpu_tests_steps_run_on_cpu(tiny_model_dir, tmp_path):
+    """What the `gpu` tests below do, on the CPU: their imports and helpers work here (and on a bare CUDA PyTorch
+    machine: tests/unit/training/test_device_bare.py runs this file with LangChain, LangGraph, OpenTelemetry and the
+    embedded model package hidden), so a borrowed GPU's few minutes are not lost to an ImportError."""
+    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.types import ChatRequest
+    from marft_lg.training.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, update_scheme="simultaneous", granularity="token",
+                      kl_ref_coef=0.1)
+    policy = _policy(tiny_model_dir, "cpu")
+    delta, stats = _update(policy, _buffer(policy, cfg), cfg)
+    assert all(stats.agents[r].steps == 1 and any(d.abs().sum() > 0 for d in delta[r]) for r in ROLES)
+    names = {r: policy.adapter_name(r) for r in ROLES}
+    path = save_checkpoint(tmp_path, 1, adapters={r: adapter_parameters(policy.model, n) for r, n in names.items()},
+                           adapter_names=names, state={"iteration": 1})
+    assert load_checkpoint(path, adapters={r: adapter_parameters(policy.model, n) for r, n in names.items()})["iteration"] == 1
+    engine = HFEngine(tiny_model_dir, device="cpu", dtype="float32")
+    try:
+        out = engine.generate([ChatRequest(messages=[{"role": "user", "content": "Count."}], max_tokens=4, seed=7)], [None])
+        assert 1 <= len(out[0].completion_token_ids) <= 4
+    finally:
+        engine.close()
+
+
 @gpu
 @cuda
 @pytest.mark.parametrize("granularity", ["action", "token"])

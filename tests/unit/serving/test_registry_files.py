@@ -147,7 +147,7 @@ def test_every_registry_write_goes_through_the_durable_helper(tmp_path, monkeypa
     promote(reg, {"planner": "v1"}, run_dir=tmp_path / "run")
     rollback(reg)
     assert written == ["manifest.json", ALIASES, "promote.json", ALIASES]
-    assert appended == ["promotions.jsonl", "promotions.jsonl"]
+    assert appended == ["promotions.jsonl", "lineage.jsonl"] * 2  # the adapters' lineage (tracking) too
 
 
 def test_concurrent_atomic_writes_never_collide(tmp_path):

@@ -132,3 +132,49 @@ def test_a_change_to_measured_code_is_seen():
     first = _git("rev-list", "--max-parents=0", "HEAD").splitlines()[0]
     assert later_changes(first, ["marft_lg/serving/engine_hf.py"]), "the engine never changed since the first commit?"
     assert later_changes("HEAD", ["marft_lg"]) == []
+
+
+def _leaves(obj: object) -> list[float]:
+    """Every number in a results file."""
+    if isinstance(obj, bool):
+        return []
+    if isinstance(obj, (int, float)):
+        return [float(obj)]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else []
+    return [x for v in items for x in _leaves(v)]
+
+
+def _in_file(text: str, k: str | None, values: list[float]) -> bool:
+    """Whether the figure `text` (as written: its decimals say its precision) is a number of the file, in the file's
+    unit or scaled (k, %, MB -> GB)."""
+    figure = float(text.replace(",", ""))
+    half = 0.5 * 10 ** -(len(text.split(".")[1]) if "." in text else 0) + 1e-9
+    scales = (1000.0,) if k else (1.0, 0.01, 1024.0, 1000.0)
+    return any(abs(v / s - figure) <= half for v in values for s in scales)
+
+
+def stale_figures(rows: list[tuple[int, str, str, str]]) -> list[str]:
+    """The figures of README's benchmark rows (each row's result, before any remark) that its results file lacks."""
+    problems = []
+    for n, line, name, _ in rows:
+        head = re.split(r"[(;]", line.split("|")[3])[0]
+        if "≤" in head or not name or not (RESULTS / name).exists():
+            continue
+        values = _leaves(json.loads((RESULTS / name).read_text()))
+        for m in re.finditer(r"(\d[\d,]*(?:\.\d+)?)(k)?", head):
+            if not _in_file(m.group(1), m.group(2), values):
+                problems.append(f"README.md:{n}: {m.group(0)} is not in {name} ({head.strip()[:60]})")
+    return problems
+
+
+def test_every_benchmark_figure_is_read_from_its_results_file():
+    problems = stale_figures(readme_rows())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_planted_stale_figure_is_caught():
+    rows = [r for r in readme_rows() if r[2] == "serving.json"]
+    n, line, name, commit = rows[0]
+    cells = line.split("|")
+    planted = "|".join([*cells[:3], " 9.87× / 6.54× ", *cells[4:]])
+    assert len(stale_figures([(n, planted, name, commit)])) == 2

@@ -169,19 +169,19 @@ class _Call:
         while (await self.request.receive())["type"] != "http.disconnect":
             pass
 
-    async def _race(self, task: asyncio.Future, *others: asyncio.Future) -> set[asyncio.Future]:
-        """Wait for `task` or one of `others`, the client's hang-up or the deadline; the task is cancelled on the
-        last two."""
-        watch = asyncio.ensure_future(self._hung_up())
+    async def _race(self, task: asyncio.Future, *others: asyncio.Future, watch: bool = True) -> set[asyncio.Future]:
+        """Wait for `task` or one of `others`, the client's hang-up (unless `watch` is off: a streaming response hears
+        it itself) or the deadline; the task is cancelled on the last two."""
+        hung_up = asyncio.ensure_future(self._hung_up()) if watch else asyncio.get_running_loop().create_future()
         try:
-            done, _ = await asyncio.wait({task, watch, *others}, timeout=max(0.0, self.deadline - time.monotonic()),
+            done, _ = await asyncio.wait({task, hung_up, *others}, timeout=max(0.0, self.deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watch.cancel()
+            hung_up.cancel()
         if task in done or any(o in done for o in others):
             return done
         task.cancel()
-        if watch in done:
+        if hung_up in done:
             log.info("request %s: the client hung up; its generation is cancelled", self.request.state.request_id)
             raise _ClientGone
         raise TimeoutError(f"the generation took longer than the server's request timeout ({self.timeout_s:g} s; "
@@ -231,7 +231,8 @@ class _Call:
                 if task.done():
                     break
                 nxt = asyncio.ensure_future(queue.get())
-                if nxt in await self._race(task, nxt):
+                # Starlette's StreamingResponse listens for the disconnect and cancels this generator itself
+                if nxt in await self._race(task, nxt, watch=False):
                     got.append(nxt.result())
                 else:
                     nxt.cancel()

@@ -25,7 +25,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 MEASURES: dict[str, list[str]] = {
     "serving.json": ["benchmarks/serving.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
                      "marft_lg/serving/adapters.py", "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py",
-                     "marft_lg/serving/mixed_forward.py", "marft_lg/serving/lora.py"],
+                     "marft_lg/serving/mixed_forward.py", "marft_lg/serving/lora.py",
+                     # time to first token goes through the server's streaming path
+                     "marft_lg/serving/server.py", "marft_lg/serving/chat_stream.py", "marft_lg/serving/streaming.py"],
     "serving_vllm.json": ["benchmarks/serving_vllm.py", "marft_lg/serving/engine_vllm.py"],
     "rollout.json": ["benchmarks/rollout.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
                      "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py", "marft_lg/serving/mixed_forward.py",

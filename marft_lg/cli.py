@@ -24,6 +24,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("score", "marft_lg.rewards.commands", "score"),
     ("train", "marft_lg.training.commands", "train"),
     ("compare", "marft_lg.evaluation.commands", "compare"),
+    ("attribute", "marft_lg.evaluation.blame", "attribute"),
     ("promote", "marft_lg.evaluation.commands", "promote"),
     ("rollback", "marft_lg.evaluation.commands", "rollback"),
     ("export", "marft_lg.tracking.commands", "export"),

@@ -98,6 +98,8 @@ def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> Non
         table.add_row(f"  format {fmt}", f"{n:,}")
     if report.served_merged:
         table.add_row("LLM calls joined to the server's record", f"{report.served_merged:,}")
+    if report.replays:
+        table.add_row("counterfactual replays left out (not production data)", f"{report.replays:,}")
     if report.repaired_parents:
         table.add_row("parents repaired (orphans re-attached)", f"{report.repaired_parents:,}")
     if report.non_utf8_lines:

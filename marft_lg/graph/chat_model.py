@@ -149,6 +149,14 @@ class TeamChatModel(BaseChatModel):
 
     # -- routing -------------------------------------------------------------------------------
     def _engine(self, route: routing.EpisodeRoute | None) -> Any:
+        engine = self._plain_engine(route)
+        if route is not None and route.replay is not None:
+            from marft_lg.serving.replay import ReplayEngine
+
+            return ReplayEngine(engine, route.replay, route.replay_engine)
+        return engine
+
+    def _plain_engine(self, route: routing.EpisodeRoute | None) -> Any:
         if route is not None and route.engine_override is not None:
             return route.engine_override
         if route is not None and route.team is not None:

@@ -35,6 +35,8 @@ class EpisodeJob:
     seed: int
     versions: dict[str, str] | None = None
     metadata: dict[str, Any] | None = None
+    replay: Any = None
+    """A `serving.replay.ReplayPlan`: the episode re-runs a recorded one with one step resampled."""
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,12 @@ class GraphCollector:
             if job.metadata is not None:
                 extra["metadata"] = dict(job.metadata)
             try:
-                self.app.invoke(job.scenario.inputs, episode_id=job.episode_id, scenario_id=job.scenario.scenario_id,
-                                seed=job.seed, **extra)
+                if job.replay is not None:
+                    self.app.replay(job.replay, job.scenario.inputs, episode_id=job.episode_id,
+                                    scenario_id=job.scenario.scenario_id, seed=job.seed, metadata=job.metadata)
+                else:
+                    self.app.invoke(job.scenario.inputs, episode_id=job.episode_id,
+                                    scenario_id=job.scenario.scenario_id, seed=job.seed, **extra)
             except Exception as exc:  # a failed episode is still traced (status error) and scored by the reward
                 self.failures.append(EpisodeFailure.of(job, exc))
             if self.progress is not None:

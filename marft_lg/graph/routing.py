@@ -24,6 +24,8 @@ class EpisodeRoute:
     versions: dict[str, str] | str | None = None
     seed: int | None = None
     engine_override: Any = None  # shadow mirroring: a candidate engine that answers every call
+    replay: Any = None  # a counterfactual replay's `serving.replay.ReplayState`: its calls go through a ReplayEngine
+    replay_engine: Any = None  # the engine a replay's step is sampled from when its reference is "engine"
     _counters: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

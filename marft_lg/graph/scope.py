@@ -109,6 +109,9 @@ class EpisodeTracer(BaseCallbackHandler):
         self._runs: dict[int, _Episode] = {}  # run id (as int) -> the episode it belongs to
         self._episodes: dict[str, _Episode] = {}  # episode id -> its open episode
         self._configs: dict[str, dict[str, Any]] = {}  # episode id -> the caller's config (for its shadow run)
+        self._replays: dict[str, Any] = {}  # episode id -> the `ReplayPlan` its run is about to replay
+        self.replay_states: dict[str, Any] = {}  # episode id -> its running replay's `ReplayState`
+        self.reference_engine: Any = None  # what a replay's step is sampled from when its reference is "engine"
 
     # -- lookups ------------------------------------------------------------------------------
     def route_for(self, run_id: UUID | int | None) -> EpisodeRoute | None:
@@ -117,6 +120,19 @@ class EpisodeTracer(BaseCallbackHandler):
             return None
         episode = self._runs.get(run_id if isinstance(run_id, int) else run_id.int)
         return episode.route if episode is not None else None
+
+    def expect_replay(self, episode_id: str, plan: Any) -> None:
+        """The run about to start as `episode_id` replays `plan` (a `serving.replay.ReplayPlan`)."""
+        self._replays[episode_id] = plan
+
+    def replay_engine(self, episode_id: str | None) -> Any:
+        """The `ReplayEngine` over the team for a running replay's HTTP calls (None: not a replay)."""
+        state = self.replay_states.get(episode_id) if episode_id else None
+        if state is None or self.team is None:
+            return None
+        from marft_lg.serving.replay import ReplayEngine
+
+        return ReplayEngine(self.team, state, self.reference_engine)
 
     def remember_config(self, episode_id: str, config: Mapping[str, Any]) -> None:
         """Keep the caller's config of a run about to start, for a mirrored re-run of it."""
@@ -138,6 +154,9 @@ class EpisodeTracer(BaseCallbackHandler):
             pair = (uuid.uuid4().hex, "live")
         if pair is not None:
             meta["mirror_pair_id"], meta["mirror_side"] = pair
+        plan = self._replays.pop(episode_id, None)
+        if plan is not None:
+            meta.update(plan.metadata)
         thread_id = md.get("thread_id")
         info = EpisodeInfo(
             episode_id=episode_id, scenario_id=str(scenario_id) if scenario_id is not None else None, metadata=meta,
@@ -153,6 +172,11 @@ class EpisodeTracer(BaseCallbackHandler):
         route = EpisodeRoute(episode_id=episode_id, team=self.team, node_roles=self.node_roles,
                              versions=versions if isinstance(versions, str | None) else dict(versions),
                              seed=seed, engine_override=engine_override)
+        if plan is not None:
+            from marft_lg.serving.replay import ReplayState
+
+            route.replay, route.replay_engine = ReplayState(plan), self.reference_engine
+            self.replay_states[episode_id] = route.replay
         try:
             asyncio.get_running_loop()
             is_async = True
@@ -182,6 +206,9 @@ class EpisodeTracer(BaseCallbackHandler):
         """Close the episode (never raises into the app), then queue its mirrored run if it was sampled."""
         recorder = episode.recorder
         self._episodes.pop(recorder.info.episode_id, None)
+        if episode.route.replay is not None:  # whether the replay held its upstream: known only now
+            self.replay_states.pop(recorder.info.episode_id, None)
+            recorder.add_metadata(episode.route.replay.outcome())
         if isinstance(error, GeneratorExit):  # the caller stopped reading a stream: not a failure
             error = None
         try:

@@ -48,7 +48,8 @@ class WrappedGraph(Runnable):
         if serve_http and team is not None:
             from marft_lg.serving.local_server import LocalServer
 
-            self.server = LocalServer(team, sink, capture_messages=capture_messages)
+            self.server = LocalServer(team, sink, capture_messages=capture_messages,
+                                      engine_for=lambda ctx: self.tracer.replay_engine(ctx.episode_id))
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self._node_roles = {**prebuilt_agent_roles(graph), **dict(node_roles or {})} or None
         self.shadow = shadow
@@ -192,6 +193,26 @@ class WrappedGraph(Runnable):
         return with_handler(cfg, self.tracer)
 
     # -- entry points -------------------------------------------------------------------------------
+    def replay(self, plan: Any, input: Any, *, episode_id: str, scenario_id: str | None = None,
+               seed: int | None = None, metadata: Mapping[str, Any] | None = None) -> Any:
+        """Run `input` as a counterfactual replay of `plan` (`serving.replay.ReplayPlan`): the calls before its step
+        answered from the record, the step sampled from its reference, the rest as usual. The episode is traced like
+        any other, with the plan (and at its end whether the upstream held) in its metadata."""
+        self.tracer.expect_replay(episode_id, plan)
+        try:
+            return self.invoke(input, episode_id=episode_id, scenario_id=scenario_id, seed=seed, metadata=metadata)
+        finally:
+            self.tracer._replays.pop(episode_id, None)
+
+    @property
+    def replay_reference(self) -> Any:
+        """The engine replays sample their step from when their plan's reference is ``"engine"``."""
+        return self.tracer.reference_engine
+
+    @replay_reference.setter
+    def replay_reference(self, engine: Any) -> None:
+        self.tracer.reference_engine = engine
+
     def invoke(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
                scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:

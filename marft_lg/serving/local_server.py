@@ -23,8 +23,10 @@ from marft_lg.tracing.propagation import is_llm_call, rewrite_origin
 class LocalServer:
     """`create_app(team)` behind uvicorn on 127.0.0.1 in a daemon thread, started on first use (`base_url`)."""
 
-    def __init__(self, team: ServedTeam, sink: Any, *, capture_messages: bool = True, start_timeout_s: float = 30.0):
+    def __init__(self, team: ServedTeam, sink: Any, *, capture_messages: bool = True, start_timeout_s: float = 30.0,
+                 engine_for: Any = None):
         self.team = team
+        self.engine_for = engine_for  # `create_app`'s: a counterfactual replay's engine for its episode's calls
         self.recorder = ServedRecorder(sink, capture_messages=capture_messages)
         self.start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
@@ -52,7 +54,7 @@ class LocalServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(self.team, recorder=self.recorder), log_level="warning", lifespan="off")
+        config = uvicorn.Config(create_app(self.team, recorder=self.recorder, engine_for=self.engine_for), log_level="warning", lifespan="off")
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="marft-local-server", daemon=True)
         thread.start()

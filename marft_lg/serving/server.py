@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -53,7 +54,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str = "auto",
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None,
                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-               read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> FastAPI:
+               read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+               engine_for: Callable[[CallContext], Any] | None = None) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
     every path but /health (/docs, /redoc, /openapi.json too) needs ``Authorization: Bearer <key>``. `recorder`:
     every answered chat request is recorded as server spans (`served_spans`), joined to the caller's span through
@@ -65,7 +67,8 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
     `request_timeout_s`: a generation still running after this long is cancelled (504, or an error event when
     streaming). `read_timeout_s`: a client that has not sent its whole request by then gets 408, and a streaming
     client that reads nothing for this long is dropped. A client that hangs up cancels its generation at the next
-    decode step, streaming or not.
+    decode step, streaming or not. `engine_for(context)`: the engine that answers a role's calls of the caller's
+    episode instead of the team, or None (the loopback server of a wrapped app: a counterfactual replay's engine).
     """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
@@ -83,7 +86,7 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
                             content=error_body(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
     _health_routes(app)
-    _chat_routes(app, team, tool_format, recorder, float(request_timeout_s))
+    _chat_routes(app, team, tool_format, recorder, float(request_timeout_s), engine_for)
     _adapter_routes(app, team)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key, read_timeout_s=read_timeout_s)  # added last: the outermost layer
     return app
@@ -120,7 +123,7 @@ def _health_routes(app: FastAPI) -> None:
 
 
 def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: ServedRecorder | None,
-                 timeout_s: float) -> None:
+                 timeout_s: float, engine_for: Callable[[CallContext], Any] | None = None) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         start_ns = time.time_ns()
@@ -131,6 +134,8 @@ def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: Ser
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
             return _handle(e, registry_status=404, adapter_param="model")
         served = team if opts["agent"] is not None else team.bases[opts["base"]]  # a role via the team, a base name to it
+        if engine_for is not None and opts["agent"] is not None:
+            served = engine_for(context) or served
         call = _Call(request, served, reqs, opts, timeout_s)
 
         def record(response: dict[str, Any], completions: list[Any]) -> None:

@@ -145,6 +145,11 @@ class EpisodeRecorder(BaseCallbackHandler):
         finally:
             self.end_root()
 
+    def add_metadata(self, extra: Mapping[str, Any]) -> None:
+        """Merge `extra` into the episode's metadata before its root span ends (what is known only at the end)."""
+        self.info.metadata.update(extra)
+        self.root.attributes[A.MARFT_EPISODE_METADATA] = _json(self.info.metadata)
+
     def end_root(self) -> None:
         """End the root span and queue it for export (once)."""
         with self._lock:

@@ -254,8 +254,21 @@ def compute_advantages(records: Sequence[ActionRecord], values: Sequence[torch.T
 
     GAE runs over each episode's actions in their joint order, across agents and bases (per action or
     per token, as the config's unit says); without a critic an episode's advantage is its return
-    against the other episodes of its scenario.
+    against the other episodes of its scenario. A record with its own `advantage` (`credit: counterfactual`)
+    keeps it on every token; the critic's targets stay the GAE returns.
     """
+    adv, ret = _estimated_advantages(records, values, cfg)
+    for i, r in enumerate(records):  # a credit estimator's own advantage (counterfactual replays) wins
+        if r.advantage is not None:
+            adv[i] = torch.full((r.n_tokens,), float(r.advantage))
+            if not cfg.use_critic:
+                ret[i] = torch.full(values[i].shape, float(r.advantage))
+    return adv, ret
+
+
+def _estimated_advantages(records: Sequence[ActionRecord], values: Sequence[torch.Tensor],
+                          cfg: MARFTConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """GAE over each episode's joint order, or the group-relative baseline without a critic."""
     adv: list[torch.Tensor] = [torch.zeros(0)] * len(records)
     ret: list[torch.Tensor] = [torch.zeros(0)] * len(records)
     episodes: dict[str, list[int]] = {}
@@ -306,7 +319,10 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     behaviour = behaviour_logprobs(records, bases, adapter_for, cfg, masks)
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
-    if cfg.normalize_advantages:
+    if cfg.normalize_advantages and cfg.credit_normalize == "per_agent":  # Dr. MAS: each agent on its own scale
+        for agent in agents:
+            unit_for(cfg).normalize(advantages, [i for i in trained if records[i].agent == agent])
+    elif cfg.normalize_advantages:
         unit_for(cfg).normalize(advantages, trained)
     ref = reference_logprobs(records, trained, bases, cfg, masks) if cfg.kl_ref_coef > 0 else {}
     return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),

@@ -46,6 +46,8 @@ class ActionRecord:
     """The observation in the critic base's tokens, when the critic sits on another base than `base`."""
     constraint: str | None = None
     """The grammar the completion was decoded under (`marft_lg.constraints`, as JSON), None when it was free."""
+    advantage: float | None = None
+    """The action's own advantage when a credit estimator set one (`training.credit`: counterfactual replays)."""
 
     @property
     def n_tokens(self) -> int:
@@ -78,7 +80,8 @@ Tokenizers = Any | Mapping[str, Any]
 
 def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tokenizer: Tokenizers, *,
                  max_context: int, behaviour_logprobs: str = "auto", agents: Collection[str] | None = None,
-                 base_of: Callable[[str], str] | None = None, critic_base: str | None = None) -> RolloutBuffer:
+                 base_of: Callable[[str], str] | None = None, critic_base: str | None = None,
+                 credit: Mapping[tuple[str, int], float] | None = None) -> RolloutBuffer:
     """Turn mined actions into records; episodes without rewards are left out, over-long actions skipped.
 
     `agents`: the trained roles; the other agents' actions (frozen agents, e.g. one on an external API)
@@ -87,6 +90,8 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
     records on other bases also get their observation in that base's tokens (`critic_prompt_ids`).
     An episode's last kept action is its terminal one (`done=True`); the reward of an action without a
     record (skipped, frozen) goes to the previous kept action of its episode so no reward is lost.
+    `credit` ``{(episode id, order): advantage}`` (a credit estimator's): only the actions it names are kept
+    (`skipped["not_credited"]`: a replay's held and later actions), each with its advantage.
     """
     skipped: Counter = Counter()
     recomputed: Counter = Counter()
@@ -109,6 +114,12 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
             if agents is not None and agent not in agents:
                 frozen[agent] += 1
                 continue
+            advantage = None
+            if credit is not None:
+                advantage = credit.get((str(eid), int(row["order"])))
+                if advantage is None:
+                    skipped["not_credited"] += 1
+                    continue
             base = base_of(agent) if base_of is not None else ""
             tok = _tokenizer(tokenizer, base)
             prompt_ids, completion_ids = _tokens(row, tok)
@@ -138,7 +149,7 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
                          "completion_ids": completion_ids, "behaviour_logprobs": logprobs, "reward": 0.0,
                          "constraint": _constraint(row.get("constraint")),
                          "words": max(1, len(str(row.get("completion") or "").split())), "recomputed": recompute,
-                         "base": base, "critic_prompt_ids": critic_ids})
+                         "base": base, "critic_prompt_ids": critic_ids, "advantage": advantage})
         if not kept:
             continue
         # Every reward goes to its own record, or to the nearest earlier kept one (the first kept one before it).

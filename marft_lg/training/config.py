@@ -19,6 +19,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "update_scheme": ("sequential", "simultaneous"),
     "logprob_norm": ("sum", "token", "word"),
     "behaviour_logprobs": ("auto", "trace", "recompute"),
+    "credit": ("group", "counterfactual"),
+    "credit_normalize": ("joint", "per_agent"),
+    "replay_tools": ("refuse", "rerun"),
 }
 
 
@@ -26,7 +29,7 @@ __all__ = ["ConfigError", "MARFTConfig"]
 
 _POSITIVE_INTS = ("ppo_epochs", "num_minibatches", "grad_accum_steps", "group_size", "agent_iteration_interval",
                   "logprob_chunk", "max_context", "max_new_tokens", "checkpoint_every", "value_head_hidden",
-                  "offline_episodes_per_iteration", "offline_passes", "rollout_concurrency")
+                  "offline_episodes_per_iteration", "offline_passes", "rollout_concurrency", "replays_per_action")
 # name -> (low, high, low_open, high_open, allow_none)
 _RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
     "clip_low": (0.0, 1.0, False, True, False),   # the ratio's lower bound 1 - clip_low must stay > 0
@@ -47,6 +50,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
     "temperature": (0.0, None, False, False, False),
     "entropy_surge": (0.0, None, True, False, False),
     "kl_blowup": (0.0, None, True, False, False),
+    "replay_fraction": (0.0, 1.0, True, False, False),
 }
 
 @dataclass
@@ -73,6 +77,24 @@ class MARFTConfig:
     critic_base: str | None = None
     """A team on several bases: the base whose frozen features the one value head reads (action level only);
     null: one value head per base, each valuing its own agents' actions."""
+
+    # --- credit (docs/training.md "Who gets the credit") -------------------------------------------
+    credit: str = "group"
+    """`group`: one advantage per episode (GAE with a critic, else the return against its scenario group), shared by
+    its agents; `counterfactual`: each action against replays of its step with the upstream held (`training.credit`)."""
+    replays_per_action: int = 2
+    """`credit: counterfactual`: replays of each replayed action (its siblings besides itself)."""
+    replay_agents: list[str] | None = None
+    """The roles whose actions are replayed; null: the trained roles. The others fall back to the group baseline."""
+    replay_fraction: float = 1.0
+    """The share of an iteration's episodes whose actions are replayed (the rest use the group baseline)."""
+    replay_tools: str = "refuse"
+    """`refuse`: an action whose upstream made tool calls is not replayed (a replay would run those tools again);
+    `rerun`: replay it anyway, running them again (only for tools without side effects)."""
+    replay_reference: str | None = None
+    """The policy a replayed step is sampled from: null (the agent's current adapter), `base` or a version ref."""
+    credit_normalize: str = "joint"
+    """`joint`: advantages normalised over all trained actions; `per_agent`: over each agent's own (Dr. MAS)."""
 
     # --- PPO losses ----------------------------------------------------------------------------
     clip_low: float = 0.2
@@ -191,6 +213,14 @@ class MARFTConfig:
             dup = sorted({r for r in self.train_agents if self.train_agents.count(r) > 1})
             if dup:
                 raise ConfigError(f"lists {dup} more than once", key="train_agents")
+        if self.replay_agents is not None and (not isinstance(self.replay_agents, list) or not self.replay_agents
+                                               or not all(isinstance(r, str) and r for r in self.replay_agents)):
+            raise ConfigError(f"expected a non-empty list of role names or null, got {self.replay_agents!r}",
+                              key="replay_agents")
+        if self.replay_reference is not None and (not isinstance(self.replay_reference, str)
+                                                  or not self.replay_reference):
+            raise ConfigError(f"expected null, 'base' or a version such as 'v3', got {self.replay_reference!r}",
+                              key="replay_reference")
         if self.critic_base is not None and (not isinstance(self.critic_base, str) or not self.critic_base):
             raise ConfigError(f"expected a base model name or null, got {self.critic_base!r}", key="critic_base")
         self.report_to = check_report_to(self.report_to)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from marft_lg.graph.routing import derive_seed
 from marft_lg.rewards.base import Scorer
 from marft_lg.tracking.base import Tracker, open_tracker
 from marft_lg.tracking.lineage import data_window, record_published
@@ -26,6 +27,7 @@ from marft_lg.training.batch import BaseModel, Critic, LazyGrammars, TrainBatch,
 from marft_lg.training.buffer import ActionRecord, build_buffer
 from marft_lg.training.checkpoint import save_checkpoint
 from marft_lg.training.config import MARFTConfig
+from marft_lg.training.credit import ReplayBudget, Replayed, replay_credit, scenario_objects
 from marft_lg.training.critic import ValueHead
 from marft_lg.training.metrics import MetricsLog, plot_run
 from marft_lg.training.policy import adapter_parameters
@@ -164,11 +166,13 @@ class MARFTTrainer:
 
     # ---- public phases ---------------------------------------------------------------------------
     def fit_offline(self, dataset: TrajectoryDataset, scenarios: Any = None, *, action_rewards: dict | None = None,
-                    iterations: int | None = None, resume: bool = False) -> list[dict[str, Any]]:
+                    iterations: int | None = None, resume: bool = False, replay_app: Any = None) -> list[dict[str, Any]]:
         """MARFT on recorded episodes; ratios are taken against the traces' behaviour log-probs.
 
         The dataset is walked about `offline_episodes_per_iteration` episodes at a time (a scenario's
         episodes together) for `offline_passes` passes (or `iterations` iterations). Returns the metrics rows.
+        With ``credit: counterfactual``, `replay_app` (the wrapped app, or a collector with `run(jobs)`) replays the
+        recorded episodes' steps from their scenarios' inputs; without it the offline phase uses the group baseline.
         """
         if resume:
             self.resume()
@@ -176,6 +180,8 @@ class MARFTTrainer:
         episodes = self._scores(dataset, scenarios) if action_rewards is None else None
         rewards_by_ep = action_rewards if action_rewards is not None else episodes[1]
         ep_table = episodes[0] if episodes is not None else None
+        runner = self._replay_runner(replay_app, "offline")
+        objects = scenario_objects(scenarios)
         chunks = self._offline_chunks(dataset, self.cfg.offline_episodes_per_iteration)
         total = iterations if iterations is not None else len(chunks) * self.cfg.offline_passes
         rows = []
@@ -184,7 +190,8 @@ class MARFTTrainer:
                 part = chunks[self.offline_cursor % len(chunks)]
                 sub = dataset.select(part)
                 table = None if ep_table is None else ep_table[ep_table["episode_id"].isin(set(part))]
-                rows.append(self._iteration(sub, rewards_by_ep, table, phase="offline"))
+                credit = self._credit(runner, sub, rewards_by_ep, objects) if runner is not None else None
+                rows.append(self._iteration(sub, rewards_by_ep, table, phase="offline", credit=credit))
                 self.offline_cursor += 1
                 self._maybe_checkpoint()
                 advance()
@@ -231,6 +238,10 @@ class MARFTTrainer:
         if not items:
             raise ValueError("fit_online needs at least one scenario")
         by_id = {s.scenario_id: s.to_dict() for s in items}
+        objects = {s.scenario_id: s for s in items}
+        if self.cfg.credit == "counterfactual" and not callable(getattr(collector, "run", None)):
+            raise TypeError(f"credit: counterfactual replays episodes through the collector's run(jobs); "
+                            f"{type(collector).__name__} has none")
         rows = []
         start_iter = self.online_done
         deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None
@@ -251,7 +262,9 @@ class MARFTTrainer:
                 rollout_s = time.perf_counter() - t0
                 table, action_rewards = self._scores(dataset, by_id)
                 extra = {"rollout_s": rollout_s, **(collector.last_stats if reporting else {})}  # e.g. per worker
-                row = self._iteration(dataset, action_rewards, table, phase="online", extra=extra)
+                credit = (self._credit(collector, dataset, action_rewards, objects)
+                          if self.cfg.credit == "counterfactual" else None)
+                row = self._iteration(dataset, action_rewards, table, phase="online", extra=extra, credit=credit)
                 self._publish(row)
                 self.online_done += 1
                 rows.append(row)
@@ -270,14 +283,16 @@ class MARFTTrainer:
 
     # ---- one iteration ---------------------------------------------------------------------------
     def _iteration(self, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None, *,
-                   phase: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                   phase: str, extra: dict[str, Any] | None = None, credit: Replayed | None = None) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
         several = len(self.bases) > 1
-        buffer = build_buffer(dataset, action_rewards, {n: b.tokenizer for n, b in self.bases.items()},
+        data, rewards = (credit.dataset, credit.action_rewards) if credit is not None else (dataset, action_rewards)
+        buffer = build_buffer(data, rewards, {n: b.tokenizer for n, b in self.bases.items()},
                               max_context=cfg.max_context, behaviour_logprobs=cfg.behaviour_logprobs,
                               agents=self.roles, base_of=self.base_of.__getitem__,
-                              critic_base=self.critic.on if self.critic is not None and several else None)
+                              critic_base=self.critic.on if self.critic is not None and several else None,
+                              credit=credit.advantages if credit is not None else None)
         if buffer.retokenised:
             log.warning("iteration %d: prompts re-rendered from messages (no token ids in the trace) for %s; they may "
                         "differ from what the model saw: mine the server's records too (`marft-lg serve` keeps them)",
@@ -320,6 +335,8 @@ class MARFTTrainer:
                           frozen_roles=self.frozen_roles, agent_bases=self.base_of)
         row["post_update"] = post
         row.update(extra or {})
+        if credit is not None:
+            row.update(credit.stats)
         self.unpublished.update(row.get("trained_agents", []))
         self.metrics.log(row)
         self.iteration += 1
@@ -378,6 +395,27 @@ class MARFTTrainer:
                 log.warning("span of %s/%s names adapter version %r which cannot be loaded (%s); "
                             "recomputing with the current adapter", record.episode_id, record.order, version, exc)
         return self.adapter_names[record.agent]
+
+    # ---- counterfactual credit -------------------------------------------------------------------
+    def _replay_runner(self, app: Any, phase: str) -> Any:
+        """What runs an offline phase's replays (None: that phase uses the group baseline)."""
+        if self.cfg.credit != "counterfactual":
+            return None
+        if app is None:
+            log.warning("credit: counterfactual needs the app to replay the %s phase's episodes (replay_app=); "
+                        "this phase uses the group baseline", phase)
+            return None
+        if callable(getattr(app, "run", None)) and not hasattr(app, "replay"):
+            return app
+        return GraphCollector(app, concurrency=self.cfg.rollout_concurrency, run_id=self.run_id)
+
+    def _credit(self, runner: Any, dataset: TrajectoryDataset, action_rewards: dict,
+                scenarios: dict[str, Any]) -> Replayed:
+        cfg = self.cfg
+        budget = ReplayBudget(per_action=cfg.replays_per_action, agents=cfg.replay_agents or self.roles,
+                              fraction=cfg.replay_fraction, tools=cfg.replay_tools, reference=cfg.replay_reference)
+        return replay_credit(runner, dataset, action_rewards, scenarios, budget, score=self._scores, roles=self.roles,
+                             seed=derive_seed(cfg.seed, "credit", self.iteration), tag=f"-i{self.iteration}")
 
     # ---- rewards ---------------------------------------------------------------------------------
     def _scores(self, dataset: TrajectoryDataset, scenarios: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:

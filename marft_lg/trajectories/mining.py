@@ -69,6 +69,8 @@ class MiningReport:
     actions_without_token_ids: dict[str, int] = field(default_factory=dict)
     """Actions per agent whose trace holds no exact prompt/completion token ids (no server record joined to a
     client that keeps none): the trainer re-renders their prompts, which may not be what the model saw."""
+    replays: int = 0
+    """Counterfactual replay episodes (metadata ``replay_of``) left out: they are never production data."""
     served_merged: int = 0
     """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
@@ -130,10 +132,14 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
         return _to_dataset(episode_rows, action_chunks), report
 
 
-def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None) -> TrajectoryDataset:
+def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None,
+               replays: bool = False) -> TrajectoryDataset:
     """`mine` for spans already in memory (a wrapped app's own records): the same interpretation and assembly, no
-    file and no JSON. Mining the files those spans were exported to gives the same tables."""
-    return mine_with_report(RawSpans(spans), since=since)[0]
+    file and no JSON. Mining the files those spans were exported to gives the same tables. `replays`: keep the
+    counterfactual replay episodes (which `mine` always leaves out)."""
+    raw = RawSpans(spans)
+    raw.replays = replays
+    return mine_with_report(raw, since=since)[0]
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
@@ -235,7 +241,8 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,
-                                           share_strings=share_strings):
+                                           share_strings=share_strings,
+                                           keep_replays=getattr(source, "replays", False)):
             yield rows, flatten(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q, agents)
@@ -285,6 +292,7 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
     report.actions_without_token_ids = {k[len(NO_TOKEN_IDS):]: v for k, v in sorted(stats.items())
                                         if k.startswith(NO_TOKEN_IDS) and v}
     report.served_merged = stats.get("served_merged", 0)
+    report.replays = stats.get("replays", 0)
 
 
 def _watermark(since: datetime | str | None) -> int | None:

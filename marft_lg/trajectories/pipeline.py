@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 
+from marft_lg.tracing.attributes import REPLAY_OF
 from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.flat_columns import TokenColumn
@@ -58,7 +59,10 @@ def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: d
 
 
 class RawSpans(list):
-    """Spans already read (a wrapped app's own records, say): `read_spans` takes them as they are, with no file."""
+    """Spans already read (a wrapped app's own records, say): `read_spans` takes them as they are, with no file.
+    `replays`: keep counterfactual replay episodes (the trainer's own reading of the replays it ran)."""
+
+    replays: bool = False
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
@@ -118,13 +122,14 @@ def new_columns() -> dict[str, list]:
 
 def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: dict[str, int],
                      feedback: dict[str, dict[str, Any]], watermark: int | None, seen: set[str],
-                     chunk_actions: int, agents: Counter[str], *,
-                     share_strings: bool = True) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                     chunk_actions: int, agents: Counter[str], *, share_strings: bool = True,
+                     keep_replays: bool = False) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
     `agents` counts the kept actions per agent. `share_strings`: repeated message texts share one copy (what keeps
     `mine()`'s tables small; batches headed for parquet are encoded at once and skip it). Names and ids are shared
-    by `mine()`."""
+    by `mine()`. Counterfactual replays (episode metadata ``replay_of``) are counted (`stats["replays"]`) and left
+    out unless `keep_replays`: they are the trainer's experiments, never production data."""
     rows: list[dict] = []
     batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
@@ -137,6 +142,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         row, acts = built
         if watermark is not None and row["end_time"] <= watermark:
             stats["episodes_before_since"] = stats.get("episodes_before_since", 0) + 1
+            continue
+        if not keep_replays and row["metadata"].get(REPLAY_OF):
+            stats["replays"] = stats.get("replays", 0) + 1
             continue
         row["feedback"] = dict(sorted(feedback.get(key, {}).items()))
         stats["episodes"] = stats.get("episodes", 0) + 1

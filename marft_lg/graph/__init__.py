@@ -7,6 +7,8 @@ LangChain/LangGraph, so the trainer and the device tests run on a machine withou
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 _EXPORTS = {
@@ -30,3 +32,16 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _Package(types.ModuleType):
+    """Keeps `marft_lg.graph.wrap` the function: loading the submodule of the same name (``graph/wrap.py``) binds
+    the module onto the package, which would make ``from marft_lg.graph import wrap`` depend on import order."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -85,9 +85,8 @@ def test_the_recorded_calls_are_not_recomputed(tmp_path):
 
 
 def test_an_upstream_that_does_not_repeat_marks_the_replay_diverged(tmp_path):
-    from langgraph.graph import END, START, StateGraph
-
     from graph_apps import State
+    from langgraph.graph import END, START, StateGraph
 
     clock = itertools.count()
     llm = TeamChatModel()

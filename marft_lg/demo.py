@@ -133,14 +133,15 @@ class _Log:
 
 def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
              console: Any = None, node_roles: dict[str, str] | str | None = None,
-             report_to: list[str] | None = None) -> dict[str, Any]:
+             report_to: list[str] | None = None, credit: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
 
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
-    both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``); `report_to`: trackers.
+    both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``); `report_to`: trackers;
+    `credit`: MARFT credit settings over the math team's (``{"credit": "counterfactual", "replays_per_action": 1}``).
     """
     run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
-                  node_roles=node_roles, report_to=report_to)
+                  node_roles=node_roles, report_to=report_to, credit=credit)
     try:
         for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
             stage()
@@ -154,7 +155,8 @@ class DemoRun:
     compare, gate and promote) plus the report; each stage records its numbers in the run's log."""
 
     def __init__(self, budget: DemoBudget, run_dir: Path, *, model: str, seed: int, trace_root: Path, console: Any,
-                 node_roles: dict[str, str] | str | None, report_to: list[str] | None = None):
+                 node_roles: dict[str, str] | str | None, report_to: list[str] | None = None,
+                 credit: dict[str, Any] | None = None):
         import torch
         from rich.console import Console
 
@@ -169,6 +171,7 @@ class DemoRun:
             raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
         self.budget, self.run_dir, self.model, self.seed, self.roles = budget, run_dir, model, seed, roles
         self.report_to, self.trainer = list(report_to or []), None
+        self.credit = dict(credit or {})
         self.trace_dir = trace_root / f"demo-{run_dir.name}"
         if self.trace_dir.exists() and any(self.trace_dir.iterdir()):  # mining it would mix an earlier run in
             raise typer.BadParameter(f"{self.trace_dir} already holds the traces of an earlier run named "
@@ -180,7 +183,7 @@ class DemoRun:
 
         self.code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
         self.log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=self.node_roles,
-                        code=self.code)
+                        code=self.code, credit=self.credit)
         torch.manual_seed(seed)
         self.problems = demo_problems(budget, seed)
         self.reward = self.math_team.reward.math_reward()
@@ -247,13 +250,13 @@ class DemoRun:
 
         self.log.stage("4/8 offline MARFT from the traces")
         b = self.budget
-        cfg = MARFTConfig(**self.math_team.settings.MARFT_SETTINGS, group_size=b.group_size,
+        cfg = MARFTConfig(**{**self.math_team.settings.MARFT_SETTINGS, **self.credit}, group_size=b.group_size,
                           max_new_tokens=b.max_tokens, max_context=1024, seed=self.seed,
                           offline_passes=b.offline_passes, offline_episodes_per_iteration=max(8, self.n_traced // 2),
                           checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size,
                           report_to=self.report_to)
         self.trainer = MARFTTrainer(self.team, self.reward, cfg, self.run_dir / "train", run_id="demo")
-        rows = self.trainer.fit_offline(self.dataset, self.problems.traced)
+        rows = self.trainer.fit_offline(self.dataset, self.problems.traced, replay_app=self.sampling)
         self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
 
     def train_online(self) -> None:

@@ -1,6 +1,6 @@
-"""Counterfactual replay and blame on the real 135M model (the math team, reasoner -> actor): a replay repeats the
-recorded upstream token for token and differs from the replayed step on; a sabotaged agent (its adapter's weights
-broken, so it answers garbage) comes out as the one to blame when each step is replaced by the base model."""
+"""Counterfactual replay on the real 135M model (the math team, reasoner -> actor): a replay repeats the recorded
+upstream token for token (prompt ids, completion ids, log-probs) and differs from the replayed step on; replays are
+never mined."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def test_a_replay_repeats_the_upstream_token_for_token(stack):
     team, app, collector, root = stack
     problems = list(make_problems(3, 0, seed=4))
     ds = collector.run([j for j in _jobs(problems)])
-    batch = plan_replays(ds, {s.scenario_id: s for s in problems}, ReplayBudget(per_action=2), seed=2)
+    batch = plan_replays(ds, {s.scenario_id: s for s in problems}, ReplayBudget(per_action=1), seed=2)
     replayed = collector.run(batch.jobs)
-    assert not collector.failures and len(batch.jobs) == 3 * 2 * 2
+    assert not collector.failures and len(batch.jobs) == 3 * 2
     redrawn = []
     for job in batch.jobs:
         rows = replayed.actions[replayed.actions["episode_id"] == job.episode_id].sort_values("order")
@@ -67,24 +67,3 @@ def _jobs(problems, seed=7):
     from marft_lg.graph.collect import plan_episodes
 
     return plan_episodes("real", problems, 1, 0, seed)
-
-
-def test_the_sabotaged_agent_is_blamed(stack):
-    from marft_lg.evaluation.attribution import attribute, blame_markdown
-    from marft_lg.graph.replays import ReplayBudget
-    from marft_lg.training.policy import adapter_parameters
-
-    team, app, collector, root = stack
-    gen = torch.Generator().manual_seed(0)
-    with team.exclusive(), torch.no_grad():  # the actor's adapter broken: its answers become garbage
-        for p in adapter_parameters(team.model, team.adapter_name("actor")):
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-    problems = list(make_problems(8, 0, seed=11))
-    ds = collector.run(_jobs(problems, seed=3))
-    result = attribute(collector, ds, {s.scenario_id: s for s in problems}, math_reward(),
-                       budget=ReplayBudget(per_action=3, reference="base"), seed=0)
-    text = blame_markdown(result)
-    assert result.used == result.replays == 8 * 2 * 3, text
-    assert result.blamed == "actor", text
-    by = {a.agent: a for a in result.agents}
-    assert by["actor"].shift.mean > by["reasoner"].shift.mean, text

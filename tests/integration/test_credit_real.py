@@ -9,7 +9,6 @@ import torch
 
 from marft_lg.examples.math_team.graph import ROLES, build_graph
 from marft_lg.examples.math_team.problems import make_problems
-from marft_lg.examples.math_team.reward import math_reward
 
 pytestmark = pytest.mark.integration
 

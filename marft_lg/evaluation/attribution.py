@@ -44,7 +44,7 @@ class Attribution:
     """The blame table and what it cost: replays planned, used, diverged, failed, skipped (reason -> count)."""
 
     agents: list[AgentBlame]
-    reference: str
+    reference: str | dict[str, str]
     episodes: int
     failed_episodes: int
     replays: int
@@ -95,7 +95,8 @@ def attribute(runner: Any, dataset: TrajectoryDataset, scenarios: Mapping[str, S
             agent, len(values), bootstrap_ci([s for s, _ in values], seed=seed),
             bootstrap_ci([s for s, f in values if f], seed=seed),
             bootstrap_ci([s for s, f in values if not f], seed=seed)))
-    return Attribution(agents=agents, reference=budget.reference or "self", episodes=len(returns),
+    ref = dict(budget.reference) if isinstance(budget.reference, Mapping) else budget.reference or "self"
+    return Attribution(agents=agents, reference=ref, episodes=len(returns),
                        failed_episodes=sum(r < success_at for r in returns.values()), replays=len(batch.jobs),
                        used=sum(len(v) for v in siblings.values()), diverged=lost["diverged"], failed=lost["failed"],
                        skipped=dict(batch.skipped), success_at=success_at)
@@ -109,10 +110,17 @@ def _ci(ci: PairedCI) -> str:
     return f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] (n={ci.n})"
 
 
+def _reference_text(reference: Any) -> str:
+    if isinstance(reference, Mapping):
+        pinned = ", ".join(f"{r}: `{v}`" for r, v in reference.items())
+        return f"each role's reference version ({pinned}; other roles resampled from themselves)"
+    return {"self": "its own current adapter (resampled)", "base": "the base model without adapter",
+            "engine": "the reference endpoint"}.get(reference, f"`{reference}`")
+
+
 def blame_markdown(result: Attribution) -> str:
     """The blame section (Markdown): the table per agent and how to read it."""
-    ref = {"self": "its own current adapter (resampled)", "base": "the base model without adapter"}.get(
-        result.reference, f"`{result.reference}`")
+    ref = _reference_text(result.reference)
     lines = ["## Which agent is to blame", "",
              f"Each agent's step was replayed with everything before it held as recorded, the step drawn from {ref}. "
              "*Shift*: mean return of the replays minus the episode's own return (95% bootstrap CI over the agent's "
@@ -147,7 +155,8 @@ def plot_blame(result: Attribution, path: Path) -> Path:
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [a.agent for a in result.agents])
     ax.set_ylabel("return shift when replaced")
-    ax.set_title(f"blame: step replaced by {result.reference}")
+    ax.set_title("blame: each step replaced by " + (result.reference if isinstance(result.reference, str)
+                                                     else "the reference versions"))
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +189,7 @@ def print_blame(result: Attribution, console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"blame: each agent's step replaced by {result.reference}")
+    table = Table(title=f"blame: each agent's step replaced by {_reference_text(result.reference)}")
     for col in ("agent", "actions", "shift (all)", "failed episodes", "successful episodes"):
         table.add_column(col)
     for a in result.agents:

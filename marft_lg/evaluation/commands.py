@@ -85,13 +85,13 @@ def _track(report_to: list[str], result: Any, decision: Any, out: Path) -> None:
     log_comparison(open_tracker(report_to, out, name=f"compare {out.name}"), result, decision, out, finish=True)
 
 
-def _finish(result: Any, gate: Any, out: Path, console: Any) -> Any:
+def _finish(result: Any, gate: Any, out: Path, console: Any, sections: list[str] | None = None) -> Any:
     from marft_lg.evaluation.report import print_summary, write_report
 
     decision = gate.evaluate(result, context={"run_dir": str(out)})
     result.save(out)
     decision_path = decision.write(out / "decision.json")
-    paths = write_report(result, out, decision)
+    paths = write_report(result, out, decision, sections)
     print_summary(result, decision, console)
     console.print(f"report: {paths['markdown']}  {paths['html']}\ndecision: {decision_path}")
     return decision
@@ -155,6 +155,8 @@ def compare(
     ray: str | None = typer.Option(None, "--ray", help="Replay on Ray rollout workers: an address (local, auto, ray://host:port) or a YAML file with a ray: section; --app must then be a factory f(llm) -> graph."),
     ray_workers: int = typer.Option(2, "--ray-workers", help="Rollout workers with --ray ADDRESS (a ray: section says its own)."),
     report_to: str | None = typer.Option(None, "--report-to", help="Trackers for the report and decision, comma-separated: tensorboard, mlflow, wandb (offline) or none."),
+    attribute: int = typer.Option(0, "--attribute", min=0, help="Blame section: replay each step of the candidate's "
+                                  "episodes N times with that role's baseline version (0: off)."),
 ) -> None:
     """Shadow-compare a candidate team against the baseline, gate it, and write the report.
 
@@ -195,7 +197,8 @@ def compare(
         team = spec.build_team(registry=reg)
     try:
         decision, result = _replay_and_gate(spec, team, out, ray, ray_workers, base_spec, cand_spec, scenario_set, scorer,
-                                            samples, seed, _formats(format), drift, gate_spec, console, trackers)
+                                            samples, seed, _formats(format), drift, gate_spec, console, trackers,
+                                            attribute)
     finally:
         team.close()
     if promote_if_passed and decision.promote:
@@ -316,7 +319,8 @@ def _promote_candidate(reg: Any, result: Any, decision: Any, server: str | None,
 
 def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_workers: int, baseline: Any, candidate: Any,
                      scenarios: Any, scorer: Any, samples: int, seed: int, formats: dict[str, str], drift: bool,
-                     gate: Any, console: Any, report_to: list[str] | None = None) -> tuple[Any, Any]:
+                     gate: Any, console: Any, report_to: list[str] | None = None,
+                     attribute: int = 0) -> tuple[Any, Any]:
     """The replays (here or on Ray workers), the gate and the report; a comparison whose episodes failed or missed
     the versions under test is an error, not a report."""
     from marft_lg._config import ConfigError
@@ -331,17 +335,39 @@ def _replay_and_gate(spec: Any, team: Any, out: Path, ray: str | None, ray_worke
         with _ray_runner(ray, ray_workers, spec, team) as runner:
             result = shadow_compare(wrapped, baseline, candidate, scenarios, scorer, samples_per_scenario=samples,
                                     seed=seed, formats=formats, drift=drift, runner=runner)
-        if runner is not None:
-            console.print(f"replayed on Ray rollout workers: {_episodes_per_worker(result)}", markup=False,
-                          highlight=False)
+            if runner is not None:
+                console.print(f"replayed on Ray rollout workers: {_episodes_per_worker(result)}", markup=False,
+                              highlight=False)
+            sections = _blame_section(result, wrapped, runner, scenarios, scorer, attribute, seed, out, console)
     except RolloutError as exc:
         console.print(f"compare failed, no report: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     finally:
         wrapped.close()
-    decision = _finish(result, gate, out, console)
+    decision = _finish(result, gate, out, console, sections)
     _track(report_to or [], result, decision, out)
     return decision, result
+
+
+def _blame_section(result: Any, wrapped: Any, runner: Any, scenarios: Any, scorer: Any, replays: int, seed: int,
+                   out: Path, console: Any) -> list[str]:
+    """`compare --attribute N`: which of the candidate's agents is to blame, each step replaced by its role's baseline
+    version (`evaluation.attribution`); its files in ``out/attribution``, its Markdown for the report."""
+    if not replays:
+        return []
+    from marft_lg.evaluation.attribution import attribute as run_attribution
+    from marft_lg.evaluation.attribution import blame_markdown, write_blame
+    from marft_lg.graph.collect import GraphCollector
+    from marft_lg.graph.replays import ReplayBudget
+
+    base, cand = result.meta["baseline"], result.meta["candidate"]
+    budget = ReplayBudget(per_action=replays, reference={r: v for r, v in base.items() if v != cand.get(r)},
+                          versions=cand)
+    with console.status(f"blame: replaying each step of the candidate's episodes {replays}x"):
+        blame = run_attribution(runner or GraphCollector(wrapped, run_id="blame"), result.datasets["candidate"],
+                                {s.scenario_id: s for s in scenarios}, scorer, budget=budget, seed=seed)
+    write_blame(blame, out / "attribution")
+    return [blame_markdown(blame)]
 
 
 def _episodes_per_worker(result: Any) -> str:

@@ -174,8 +174,10 @@ def _mde_line(result: ComparisonResult) -> str:
             f"n={e.n}, SD {_f(e.sd, '.3f')})")
 
 
-def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDecision | None = None) -> dict[str, Path]:
-    """Write report.md, report.html and plots/*.png into `run_dir`; returns their paths by name."""
+def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDecision | None = None,
+                 sections: list[str] | None = None) -> dict[str, Path]:
+    """Write report.md, report.html and plots/*.png into `run_dir`; returns their paths by name. `sections`: more
+    Markdown sections (the blame report of `compare --attribute`), after the tables."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -197,6 +199,7 @@ def write_report(result: ComparisonResult, run_dir: str | Path, decision: GateDe
         md += [f"## {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
         md.append("")
+    md += [s.rstrip() + "\n" for s in sections or []]
     md += ["## Plots", ""] + [f"![{k}](plots/{p.name})" for k, p in images.items()] + [""]
     md_path = write_atomic(out / "report.md", "\n".join(md))
     html_path = write_atomic(out / "report.html", markdown_to_html("\n".join(md), title="Shadow comparison"))

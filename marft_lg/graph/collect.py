@@ -165,7 +165,7 @@ class GraphCollector:
             try:
                 if job.replay is not None:
                     self.app.replay(job.replay, job.scenario.inputs, episode_id=job.episode_id,
-                                    scenario_id=job.scenario.scenario_id, seed=job.seed, metadata=job.metadata)
+                                    scenario_id=job.scenario.scenario_id, seed=job.seed, **extra)
                 else:
                     self.app.invoke(job.scenario.inputs, episode_id=job.episode_id,
                                     scenario_id=job.scenario.scenario_id, seed=job.seed, **extra)

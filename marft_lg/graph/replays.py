@@ -34,7 +34,10 @@ class ReplayBudget:
     agents: Collection[str] | None = None
     fraction: float = 1.0
     tools: str = "refuse"
-    reference: str | None = None
+    reference: str | Mapping[str, str] | None = None
+    """One reference for every agent, or ``{role: reference}`` (e.g. each role's baseline version)."""
+    versions: Mapping[str, str] | None = None
+    """Version pins of the replays' other calls (those of the episodes being replayed), None: what the team serves."""
 
 
 @dataclass
@@ -77,10 +80,13 @@ def plan_replays(dataset: TrajectoryDataset, scenarios: Mapping[str, Scenario], 
                 out.skipped["upstream_tool_calls"] += 1
                 continue
             for j in range(budget.per_action):
+                ref = budget.reference
                 plan = ReplayPlan(episode_id=eid, step=call.order, agent=str(call.agent), held=tuple(calls[:k]),
-                                  target=call, reference=budget.reference, index=j)
+                                  target=call, reference=ref.get(str(call.agent)) if isinstance(ref, Mapping) else ref,
+                                  index=j)
                 out.jobs.append(EpisodeJob(scenario, f"{eid}-r{call.order}.{j}{tag}",
-                                           derive_seed(seed, f"replay|{eid}|{call.order}", j), replay=plan))
+                                           derive_seed(seed, f"replay|{eid}|{call.order}", j),
+                                           versions=dict(budget.versions) if budget.versions else None, replay=plan))
     return out
 
 

@@ -194,13 +194,14 @@ class WrappedGraph(Runnable):
 
     # -- entry points -------------------------------------------------------------------------------
     def replay(self, plan: Any, input: Any, *, episode_id: str, scenario_id: str | None = None,
-               seed: int | None = None, metadata: Mapping[str, Any] | None = None) -> Any:
+               seed: int | None = None, versions: Versions = None, metadata: Mapping[str, Any] | None = None) -> Any:
         """Run `input` as a counterfactual replay of `plan` (`serving.replay.ReplayPlan`): the calls before its step
         answered from the record, the step sampled from its reference, the rest as usual. The episode is traced like
         any other, with the plan (and at its end whether the upstream held) in its metadata."""
         self.tracer.expect_replay(episode_id, plan)
         try:
-            return self.invoke(input, episode_id=episode_id, scenario_id=scenario_id, seed=seed, metadata=metadata)
+            return self.invoke(input, episode_id=episode_id, scenario_id=scenario_id, seed=seed, versions=versions,
+                               metadata=metadata)
         finally:
             self.tracer._replays.pop(episode_id, None)
 

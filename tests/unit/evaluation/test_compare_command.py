@@ -46,7 +46,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.evaluation.shadow.shadow_compare", fake_shadow_compare)
     monkeypatch.setattr("marft_lg.evaluation.commands._finish",
-                        lambda result, gate, out, console: types.SimpleNamespace(promote=False))
+                        lambda result, gate, out, console, sections=None: types.SimpleNamespace(promote=False))
     helper = f"nodes_{uuid.uuid4().hex[:8]}"
     appdir = tmp_path / "myapp"
     appdir.mkdir()

@@ -364,3 +364,26 @@ def test_replays_that_fail_on_a_runner_count_against_their_own_side():
     result = shadow_compare(object(), {"planner": "v1"}, {"planner": "v2"}, scenarios, reward, drift=False,
                             progress=False, runner=FailingRunner(), run_id="c")
     assert result.meta["invoke_failures"] == {"baseline": 2, "candidate": 0}
+
+
+def test_counterfactual_replays_run_on_the_rollout_workers(cluster, tiny_model_dir):
+    from marft_lg.graph.replays import ReplayBudget, plan_replays, sibling_returns, step_order
+
+    spec = WorkerSpec(app=f"{APPS}:two_agents", agents=AGENTS, model=tiny_model_dir, max_tokens=6, temperature=1.0)
+    with RayCollector(RayConfig(address="auto", rollout_workers=2), spec, run_id="cf") as collector:
+        ds = collector.collect(SCENARIOS[:2], 2, 0, seed=7)
+        batch = plan_replays(ds, {s.scenario_id: s for s in SCENARIOS}, ReplayBudget(per_action=1), seed=3)
+        replayed = collector.run(batch.jobs)
+    assert len(batch.jobs) == len(ds.actions) == 8
+    meta = dict(zip(replayed.episodes["episode_id"], replayed.episodes["metadata"], strict=True))
+    assert {m[WORKER_KEY] for m in meta.values()} == {0, 1}  # both workers replayed
+    assert all(m["replay_diverged"] is None for m in meta.values())  # a worker holds the learner's record exactly
+    for job in batch.jobs:
+        rows = replayed.actions[replayed.actions["episode_id"] == job.episode_id].sort_values("order")
+        step = step_order(rows, job.replay)
+        assert step == job.replay.step
+        for k in range(step):
+            assert tuple(rows.iloc[k]["completion_token_ids"]) == job.replay.held[k].completion_ids
+    usable, lost = sibling_returns(replayed, {e: 0.0 for e in replayed.episode_ids},
+                                   {j.episode_id: j.replay for j in batch.jobs})
+    assert sum(len(v) for v in usable.values()) == 8 and not lost

@@ -83,7 +83,7 @@ def plan_replays(dataset: TrajectoryDataset, scenarios: Mapping[str, Scenario], 
                 ref = budget.reference
                 plan = ReplayPlan(episode_id=eid, step=call.order, agent=str(call.agent), held=tuple(calls[:k]),
                                   target=call, reference=ref.get(str(call.agent)) if isinstance(ref, Mapping) else ref,
-                                  index=j)
+                                  index=j, later=tuple(calls[k + 1:]))
                 out.jobs.append(EpisodeJob(scenario, f"{eid}-r{call.order}.{j}{tag}",
                                            derive_seed(seed, f"replay|{eid}|{call.order}", j),
                                            versions=dict(budget.versions) if budget.versions else None, replay=plan))

@@ -59,6 +59,9 @@ class ReplayPlan:
     target: RecordedCall
     reference: str | None = None
     index: int = 0
+    later: tuple[RecordedCall, ...] = ()
+    """The recorded calls after the step: one of them asked again before the step is sampled is a parallel branch
+    (it does not depend on the step), not a sign that the upstream changed."""
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -99,15 +102,17 @@ class ReplayState:
     def route(self, agent: str | None, prompt_ids: list[int] | None, key: str | None) -> RecordedCall | str:
         """What answers a call: a held `RecordedCall`, ``"step"`` (sample it from the reference) or ``"free"``."""
         with self._lock:
-            for i, call in enumerate(self.pending):
-                if call.agent == agent and _same_prompt(call, prompt_ids, key):
+            for i, call in enumerate(self.pending):  # agent None: a call the base model answers (an unmapped node)
+                if (agent is None or call.agent == agent) and _same_prompt(call, prompt_ids, key):
                     self.answered_from_record += 1
                     return self.pending.pop(i)
             target = self.plan.target
             if not self.step_done and target.agent == agent and _same_prompt(target, prompt_ids, key):
                 self.step_done = True
                 return "step"
-            if not self.step_done and self.diverged is None:
+            parallel = any((agent is None or c.agent == agent) and _same_prompt(c, prompt_ids, key)
+                           for c in self.plan.later)
+            if not self.step_done and self.diverged is None and not parallel:
                 self.diverged = (f"a call of {agent!r} before the replayed step asked what no recorded call asked "
                                  "(the upstream did not repeat)")
             return "free"

@@ -182,3 +182,24 @@ def test_chatopenai_apps_replay_through_the_loopback_server(tiny_team, tmp_path,
     _same_upstream_on_tokens(ds, replayed, batch.jobs)
     assert all(m["replay_diverged"] is None for m in replayed.episodes["metadata"])
     app.close()
+
+
+def test_a_parallel_branch_asked_before_the_step_is_not_a_divergence():
+    from marft_lg.serving.replay import RecordedCall, ReplayPlan, ReplayState
+
+    def call(order, agent, prompt):
+        return RecordedCall(order, agent, (prompt,), None, (order + 100,), (-0.5,), f"t{order}")
+
+    planner, w1, w2, critic = call(0, "planner", 1), call(1, "writer", 2), call(2, "writer", 3), call(3, "critic", 4)
+    plan = ReplayPlan("e", step=1, agent="writer", held=(planner,), target=w1, later=(w2, critic))
+    state = ReplayState(plan)
+    assert state.route("planner", [1], None) is planner  # held: from the record
+    assert state.route("writer", [3], None) == "free"  # the other Send branch arrived first: it is not upstream
+    assert state.route("writer", [2], None) == "step"
+    assert state.outcome()["replay_diverged"] is None
+    other = ReplayState(plan)
+    assert other.route("planner", [9], None) == "free"  # a planner prompt nobody recorded: the upstream changed
+    assert "upstream did not repeat" in other.outcome()["replay_diverged"]
+    missing = ReplayState(plan)
+    assert missing.route("writer", [2], None) == "step"  # the planner's recorded call never came again
+    assert "not asked again" in missing.outcome()["replay_diverged"]

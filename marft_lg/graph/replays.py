@@ -100,10 +100,7 @@ def step_order(actions: Any, plan: ReplayPlan) -> int | None:
         if held[key] > 0:
             held[key] -= 1
             continue
-        if call.agent != target.agent:
-            continue
-        if (call.prompt_ids is not None and call.prompt_ids == target.prompt_ids) or (
-                call.prompt_ids is None and call.messages_key is not None and call.messages_key == target.messages_key):
+        if call.agent == target.agent and target.asks(call.prompt_ids, call.messages_key):
             return call.order
     return None
 

@@ -38,6 +38,13 @@ class RecordedCall:
     text: str
     adapter_version: str | None = None
 
+    def asks(self, prompt_ids: Sequence[int] | None, key: str | None) -> bool:
+        """Whether a call with these rendered prompt ids (or, without ids, this `messages_key`) asks what this one
+        asked."""
+        if self.prompt_ids is not None and prompt_ids is not None:
+            return tuple(prompt_ids) == self.prompt_ids
+        return self.messages_key is not None and self.messages_key == key
+
     def completion(self, decode: Any = None) -> Completion:
         text = decode(list(self.completion_ids)) if decode is not None and self.completion_ids else self.text
         return Completion(text=text, prompt_token_ids=list(self.prompt_ids or ()),
@@ -103,14 +110,14 @@ class ReplayState:
         """What answers a call: a held `RecordedCall`, ``"step"`` (sample it from the reference) or ``"free"``."""
         with self._lock:
             for i, call in enumerate(self.pending):  # agent None: a call the base model answers (an unmapped node)
-                if (agent is None or call.agent == agent) and _same_prompt(call, prompt_ids, key):
+                if (agent is None or call.agent == agent) and call.asks(prompt_ids, key):
                     self.answered_from_record += 1
                     return self.pending.pop(i)
             target = self.plan.target
-            if not self.step_done and target.agent == agent and _same_prompt(target, prompt_ids, key):
+            if not self.step_done and target.agent == agent and target.asks(prompt_ids, key):
                 self.step_done = True
                 return "step"
-            parallel = any((agent is None or c.agent == agent) and _same_prompt(c, prompt_ids, key)
+            parallel = any((agent is None or c.agent == agent) and c.asks(prompt_ids, key)
                            for c in self.plan.later)
             if not self.step_done and self.diverged is None and not parallel:
                 self.diverged = (f"a call of {agent!r} before the replayed step asked what no recorded call asked "
@@ -126,12 +133,6 @@ class ReplayState:
             elif diverged is None and self.pending:
                 diverged = f"{len(self.pending)} recorded call(s) before the step were not asked again"
             return {**self.plan.metadata, "replay_diverged": diverged, "replay_held": self.answered_from_record}
-
-
-def _same_prompt(call: RecordedCall, prompt_ids: list[int] | None, key: str | None) -> bool:
-    if call.prompt_ids is not None and prompt_ids is not None:
-        return tuple(prompt_ids) == call.prompt_ids
-    return call.messages_key is not None and call.messages_key == key
 
 
 class ReplayEngine:
@@ -236,7 +237,7 @@ def _mark(completion: Completion, kind: str) -> Completion:
     return completion
 
 
-def recorded_calls(actions: Any, *, tokenizer_free: bool = False) -> list[RecordedCall]:
+def recorded_calls(actions: Any) -> list[RecordedCall]:
     """One episode's actions (rows of `TrajectoryDataset.actions`, in order) as `RecordedCall`s."""
     calls = []
     for row in actions.itertuples(index=False):
@@ -246,7 +247,7 @@ def recorded_calls(actions: Any, *, tokenizer_free: bool = False) -> list[Record
         version = getattr(row, "adapter_version", None)
         calls.append(RecordedCall(
             order=int(row.order), agent=row.agent,
-            prompt_ids=None if tokenizer_free or not _is_list(prompt) else tuple(int(t) for t in prompt),
+            prompt_ids=tuple(int(t) for t in prompt) if _is_list(prompt) else None,
             messages_key=messages_key(row.messages if isinstance(row.messages, list) else None),
             completion_ids=tuple(int(t) for t in ids) if _is_list(ids) else (),
             logprobs=tuple(float(x) for x in lps) if _is_list(lps) else (),

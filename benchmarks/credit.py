@@ -3,7 +3,7 @@ trained with `credit: group` and with `credit: counterfactual`, one run per esti
 on-policy wall-clock budget; the tuned team is then shadow-compared with the untuned one on held-out problems
 (greedy, paired), as the demo's stage 6 does.
 
-    python benchmarks/credit.py --seeds 0,1,2 --online-minutes 2 --heldout 64
+    python benchmarks/credit.py --seeds 0,1,2 --online-minutes 5 --heldout 128
 
 Writes benchmarks/results/credit.json: top-level `commit`, the settings, and `runs: [{estimator, seed, minutes,
 iterations, gain, ci_low, ci_high, minutes_to_significance, ...}]`. `minutes` is the training time the run spent
@@ -24,9 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "credit.json"
+# Each estimator's MARFT credit settings and the demo budget fields it changes. Counterfactual credit runs 2 episodes
+# per scenario instead of 4 (4 problems per iteration either way): with one replay per action that is 8 episodes and
+# 16 replays per iteration, about group's 16 episodes in rollout time, so both make a similar number of updates in
+# the same minutes (with 4 per scenario a counterfactual iteration took ~2.5x as long: 1 update to group's 4).
 ESTIMATORS = {
-    "group": {"credit": "group"},
-    "counterfactual": {"credit": "counterfactual", "replays_per_action": 1},
+    "group": {"credit": {"credit": "group"}, "budget": {}},
+    "counterfactual": {"credit": {"credit": "counterfactual", "replays_per_action": 1}, "budget": {"group_size": 2}},
 }
 
 
@@ -37,11 +41,11 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     from marft_lg.training.metrics import read_metrics
 
     budget = replace(BUDGETS["full"], name=f"credit-{online_minutes:g}min", online_minutes=online_minutes,
-                     n_heldout=heldout, minutes=online_minutes + 3)
+                     n_heldout=heldout, minutes=online_minutes + 3, **ESTIMATORS[estimator]["budget"])
     run_dir = work / f"{estimator}-s{seed}"
     load_before = os.getloadavg()[0]
     summary = run_demo(budget, run_dir, model="embedded:smollm2-135m-instruct", seed=seed, trace_root=work / "traces",
-                       console=Console(quiet=True), credit=ESTIMATORS[estimator])
+                       console=Console(quiet=True), credit=ESTIMATORS[estimator]["credit"])
     rows = read_metrics(run_dir / "train" / "metrics.jsonl")
     online = [r for r in rows if r.get("phase") == "online"]
     train_s = sum(float(r.get("time_s") or 0) + float(r.get("rollout_s") or 0) for r in rows)
@@ -63,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--estimators", default="group,counterfactual")
-    ap.add_argument("--online-minutes", type=float, default=2.0)
-    ap.add_argument("--heldout", type=int, default=64)
+    ap.add_argument("--online-minutes", type=float, default=5.0)
+    ap.add_argument("--heldout", type=int, default=128)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -182,7 +182,8 @@ class LibraryStages:
         status = "FAILED"
         try:
             trainer = MARFTTrainer(team, self.reward(), cfg, ctx.run_dir / "train", run_id=ctx.run_id, tracker=tracker)
-            rows = trainer.fit_offline(dataset, scenarios)
+            with self._wrapped(ctx, team, "replay_traces", cfg.credit == "counterfactual") as replay_app:
+                rows = trainer.fit_offline(dataset, scenarios, replay_app=replay_app)
             if self.job.online_iterations:
                 with self.runner(ctx, team, "online_traces") as runner, self._wrapped(ctx, team, "online_traces",
                                                                                       runner is None) as app:

@@ -383,7 +383,7 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
         if dataset is not None:
             console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
             trainer.tracker.context["data_window"] = data_window(dataset, spec.data)
-            trainer.fit_offline(dataset, scenarios)
+            _offline(spec, cfg, app, team, trainer, dataset, scenarios)
         if "online" in spec.phases:
             try:
                 _online(spec, cfg, app, team, trainer, scenarios, console)
@@ -394,6 +394,21 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
         status = "FINISHED"
     finally:
         trainer.close(status)
+
+
+def _offline(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, dataset: Any, scenarios: Any) -> None:
+    """The offline phase; under ``credit: counterfactual`` the recorded episodes' steps are replayed through
+    `online.app` (in this process, traced beside the online phase's episodes) from their scenarios' inputs. Without
+    an `online.app` in train.yaml the trainer warns and uses the group baseline (the default app is the math team's,
+    not the one that recorded the data)."""
+    if cfg.credit != "counterfactual" or "app" not in spec.online:
+        trainer.fit_offline(dataset, scenarios)
+        return
+    wrapped = app.build_app(team, Path(spec.run_dir) / "traces")
+    try:
+        trainer.fit_offline(dataset, scenarios, replay_app=wrapped)
+    finally:
+        wrapped.close()
 
 
 def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenarios: Any, console: Any) -> None:

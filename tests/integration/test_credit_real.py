@@ -69,82 +69,31 @@ def _jobs(problems, seed=7):
     return plan_episodes("real", problems, 1, 0, seed)
 
 
-class _Relay:
-    """A messenger reads a secret word and tells it to a recorder, who writes it down: a team the 135M model can
-    run well, where each agent can break the episode on its own. Reward 1 when the recorder wrote the word."""
-
-    WORDS = ["river", "castle", "pencil", "garden", "rocket", "violin", "tomato", "bridge"]
-
-    @staticmethod
-    def graph(llm):
-        from typing import TypedDict
-
-        from langchain_core.messages import HumanMessage, SystemMessage
-        from langgraph.graph import END, START, StateGraph
-
-        class S(TypedDict, total=False):
-            word: str
-            note: str
-            answer: str
-
-        def messenger(state):
-            text = llm.invoke([SystemMessage("Repeat the secret word to your teammate in one short sentence."),
-                               HumanMessage(f"The secret word is {state['word']}.")]).content
-            return {"note": str(text)}
-
-        def recorder(state):
-            text = llm.invoke([SystemMessage("Your teammate told you a secret word. Write only that word."),
-                               HumanMessage(f"Teammate: {state['note']}")]).content
-            return {"answer": str(text)}
-
-        g = StateGraph(S)
-        g.add_node("messenger", messenger)
-        g.add_node("recorder", recorder)
-        g.add_edge(START, "messenger")
-        g.add_edge("messenger", "recorder")
-        g.add_edge("recorder", END)
-        return g.compile()
-
-    @staticmethod
-    def score(dataset, scenarios):
-        import numpy as np
-
-        class Result:
-            action_rewards = {}
-
-        for eid, part in dataset.actions.groupby("episode_id"):
-            part = part.sort_values("order")
-            sid = dataset.episodes.set_index("episode_id").at[eid, "scenario_id"]
-            word = scenarios[sid]["inputs"]["word"]
-            r = np.zeros(len(part))
-            r[-1] = float(word in str(part.iloc[-1]["completion"]).lower())
-            Result.action_rewards[eid] = r
-        return Result
-
-
 @pytest.mark.parametrize("sabotaged", ["messenger", "recorder"])
 def test_the_sabotaged_agent_is_blamed(embedded_model_dir, tmp_path, sabotaged):
     from marft_lg.evaluation.attribution import attribute, blame_markdown
+    from marft_lg.examples.relay import ROLES as RELAY
+    from marft_lg.examples.relay import build_graph as relay_graph
+    from marft_lg.examples.relay import relay_reward, relay_scenarios
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.collect import GraphCollector, plan_episodes
     from marft_lg.graph.replays import ReplayBudget
     from marft_lg.graph.wrap import wrap
     from marft_lg.serving.team import Team
     from marft_lg.training.policy import adapter_parameters
-    from marft_lg.trajectories.scenarios import Scenario
 
-    team = Team(embedded_model_dir, ["messenger", "recorder"], registry=tmp_path / "registry", versions=None, seed=0)
-    app = wrap(_Relay.graph(TeamChatModel(team=team, max_tokens=16, temperature=0.7)), team=team,
+    team = Team(embedded_model_dir, RELAY, registry=tmp_path / "registry", versions=None, seed=0)
+    app = wrap(relay_graph(TeamChatModel(team=team, max_tokens=16, temperature=0.7)), team=team,
                trace_dir=tmp_path / "traces")
     try:
         gen = torch.Generator().manual_seed(0)
         with team.exclusive(), torch.no_grad():  # its adapter's weights broken: the agent answers garbage
             for p in adapter_parameters(team.model, team.adapter_name(sabotaged)):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.5)
-        scenarios = [Scenario(f"w{i}", {"word": w}) for i, w in enumerate(_Relay.WORDS[:6])]
+        scenarios = relay_scenarios(6)
         collector = GraphCollector(app, concurrency=16)
         ds = collector.run(plan_episodes("blame", scenarios, 1, 0, 5))
-        result = attribute(collector, ds, {s.scenario_id: s for s in scenarios}, _Relay,
+        result = attribute(collector, ds, {s.scenario_id: s for s in scenarios}, relay_reward(),
                            budget=ReplayBudget(per_action=2, reference="base"), seed=0)
         text = blame_markdown(result)
         assert result.failed_episodes == len(scenarios) and result.used == len(scenarios) * 2 * 2, text

@@ -169,3 +169,21 @@ def test_report_to_mlflow_logs_a_parent_run_with_train_and_compare_children(worl
     for role, version in live.items():
         mv = client.get_model_version_by_alias(f"marft-{role}", "live")
         assert mv.tags["registry_version"] == version and mv.tags["gate_decision"] == "promote"
+
+
+def test_counterfactual_credit_replays_the_mined_window_through_the_jobs_app(world):
+    """`trainer: {credit: counterfactual}` in job.yaml: the train stage replays every mined episode's steps through the
+    job's app from the scenarios' inputs (`replay_traces/` in the run folder, never mined as data)."""
+    from marft_lg.jobs import store as st
+    from marft_lg.jobs.pipeline import run_once
+    from marft_lg.trajectories.mining import mine
+
+    trainer = {**TRAINER, "use_critic": False, "credit": "counterfactual", "replays_per_action": 1}
+    result = run_once(job_for(world, LENIENT, trainer=trainer, output_dir="runs-credit", name="credit"),
+                      now=world["first_batch_done"] + timedelta(seconds=1), log=lambda m: None)
+    assert result.status == st.PROMOTED, result.message
+    run_dir = Path(result.record.run_dir)
+    rows = [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["replays"] for r in rows) == 6 * 2  # 6 mined episodes x (planner, writer) x 1 replay
+    assert sum(r["replays_used"] for r in rows) == 12 and sum(r["fallback_actions"] for r in rows) == 0
+    assert len(mine(run_dir / "replay_traces")) == 0

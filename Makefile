@@ -76,6 +76,8 @@ bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/demo.py --seeds 0,1,2
 	$(BIN)/python benchmarks/time_to_gain.py --run-dir runs/demo-bench-seed0 --run-dir runs/demo-bench-seed1 --run-dir runs/demo-bench-seed2
 	$(BIN)/python benchmarks/credit.py --seeds 0,1,2
+	$(BIN)/python benchmarks/credit_tools.py --seeds 0
+	$(BIN)/python benchmarks/blame.py --seeds 0,1,2
 	$(BIN)/python benchmarks/gpu.py || echo "benchmarks/gpu.py skipped: no CUDA GPU here"
 
 clean:

@@ -7,7 +7,7 @@ on-policy wall-clock budget; the tuned team is then shadow-compared with the unt
 
 Writes benchmarks/results/credit.json: top-level `commit`, the settings, and `runs: [{estimator, seed, minutes,
 iterations, gain, ci_low, ci_high, minutes_to_significance, ...}]`. `minutes` is the training time the run spent
-(offline + on-policy, replays included); the held-out comparison is made once, at the end of the budget, so
+(offline + on-policy: rollouts, updates and replays; `replay_minutes` the replays' share); the held-out comparison is made once, at the end of the budget, so
 `minutes_to_significance` is that time when the CI excludes 0 and null otherwise (an upper bound, not a curve).
 """
 
@@ -48,7 +48,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
                        console=Console(quiet=True), credit=ESTIMATORS[estimator]["credit"])
     rows = read_metrics(run_dir / "train" / "metrics.jsonl")
     online = [r for r in rows if r.get("phase") == "online"]
-    train_s = sum(float(r.get("time_s") or 0) + float(r.get("rollout_s") or 0) for r in rows)
+    train_s = sum(float(r.get(k) or 0) for r in rows for k in ("time_s", "rollout_s", "replay_s"))  # replays too
     d = summary["heldout"]["difference"]
     significant = d.get("low") is not None and d["low"] > 0
     return {

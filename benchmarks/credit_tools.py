@@ -10,7 +10,8 @@ The questions are generated (arithmetic with fresh numbers, the three facts aske
 training and a disjoint held-out set. The supervisor's hand-offs are tool calls, so every worker step has tool calls
 upstream: counterfactual replays run those tools again (`replay_tools: rerun`; they have no side effects). Writes
 benchmarks/results/credit_tools.json: `commit`, settings, `runs: [{estimator, seed, minutes, iterations, gain, ci_low,
-ci_high, minutes_to_significance, ...}]` (as credit.json; `minutes_to_significance` at the end of the budget only).
+ci_high, minutes_to_significance, ...}]` (as credit.json: `minutes` counts rollouts, updates and replays;
+`minutes_to_significance` is measured at the end of the budget only).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
             app.close()
         team.close()
     rows = read_metrics(run / "train" / "metrics.jsonl")
-    train_s = sum(float(r.get("time_s") or 0) + float(r.get("rollout_s") or 0) for r in rows)
+    train_s = sum(float(r.get(k) or 0) for r in rows for k in ("time_s", "rollout_s", "replay_s"))  # replays too
     d = result.team.to_dict()
     significant = d.get("low") is not None and d["low"] > 0
     return {

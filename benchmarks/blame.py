@@ -1,7 +1,9 @@
 """Does the blame report name the agent that was made worse on purpose? One agent's LoRA adapter is broken (Gaussian
 noise, std `--noise`, on its weights) and `evaluation.attribution.attribute` replays every step from the base model
-(`reference: base`, `--replays` per action, upstream held); the agent whose replacement raises the return most on
-failed episodes is the one named. Also a control with nothing broken, where no agent should be named with a CI above 0.
+(`reference: base`, `--replays` per action, upstream held); the agent whose replacement raises the return most over all
+episodes is the one named (`blamed`), and `named` when that shift's CI is above 0. Also a control with nothing broken,
+where no agent's shift should have a CI above 0. `significant_on_failed_only` shows why the verdict does not read
+failed episodes alone: there every agent's replay tends to do better (a failure is partly bad luck).
 
     python benchmarks/blame.py [--seeds 0,1,2] [--quick]
 
@@ -12,7 +14,7 @@ Teams, on the real SmolLM2-135M (float32, CPU):
 
 Writes benchmarks/results/blame.json: `commit`, settings, `cases: [{team, sabotaged, seed, blamed, named, significant,
 agents, episodes, failed_episodes, replays, used, seconds}]` and a summary per team. `named`: the blamed agent is the
-sabotaged one (for the control: no agent's shift on failed episodes has a CI above 0).
+sabotaged one with its CI above 0 (for the control: no agent's shift has a CI above 0).
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ def one_case(model_dir: str, team_name: str, sabotaged: str | None, seed: int, *
         app.close()
         team.close()
     by = {a.agent: a for a in result.agents}
-    significant = sorted(a.agent for a in result.agents if a.shift_failed.defined and a.shift_failed.low > 0)
-    named = result.blamed == sabotaged and sabotaged in significant if sabotaged else not significant
+    significant = sorted(a.agent for a in result.agents if a.shift.defined and a.shift.low > 0)
+    on_failed = sorted(a.agent for a in result.agents if a.shift_failed.defined and a.shift_failed.low > 0)
+    named = result.blamed == sabotaged and result.significant if sabotaged else not significant
     return {"team": team_name, "sabotaged": sabotaged, "seed": seed, "blamed": result.blamed, "named": named,
-            "significant": significant, "agents": [by[r].to_dict() for r in roles if r in by],
+            "significant": significant, "significant_on_failed_only": on_failed,
+            "agents": [by[r].to_dict() for r in roles if r in by],
             "episodes": result.episodes, "failed_episodes": result.failed_episodes, "replays": result.replays,
             "used": result.used, "diverged": result.diverged, "seconds": round(time.perf_counter() - t0, 1)}
 

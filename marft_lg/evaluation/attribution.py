@@ -4,9 +4,13 @@ For every action of the episodes (run fresh from scenarios, or mined), its step 
 (`training.credit`, `serving.replay`) from a reference policy: the agent's own current adapter (resampling), another
 adapter version, the base model without adapter, or another endpoint. Per action, the *shift* is the mean return of
 its replays minus the episode's own return; per agent, the mean shift over its actions with a bootstrap CI, on all,
-failed and successful episodes. A positive shift on failed episodes means the replacement repairs what the agent
-did: that agent is to blame. Resampling an agent from itself shows how much its own randomness matters; a
-systematically bad agent shows only when it is *replaced* (`reference`), which is why the reference is a choice.
+failed and successful episodes. The verdict reads the shift over *all* episodes: the agent whose replacement raises
+the team's return most is to blame, and the blame is *significant* when that shift's CI lies above 0. The failed
+and successful columns say where the change happens, but a failed episode alone is a biased sample: a failure is
+partly bad luck, so any agent's replay tends to do better there (regression to the mean; in benchmarks/blame.py
+every agent of an unbroken team shows a positive shift on failed episodes). Resampling an agent from itself shows
+how much its own randomness matters; a systematically bad agent shows only when it is *replaced* (`reference`),
+which is why the reference is a choice.
 """
 
 from __future__ import annotations
@@ -56,17 +60,21 @@ class Attribution:
 
     @property
     def blamed(self) -> str | None:
-        """The agent whose replacement raises the return most on failed episodes (all episodes when none failed),
-        when that rise is above zero; None when no agent's replacement helps."""
-        def key(a: AgentBlame) -> float:
-            ci = a.shift_failed if a.shift_failed.n else a.shift
-            return -np.inf if np.isnan(ci.mean) else ci.mean
-        best = max(self.agents, key=key, default=None)
-        return best.agent if best is not None and key(best) > 0 else None
+        """The agent whose replacement raises the return most over all episodes, when that rise is above zero; None
+        when no agent's replacement helps. (Not read on failed episodes alone: see the module docstring.)"""
+        best = max(self.agents, key=lambda a: -np.inf if np.isnan(a.shift.mean) else a.shift.mean, default=None)
+        return best.agent if best is not None and best.shift.mean > 0 else None
+
+    @property
+    def significant(self) -> bool:
+        """Whether the blamed agent's shift over all episodes has its CI above zero."""
+        by = {a.agent: a for a in self.agents}
+        return self.blamed is not None and by[self.blamed].shift.defined and by[self.blamed].shift.low > 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "agents"}
-        return {**out, "agents": [a.to_dict() for a in self.agents], "blamed": self.blamed}
+        return {**out, "agents": [a.to_dict() for a in self.agents], "blamed": self.blamed,
+                "significant": self.significant}
 
 
 def attribute(runner: Any, dataset: TrajectoryDataset, scenarios: Mapping[str, Scenario], scorer: Any, *,
@@ -124,21 +132,24 @@ def blame_markdown(result: Attribution) -> str:
     lines = ["## Which agent is to blame", "",
              f"Each agent's step was replayed with everything before it held as recorded, the step drawn from {ref}. "
              "*Shift*: mean return of the replays minus the episode's own return (95% bootstrap CI over the agent's "
-             f"actions). A positive shift on failed episodes (return < {result.success_at:g}) means replacing that "
-             "agent's step repairs the episode.", "",
+             f"actions). The verdict reads the shift over all episodes. On failed episodes (return < "
+             f"{result.success_at:g}) any agent's replay tends to do better, a failure being partly bad luck: compare "
+             "agents there, do not read one alone.", "",
              "| agent | actions | shift (all) | shift (failed episodes) | shift (successful episodes) |",
              "|---|---:|---|---|---|"]
     for a in result.agents:
         lines.append(f"| {a.agent} | {a.actions} | {_ci(a.shift)} | {_ci(a.shift_failed)} | {_ci(a.shift_successful)} |")
-    lines += ["", f"Most to blame: **{result.blamed or 'no agent (no replacement raised the return)'}**. "
-              f"{result.episodes} episodes ({result.failed_episodes} failed), {result.replays} replays: "
+    lines += ["", f"Most to blame: **{result.blamed or 'no agent (no replacement raised the return)'}**"
+              + (" (its CI is above 0). " if result.significant else " (not significant: its CI includes 0). "
+                 if result.blamed else ". ")
+              + f"{result.episodes} episodes ({result.failed_episodes} failed), {result.replays} replays: "
               f"{result.used} used, {result.diverged} did not hold their upstream, {result.failed} failed"
               + (f", not planned: {result.skipped}" if result.skipped else "") + "."]
     return "\n".join(lines) + "\n"
 
 
 def plot_blame(result: Attribution, path: Path) -> Path:
-    """Bars of each agent's shift on failed and successful episodes, with their CIs."""
+    """Bars of each agent's shift on all, failed and successful episodes, with their CIs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,12 +157,12 @@ def plot_blame(result: Attribution, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(result.agents) + 2), 3.2))
     x = np.arange(len(result.agents))
-    for k, (name, attr) in enumerate((("failed", "shift_failed"), ("successful", "shift_successful"))):
+    for k, (name, attr) in enumerate((("all", "shift"), ("failed", "shift_failed"), ("successful", "shift_successful"))):
         cis = [getattr(a, attr) for a in result.agents]
         means = [0.0 if np.isnan(c.mean) else c.mean for c in cis]
         err = [[max(0.0, m - c.low) if c.defined else 0.0 for m, c in zip(means, cis, strict=True)],
                [max(0.0, c.high - m) if c.defined else 0.0 for m, c in zip(means, cis, strict=True)]]
-        ax.bar(x + (k - 0.5) * 0.38, means, 0.38, yerr=err, capsize=3, label=f"{name} episodes")
+        ax.bar(x + (k - 1) * 0.27, means, 0.27, yerr=err, capsize=3, label=f"{name} episodes")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, [a.agent for a in result.agents])
     ax.set_ylabel("return shift when replaced")
@@ -195,5 +206,6 @@ def print_blame(result: Attribution, console: Any = None) -> None:
     for a in result.agents:
         table.add_row(a.agent, str(a.actions), _ci(a.shift), _ci(a.shift_failed), _ci(a.shift_successful))
     console.print(table)
-    console.print(f"most to blame: {result.blamed or 'no agent'} ({result.replays} replays, {result.used} used, "
+    verdict = "" if result.blamed is None else " (CI above 0)" if result.significant else " (not significant)"
+    console.print(f"most to blame: {result.blamed or 'no agent'}{verdict} ({result.replays} replays, {result.used} used, "
                   f"{result.diverged} diverged, {result.failed} failed)", markup=False, highlight=False)

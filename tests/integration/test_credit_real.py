@@ -100,7 +100,7 @@ def test_the_sabotaged_agent_is_blamed(embedded_model_dir, tmp_path, sabotaged):
         assert result.blamed == sabotaged, text
         by = {a.agent: a for a in result.agents}
         other = "recorder" if sabotaged == "messenger" else "messenger"
-        assert by[sabotaged].shift_failed.low > 0 >= by[other].shift_failed.mean, text
+        assert result.significant and by[sabotaged].shift.low > 0 >= by[other].shift.mean, text
     finally:
         app.close()
         team.close()

@@ -87,3 +87,31 @@ def test_compare_attribute_adds_the_blame_section_with_the_baseline_as_reference
     assert report["replays"] == report["used"] == 3 * 2  # both steps of the candidate's 3 episodes, once each
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Which agent is to blame" in md and f"writer: `{v1['writer']}`" in md
+
+
+def _blame(agent, all_, failed, successful):
+    from marft_lg.evaluation.attribution import AgentBlame
+    from marft_lg.evaluation.stats import bootstrap_ci
+
+    return AgentBlame(agent, len(all_), bootstrap_ci(all_), bootstrap_ci(failed), bootstrap_ci(successful))
+
+
+def test_the_verdict_reads_all_episodes_not_the_failed_ones_alone():
+    """An unbroken team: a failed episode's replay tends to do better whoever is replayed (a failure is partly bad
+    luck), so both agents shift up on failed episodes and down on successful ones; over all episodes neither moves
+    the return, and no blame is significant. A broken agent moves it on every episode."""
+    from marft_lg.evaluation.attribution import Attribution, blame_markdown
+
+    def result(agents):
+        return Attribution(agents=agents, reference="base", episodes=12, failed_episodes=6, replays=24, used=24,
+                           diverged=0, failed=0)
+
+    luck = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0] + [-1.0, 0.0, -1.0, 0.0, -1.0, -1.0]  # 6 failed, then 6 successful
+    control = result([_blame(agent, luck, luck[:6], luck[6:]) for agent in ("messenger", "recorder")])
+    assert all(a.shift_failed.low > 0 for a in control.agents)  # the failed column alone would blame both
+    assert not control.significant and control.to_dict()["significant"] is False
+    broken = [1.0] * 10 + [0.0, 1.0]
+    sabotaged = result([_blame("messenger", broken, broken[:6], broken[6:]), _blame("recorder", luck, luck[:6],
+                                                                                      luck[6:])])
+    assert sabotaged.blamed == "messenger" and sabotaged.significant
+    assert "**messenger** (its CI is above 0)" in blame_markdown(sabotaged)

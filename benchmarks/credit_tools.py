@@ -6,6 +6,12 @@ shadow-compared with the untuned one on held-out questions (greedy, paired).
 
     python benchmarks/credit_tools.py --seeds 0 --online-minutes 5 --heldout 32
 
+Cost, measured on 2 CPU cores (2026-11-27): one on-policy `group` iteration (4 questions x 4 episodes) ran 16
+episodes of 124 actions (prompts 1,448 tokens on average, up to 5,401: the untuned mathematician can loop on tool
+calls, one episode took 51 actions), and its PPO update had not ended 13 minutes after the start, so the run was
+stopped and there is no results file yet; a smoke run (`--online-minutes 0.3 --heldout 2`, counterfactual: 8
+episodes and 33 replays, all used) took 7 minutes. Run it where a GPU trains (README.md, "Running on a GPU").
+
 The questions are generated (arithmetic with fresh numbers, the three facts asked several ways), a stream for
 training and a disjoint held-out set. The supervisor's hand-offs are tool calls, so every worker step has tool calls
 upstream: counterfactual replays run those tools again (`replay_tools: rerun`; they have no side effects). Writes

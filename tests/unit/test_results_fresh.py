@@ -47,6 +47,8 @@ MEASURES: dict[str, list[str]] = {
     "gpu.json": ["benchmarks/gpu.py", "marft_lg/training/ppo.py", "marft_lg/training/batch.py",
                  "marft_lg/training/policy.py", "marft_lg/serving/engine_hf.py"],
     "distributed.json": ["benchmarks/distributed.py", "marft_lg/distributed", "marft_lg/graph/collect.py"],
+    "blame.json": ["benchmarks/blame.py", "marft_lg/evaluation/attribution.py", "marft_lg/graph/replays.py",
+                   "marft_lg/serving/replay.py", "marft_lg/examples/relay.py", "marft_lg/examples/math_team"],
     "credit.json": ["benchmarks/credit.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
                     "marft_lg/serving/replay.py", "marft_lg/demo.py"],
     "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",

@@ -7,8 +7,9 @@ on-policy wall-clock budget; the tuned team is then shadow-compared with the unt
 
 Writes benchmarks/results/credit.json: top-level `commit`, the settings, and `runs: [{estimator, seed, minutes,
 iterations, gain, ci_low, ci_high, minutes_to_significance, ...}]`. `minutes` is the training time the run spent
-(offline + on-policy: rollouts, updates and replays; `replay_minutes` the replays' share); the held-out comparison is made once, at the end of the budget, so
-`minutes_to_significance` is that time when the CI excludes 0 and null otherwise (an upper bound, not a curve).
+(offline + on-policy: rollouts, updates and replays; `replay_minutes` the replays' share); the held-out comparison
+is made once, at the end of the budget, so `minutes_to_significance` is that time when the CI excludes 0 and null
+otherwise (an upper bound, not a curve).
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ stays in this process.
 from __future__ import annotations
 
 import glob
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -404,9 +406,16 @@ def _offline(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, datas
     if cfg.credit != "counterfactual" or "app" not in spec.online:
         trainer.fit_offline(dataset, scenarios)
         return
+    with _traced_app(spec, app, team) as wrapped:
+        trainer.fit_offline(dataset, scenarios, replay_app=wrapped)
+
+
+@contextmanager
+def _traced_app(spec: TrainFile, app: Any, team: Any) -> Iterator[Any]:
+    """`online.app` on `team`, traced into the run folder, for the length of a phase (closed after)."""
     wrapped = app.build_app(team, Path(spec.run_dir) / "traces")
     try:
-        trainer.fit_offline(dataset, scenarios, replay_app=wrapped)
+        yield wrapped
     finally:
         wrapped.close()
 
@@ -421,11 +430,8 @@ def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenar
             console.print(f"online: {spec.ray.rollout_workers} Ray rollout workers at {spec.ray.address}")
             trainer.fit_online(collector, chosen, iterations)
         return
-    wrapped = app.build_app(team, Path(spec.run_dir) / "traces")
-    try:
+    with _traced_app(spec, app, team) as wrapped:
         trainer.fit_online(wrapped, chosen, iterations)
-    finally:
-        wrapped.close()
 
 
 def _published_before(spec: TrainFile, team: Any, trainer: Any) -> dict[str, str] | None:

@@ -53,8 +53,11 @@ vllm: $(VENV)/.vllm
 demo: $(STAMP)
 	$(BIN)/marft-lg demo
 
+# Two pytest-xdist workers (TEST_WORKERS=N for another count, 0 for one process): most tests keep one core busy
+# (servers, subprocesses, one-thread torch), so two share a 2-core machine well. worksteal evens out the long tests.
+TEST_WORKERS ?= 2
 test: $(VENV)/.vllm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 lint: $(STAMP)
 	$(BIN)/ruff check marft_lg tests benchmarks examples integrations

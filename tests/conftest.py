@@ -1,5 +1,5 @@
 """Shared fixtures: tiny random models (SmolLM2's tokenizer, and a second base with a tokenizer of its own), and
-thread limits for 2-core CI."""
+the environment the tests run in (two workers on a 2-core machine)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Rich draws CLI errors in panels as wide as the terminal and folds a word longer than a line: a test's tmp path
+# (longer under pytest-xdist: .../popen-gw0/...) came out split mid-word. Typer reads the width once, at import.
+os.environ.setdefault("TERMINAL_WIDTH", "1000")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: OpenMP threads that spin while they wait for work take the core
+    # the other worker (or a server it started) needs; passive ones sleep. Read when torch loads, so set here first.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Unit tests build their tensors on the CPU: models there too, also on a GPU machine. The `gpu`
 # tests ask for cuda by name; MARFT_LG_DEVICE=cuda runs the rest on a GPU as well.
 os.environ.setdefault("MARFT_LG_DEVICE", "cpu")

@@ -3,12 +3,11 @@ file or flag and an exit code (or a 4xx), never a traceback, and never a silent 
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from typer.testing import CliRunner
 
 from marft_lg.cli import app
+from tests.cli_text import flat
 
 runner = CliRunner()
 
@@ -16,15 +15,11 @@ TRAIN = ("model: /nonexistent/model\nagents: [reasoner, actor]\nreward: {weights
          "phases: [offline]\ndata: data\nregistry: registry\n")
 
 
-def _flat(text: str) -> str:
-    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
-
-
 def _invoke(*args: object):
     result = runner.invoke(app, [str(a) for a in args])
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
-    return result, _flat(result.output)
+    return result, flat(result.output)
 
 
 def test_train_on_data_without_episodes_exits_1_naming_what_was_read(tmp_path):

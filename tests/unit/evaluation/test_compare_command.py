@@ -5,7 +5,6 @@ The Team and `shadow_compare` are replaced by fakes; what is checked is what the
 
 from __future__ import annotations
 
-import re
 import types
 import uuid
 
@@ -14,10 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from marft_lg.cli import app as cli
-
-
-def _flat(text: str) -> str:
-    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
+from tests.cli_text import flat
 
 
 class FakeTeam:
@@ -72,7 +68,7 @@ def test_first_project_compares_live_against_the_initial_adapters_and_says_so(pr
     result = CliRunner().invoke(cli, [*project.args, "--candidate", "writer=init"])
     assert result.exit_code == 0, result.output
     assert project.seen["baseline"] == {"planner": "init", "writer": "init"}
-    text = _flat(result.output)
+    text = flat(result.output)
     assert "has no live version for ['planner', 'writer']" in text
     assert "comparing against their initial adapters, i.e. --baseline planner=init,writer=init" in text
 
@@ -94,7 +90,7 @@ def test_agents_with_models_build_a_team_of_several_bases(project):
     assert project.seen["baseline"] == {"planner": "init", "writer": "init"}
     args[args.index("--agents") + 1] = "planner=,writer"
     result = CliRunner().invoke(cli, [*args, "--candidate", "writer=init"])
-    assert result.exit_code == 2 and "is not ROLE or ROLE=MODEL" in _flat(result.output)
+    assert result.exit_code == 2 and "is not ROLE or ROLE=MODEL" in flat(result.output)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -106,7 +102,7 @@ def test_agents_with_models_build_a_team_of_several_bases(project):
 def test_bad_versions_and_node_roles_are_usage_errors_saying_what_to_pass(project, extra, message):
     result = CliRunner().invoke(cli, [*project.args, *extra])
     assert result.exit_code == 2, result.output
-    assert message in _flat(result.output)
+    assert message in flat(result.output)
     assert "Traceback" not in result.output
 
 
@@ -115,11 +111,11 @@ def test_a_bad_app_spec_is_a_usage_error_naming_what_is_missing(project):
     args[args.index("--app") + 1] = str(project.root / "myapp" / "app.py") + ":build_grph"
     result = CliRunner().invoke(cli, [*args, "--candidate", "writer=init"])
     assert result.exit_code == 2, result.output
-    text = _flat(result.output)
+    text = flat(result.output)
     assert "has no attribute 'build_grph'; did you mean 'build_graph'?" in text
     args[args.index("--app") + 1] = "missing_dir/app.py:build_graph"
     result = CliRunner().invoke(cli, [*args, "--candidate", "writer=init"])
-    assert result.exit_code == 2 and "does not exist" in _flat(result.output)
+    assert result.exit_code == 2 and "does not exist" in flat(result.output)
 
 
 def test_a_bad_gate_file_is_a_usage_error_before_any_work(project):
@@ -127,5 +123,5 @@ def test_a_bad_gate_file_is_a_usage_error_before_any_work(project):
     gate.write_text("min_pairs: [1,\n")
     result = CliRunner().invoke(cli, [*project.args, "--candidate", "writer=init", "--gate", str(gate)])
     assert result.exit_code == 2, result.output
-    assert "gate.yaml" in _flat(result.output) and "Traceback" not in result.output
+    assert "gate.yaml" in flat(result.output) and "Traceback" not in result.output
     assert "app" not in project.seen  # failed before the replay

@@ -5,13 +5,13 @@ exit 1 and the first errors, publishing no candidate; a role no update reached i
 from __future__ import annotations
 
 import json
-import re
 import types
 
 import yaml
 from typer.testing import CliRunner
 
 from marft_lg.cli import app as cli
+from tests.cli_text import flat
 
 APP = '''
 from langchain_openai import ChatOpenAI
@@ -66,14 +66,10 @@ def _project(tmp_path, model_dir, questions, **marft):
     return config
 
 
-def _flat(text: str) -> str:
-    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
-
-
 def test_a_compiled_graph_on_chatopenai_trains_on_policy(tmp_path, tiny_model_dir):
     config = _project(tmp_path, tiny_model_dir, ["What is 2+2?", "Name a color."], update_scheme="sequential")
     result = CliRunner().invoke(cli, ["train", "--config", str(config)])
-    text = _flat(result.output)
+    text = flat(result.output)
     assert result.exit_code == 0, result.output
     assert "updated planner" in text and "warning: never updated: writer" in text  # one turn of the scheme
     row = json.loads((tmp_path / "runs" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -85,7 +81,7 @@ def test_a_compiled_graph_on_chatopenai_trains_on_policy(tmp_path, tiny_model_di
 def test_an_app_whose_every_rollout_fails_stops_with_the_errors(tmp_path, tiny_model_dir):
     config = _project(tmp_path, tiny_model_dir, ["boom one", "boom two"])
     result = CliRunner().invoke(cli, ["train", "--config", str(config)])
-    text = _flat(result.output)
+    text = flat(result.output)
     assert result.exit_code == 1, result.output
     assert "the online phase stopped; alias 'candidate' not set: on-policy iteration 0: 4 of 4 episodes failed" in text
     assert "RuntimeError: the writer's tool is down" in text and "Traceback" not in result.output
@@ -101,7 +97,7 @@ def test_a_typo_in_node_roles_fails_before_any_work(tmp_path, tiny_model_dir, mo
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer",
                         lambda *a, **k: types.SimpleNamespace(frozen_roles=[]))  # never reached
     result = CliRunner().invoke(cli, ["train", "--config", str(config)])
-    text = _flat(result.output)
+    text = flat(result.output)
     assert result.exit_code == 2, result.output
     assert "online.app 'desk:graph': node_roles names ['wirte'], which is not a node of the app" in text
 

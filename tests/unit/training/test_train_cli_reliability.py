@@ -16,6 +16,7 @@ from marft_lg._config import ConfigError, ConfigNotFound
 from marft_lg.cli import app
 from marft_lg.training.commands import TrainFile
 from marft_lg.training.config import MARFTConfig
+from tests.cli_text import flat
 
 runner = CliRunner()
 
@@ -31,10 +32,6 @@ class _OneEpisode(list):
         self.episodes = pd.DataFrame({"episode_id": ["e"]})
 
 
-def _flat(text: str) -> str:
-    return " ".join(re.sub("[│╭╮╰╯─]", " ", text).split())
-
-
 def _write(tmp_path, text: str):
     p = tmp_path / "train.yaml"
     p.write_text(text)
@@ -44,7 +41,7 @@ def _write(tmp_path, text: str):
 def _invoke(*args):
     result = runner.invoke(app, ["train", *map(str, args)])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result, _flat(result.output)
+    return result, flat(result.output)
 
 
 BASE = ("model: /nonexistent/model\nagents: [reasoner, actor]\nreward: {weights: {step_count: -0.1}}\n"

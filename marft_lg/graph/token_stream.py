@@ -9,6 +9,7 @@ text comes at once with the completion. The pieces add up to the completion's te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -61,25 +62,37 @@ async def astream_text(engine: Any, request: ChatRequest) -> AsyncIterator[str |
 
 
 def stream_text(engine: Any, request: ChatRequest) -> Iterator[str | Completion]:
-    """Sync `astream_text`: the engine runs on a helper thread with its own event loop."""
+    """Sync `astream_text`: the engine runs on a helper thread with its own event loop; closing the iterator early
+    (a consumer that breaks off) cancels the request there, as cancelling `astream_text` does."""
     texts = _deltas(engine, request)
     if texts is None:
         yield engine.chat([request])[0]
         return
     heard: queue.Queue = queue.Queue()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(engine.achat([request], [lambda ids, lps: heard.put(ids)]))
 
     def run() -> None:
         try:
-            result: Any = asyncio.run(engine.achat([request], [lambda ids, lps: heard.put(ids)]))[0]
+            result: Any = loop.run_until_complete(task)[0]
         except BaseException as e:  # noqa: BLE001 - handed to the reader, raised there
             result = e
+        finally:
+            loop.close()
         heard.put(_END)
         heard.put(result)
 
     threading.Thread(target=run, name="marft-stream", daemon=True).start()
-    while (ids := heard.get()) is not _END:
-        if piece := texts.push(ids):
-            yield piece
+    finished = False
+    try:
+        while (ids := heard.get()) is not _END:
+            if piece := texts.push(ids):
+                yield piece
+        finished = True
+    finally:
+        if not finished and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between: the request had ended anyway
+                loop.call_soon_threadsafe(task.cancel)
     completion = heard.get()
     if isinstance(completion, BaseException):
         raise completion

@@ -223,6 +223,34 @@ def test_team_chat_model_streams_text_as_it_is_decoded(team):
     assert len([c for c in achunks if c.content]) > 5 and "".join(c.content for c in achunks) == whole
 
 
+def test_breaking_off_a_team_chat_model_stream_cancels_its_generation(team):
+    """A consumer that stops reading a sync stream (a `break`, an exception) frees the request's row at once, as an
+    async consumer does: the generation does not run on to max_tokens on the helper thread."""
+    from marft_lg.graph.chat_model import TeamChatModel
+
+    model = TeamChatModel(team=team, unmapped="base", max_tokens=1500, seed=3)
+    for how in ("sync", "async"):
+        cancelled = team.engine.stats["cancelled"]
+        if how == "sync":
+            stream = model.stream("Tell me a long story about a cat.")
+            assert next(c for c in stream if c.content).content
+            stream.close()  # what a `for` loop's `break` does to the generator
+
+        else:
+            async def first_piece() -> None:
+                agen = model.astream("Tell me a long story about a cat.")
+                async for chunk in agen:
+                    if chunk.content:
+                        break
+                await agen.aclose()
+
+            asyncio.run(first_piece())
+        deadline = time.monotonic() + 10
+        while team.engine.stats["cancelled"] == cancelled and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert team.engine.stats["cancelled"] == cancelled + 1, how
+
+
 def test_chatopenai_streams_from_the_server(url):
     from langchain_openai import ChatOpenAI
 

@@ -30,6 +30,7 @@ from marft_lg.training.critic import ValueHead, critic_features
 from marft_lg.training.gae import group_relative_advantages
 from marft_lg.training.policy import only_adapter_trainable, token_logprobs
 from marft_lg.training.units import unit_for
+from marft_lg.trajectories.dataset import scenario_key
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def _estimated_advantages(records: Sequence[ActionRecord], values: Sequence[torc
     if not cfg.use_critic:
         ids = list(episodes)
         totals = torch.tensor([sum(records[i].reward for i in episodes[e]) for e in ids])
-        groups = [str(records[episodes[e][0]].scenario_id or e) for e in ids]
+        groups = [scenario_key(e, records[episodes[e][0]].scenario_id) for e in ids]
         for e, a in zip(ids, group_relative_advantages(totals, groups).tolist(), strict=True):
             for i in episodes[e]:
                 adv[i] = torch.full((records[i].n_tokens,), a)

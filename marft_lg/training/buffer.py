@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from marft_lg.constraints import constraint_key, load_constraint
-from marft_lg.trajectories.dataset import TrajectoryDataset
+from marft_lg.trajectories.dataset import TrajectoryDataset, scenario_of
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ def build_buffer(dataset: TrajectoryDataset, action_rewards: dict[str, Any], tok
     frozen: Counter = Counter()
     retokenised: Counter = Counter()
     records: list[ActionRecord] = []
-    sid_by_ep = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
+    sid_by_ep = {eid: scenario_of(sid) for eid, sid in zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"],
+                                                            strict=True)}
     for eid, group in dataset.actions.groupby("episode_id", sort=False):
         if eid not in action_rewards:
             skipped["unscored_episode"] += len(group)

@@ -78,12 +78,8 @@ def counterfactual_credit(dataset: TrajectoryDataset, returns: Mapping[str, floa
 
 def _group_baselines(dataset: TrajectoryDataset, returns: Mapping[str, float]) -> dict[str, float]:
     """Each episode's scenario mean return (its own return when it is alone in its scenario)."""
-    table = dataset.episodes
-    groups: dict[str, list[str]] = {}
-    for eid, sid in zip(table["episode_id"], table["scenario_id"], strict=True):
-        if eid in returns:
-            groups.setdefault(str(sid) if isinstance(sid, str) else eid, []).append(eid)
-    return {e: float(np.mean([returns[m] for m in members])) for members in groups.values() for e in members}
+    groups = [[e for e in members if e in returns] for members in dataset.scenario_groups().values()]
+    return {e: float(np.mean([returns[m] for m in members])) for members in groups for e in members}
 
 
 @dataclass

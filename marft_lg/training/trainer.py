@@ -205,14 +205,8 @@ class MARFTTrainer:
         Without a critic, an episode's advantage is its return against the other episodes of its scenario;
         a chunk that split them (traces come in completion order) would leave every group of one: no signal.
         """
-        table = dataset.episodes
-        sids = dict(zip(table["episode_id"], table["scenario_id"], strict=True)) if "scenario_id" in table else {}
-        groups: dict[Any, list[str]] = {}
-        for eid in dataset.episode_ids:
-            sid = sids.get(eid)
-            groups.setdefault(eid if sid is None or sid != sid else sid, []).append(eid)
         chunks: list[list[str]] = [[]]
-        for members in groups.values():
+        for members in dataset.scenario_groups().values():
             if chunks[-1] and len(chunks[-1]) + len(members) > per:
                 chunks.append([])
             chunks[-1].extend(members)

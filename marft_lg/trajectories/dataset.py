@@ -18,6 +18,16 @@ import pandas as pd
 from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 
 
+def scenario_of(scenario_id: Any) -> str | None:
+    """A table's scenario id, or None where the episode ran none (None, NaN after a concat or parquet, "")."""
+    return scenario_id if isinstance(scenario_id, str) and scenario_id else None
+
+
+def scenario_key(episode_id: str, scenario_id: Any) -> str:
+    """What groups an episode with others: its scenario, or without one its own id (a group of one)."""
+    return scenario_of(scenario_id) or episode_id
+
+
 @dataclass
 class Episode:
     """One episode as the reward components see it: its row, its actions in order, its scenario."""
@@ -70,6 +80,14 @@ class TrajectoryDataset:
             sid = row.get("scenario_id")
             scenario = scenarios.get(sid) if scenarios and sid is not None else None
             yield Episode(episode_id=eid, info=row, actions=actions, scenario=scenario)
+
+    def scenario_groups(self) -> dict[str, list[str]]:
+        """Episode ids by the scenario they ran, in table order: the group whose mean return is an episode's
+        baseline. An episode without a scenario (mined from production traces) is a group of its own."""
+        groups: dict[str, list[str]] = {}
+        for eid, sid in zip(self.episodes["episode_id"], self.episodes["scenario_id"], strict=True):
+            groups.setdefault(scenario_key(eid, sid), []).append(eid)
+        return groups
 
     def select(self, episode_ids: list[str]) -> TrajectoryDataset:
         """A dataset holding only the given episodes."""

@@ -128,15 +128,3 @@ def test_sequential_turn_goes_to_the_next_role_with_actions(chain_dataset, two_a
     assert rows[0]["trained_agents"] == ["actor"]
 
 
-def test_offline_chunks_keep_a_scenarios_episodes_together():
-    # traces arrive in completion order: every scenario's first episode, then every second one; a chunk that
-    # split them would leave each episode alone in its group, and the group baseline would give no signal
-    import pandas as pd
-
-    class Episodes:
-        episode_ids = ["a-0", "b-0", "c-0", "x", "a-1", "b-1", "c-1"]
-        episodes = pd.DataFrame({"episode_id": episode_ids, "scenario_id": ["a", "b", "c", None, "a", "b", "c"]})
-
-    chunks = MARFTTrainer._offline_chunks(Episodes(), 4)
-    assert chunks == [["a-0", "a-1", "b-0", "b-1"], ["c-0", "c-1", "x"]]
-    assert MARFTTrainer._offline_chunks(Episodes(), 1) == [["a-0", "a-1"], ["b-0", "b-1"], ["c-0", "c-1"], ["x"]]

@@ -8,22 +8,16 @@ Names below are imported on first use so `import marft_lg.evaluation` stays chea
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from marft_lg._lazy import lazy_exports
 
 _EXPORTS = {
-    "shadow_compare": "shadow", "compare_mirrored": "shadow",
-    "compare_datasets": "comparison", "ComparisonResult": "comparison",
-    "PromotionGate": "gate", "GateDecision": "gate",
-    "promote": "promotion", "rollback": "promotion", "PromotionError": "promotion",
-    "write_report": "report", "print_summary": "report",
-    "paired_bootstrap": "stats", "bootstrap_ci": "stats", "PairedCI": "stats",
-    "policy_drift": "drift", "scenarios_from_dataset": "scenario_sets",
+    "shadow_compare": ".shadow", "compare_mirrored": ".shadow",
+    "compare_datasets": ".comparison", "ComparisonResult": ".comparison",
+    "PromotionGate": ".gate", "GateDecision": ".gate",
+    "promote": ".promotion", "rollback": ".promotion", "PromotionError": ".promotion",
+    "write_report": ".report", "print_summary": ".report",
+    "paired_bootstrap": ".stats", "bootstrap_ci": ".stats", "PairedCI": ".stats",
+    "policy_drift": ".drift", "scenarios_from_dataset": ".scenario_sets",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

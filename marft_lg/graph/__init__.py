@@ -6,10 +6,11 @@ LangChain/LangGraph, so the trainer and the device tests run on a machine withou
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import Any
+
+from marft_lg._lazy import lazy_exports
 
 _EXPORTS = {
     "TeamChatModel": "marft_lg.graph.chat_model",
@@ -19,19 +20,7 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'marft_lg.graph' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 class _Package(types.ModuleType):

@@ -11,19 +11,13 @@ or promoted adapter version came from; the MLflow model registry kept in step wi
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from marft_lg._lazy import lazy_exports
 
 _EXPORTS = {
-    "Tracker": "base", "NullTracker": "base", "open_tracker": "base", "flat_metrics": "base",
-    "check_report_to": "settings", "TrackingUnavailable": "settings",
-    "adapter_lineage": "lineage", "record_published": "lineage", "record_alias_change": "lineage",
-    "export_version": "export", "ExportError": "export",
+    "Tracker": ".base", "NullTracker": ".base", "open_tracker": ".base", "flat_metrics": ".base",
+    "check_report_to": ".settings", "TrackingUnavailable": ".settings",
+    "adapter_lineage": ".lineage", "record_published": ".lineage", "record_alias_change": ".lineage",
+    "export_version": ".export", "ExportError": ".export",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -5,7 +5,7 @@ Names are imported lazily so `marft-lg --help` does not pull in torch.
 
 from __future__ import annotations
 
-from typing import Any
+from marft_lg._lazy import lazy_exports
 
 _EXPORTS = {
     "MARFTConfig": "marft_lg.training.config",
@@ -17,11 +17,4 @@ _EXPORTS = {
     "GraphCollector": "marft_lg.training.rollout",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'marft_lg.training' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

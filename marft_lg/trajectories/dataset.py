@@ -19,8 +19,13 @@ from marft_lg.trajectories.columns import ACTION_COLUMNS, EPISODE_COLUMNS, JSON_
 
 
 def scenario_of(scenario_id: Any) -> str | None:
-    """A table's scenario id, or None where the episode ran none (None, NaN after a concat or parquet, "")."""
-    return scenario_id if isinstance(scenario_id, str) and scenario_id else None
+    """A table's scenario id as text (a scenario file may number them), or None where the episode ran none (None,
+    NaN after a concat or parquet, "")."""
+    if isinstance(scenario_id, str):
+        return scenario_id or None
+    if scenario_id is None or (pd.api.types.is_scalar(scenario_id) and pd.isna(scenario_id)):
+        return None
+    return str(scenario_id)
 
 
 def scenario_key(episode_id: str, scenario_id: Any) -> str:

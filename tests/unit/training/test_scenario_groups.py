@@ -35,6 +35,8 @@ def _dataset(sids: list, ids: list[str] | None = None) -> TrajectoryDataset:
 def test_an_episode_without_a_scenario_is_a_group_of_its_own_however_it_is_spelled():
     assert _dataset(SIDS).scenario_groups() == {"a": ["e0", "e4"], "e1": ["e1"], "e2": ["e2"], "e3": ["e3"],
                                                 "e5": ["e5"]}
+    numbered = _dataset([7, 7, pd.NA, 8])  # a scenario file may number its scenarios
+    assert numbered.scenario_groups() == {"7": ["e0", "e1"], "e2": ["e2"], "8": ["e3"]}
 
 
 def test_the_group_baseline_never_pools_episodes_that_ran_no_scenario():

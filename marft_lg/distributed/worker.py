@@ -39,6 +39,7 @@ class WorkerSpec:
     seed: int = 0
     base_dir: str | None = None
     node_roles: dict[str, str] | None = None
+    recursion_limit: int | None = None
     max_tokens: int = 64
     temperature: float = 1.0
     concurrency: int = 8
@@ -59,6 +60,7 @@ class WorkerSpec:
         custom = app.engine not in ("hf", "vllm")
         fields = dict(app=app.app, agents=list(app.agents), model=app.model, registry=app.registry,
                       versions=app.versions, seed=app.seed, base_dir=app.base_dir, node_roles=app.node_roles,
+                      recursion_limit=app.recursion_limit,
                       engine=app.engine if custom else None, serving="hf" if custom else app.engine,
                       engine_options=dict(app.engine_options), chat_model=dict(app.chat_model))
         return cls(**{**fields, **worker})
@@ -70,7 +72,8 @@ class WorkerSpec:
                        registry=self.registry if registry is None else registry,
                        versions=self.versions if versions is ... else versions,
                        engine=self.engine or self.serving, engine_options=dict(self.engine_options), seed=self.seed,
-                       node_roles=self.node_roles, base_dir=self.base_dir, what="online.app",
+                       node_roles=self.node_roles, recursion_limit=self.recursion_limit, base_dir=self.base_dir,
+                       what="online.app",
                        chat_model={"max_tokens": self.max_tokens, "temperature": self.temperature, **self.chat_model})
 
 

@@ -30,6 +30,8 @@ def attribute(
     model: str = typer.Option("embedded:smollm2-135m-instruct", help="Base model spec for the team."),
     agents: str | None = typer.Option(None, help="Comma-separated agent roles (default: the registry's roles)."),
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for nodes not named as roles."),
+    recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each "
+                                               "episode and replay (default: LangGraph's own)."),
     versions: str = typer.Option("live", help="Alias or role=ref,... the team runs (and replays by default)."),
     episodes: int = typer.Option(1, "--episodes", min=1, help="Fresh episodes per scenario."),
     replays: int = typer.Option(4, min=1, help="Replays of each action's step."),
@@ -61,7 +63,7 @@ def attribute(
     out.mkdir(parents=True, exist_ok=True)
     scorer = _load_reward(reward)
     scenario_set = _scenario_set(scenarios, input_keys, None, seed, out, console)
-    spec, reg = _replay_spec(app, model, agents, registry, node_roles, max_tokens, temperature)
+    spec, reg = _replay_spec(app, model, agents, registry, node_roles, max_tokens, temperature, recursion_limit)
     pins = _pins(versions, reg, spec.agents, console)
     with console.status(f"loading {model} for {', '.join(spec.agents)}"):
         team = spec.build_team(registry=reg)

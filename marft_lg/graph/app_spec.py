@@ -38,6 +38,8 @@ class AppSpec(TeamSpec):
     """Keyword arguments of the `TeamChatModel` an ``f(llm)`` factory is given (``max_tokens``, ``temperature``...)."""
     what: str = "app"
     """The setting's name in error messages (``online.app``, ``--app``)."""
+    recursion_limit: int | None = None
+    """LangGraph's step limit for each episode (`wrap(..., recursion_limit=)`); None keeps LangGraph's own."""
 
     # -- the app ------------------------------------------------------------------------------------------------
     def load_app(self) -> Any:
@@ -69,16 +71,21 @@ class AppSpec(TeamSpec):
     # -- building -----------------------------------------------------------------------------------------------
     def build_app(self, team: Any, trace_dir: str | Path | None, *, capture_messages: bool = True) -> Any:
         """The app as a `WrappedGraph` on `team`, traced into `trace_dir` (see the module docstring)."""
-        from marft_lg.graph.wrap import WrappedGraph, wrap
+        from marft_lg.graph.wrap import WrappedGraph, check_recursion_limit, wrap
 
         graph = app_graph(self.load_app(), lambda: self.team_chat_model(team), self._where())
-        node_roles = dict(self.node_roles or {})
+        node_roles, limit = dict(self.node_roles or {}), self.recursion_limit
         if isinstance(graph, WrappedGraph):
             node_roles = {**(graph.node_roles or {}), **node_roles}
+            limit = graph.recursion_limit if limit is None else limit
             capture_messages, graph = graph.tracer.capture_messages, graph.graph
         check_node_roles(graph, node_roles, self._where())
+        try:
+            limit = check_recursion_limit(limit)
+        except ValueError as exc:
+            raise ConfigError(f"{self.source or 'config'}: {exc}") from None
         return wrap(graph, team=team, trace_dir=trace_dir, node_roles=node_roles or None,
-                    capture_messages=capture_messages, serve_http=True)
+                    capture_messages=capture_messages, serve_http=True, recursion_limit=limit)
 
     def team_chat_model(self, team: Any) -> Any:
         from marft_lg.graph.chat_model import TeamChatModel

@@ -1,7 +1,9 @@
 """The one episode runner: planned episodes through a wrapped LangGraph app, read back as trajectories. The trainer's
 on-policy phase, a comparison's replays and each Ray rollout worker all run their episodes here.
 
-Failures are typed records (`EpisodeFailure`), and two checks guard what a batch of episodes may be used for:
+Failures are typed records (`EpisodeFailure`); an episode that ran into LangGraph's recursion limit
+(`wrap(..., recursion_limit=)`) is not one: it is kept as a truncated episode (traced, scored, trained on) and its id
+listed in `GraphCollector.truncated`. Two checks guard what a batch of episodes may be used for:
 `check_failures` (a batch where fewer than half of the episodes succeeded is an error showing the first ones) and
 `check_served` (every action of a served role must come from the adapter version the episode asked for, or the
 app's calls did not reach the team under test).
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from langgraph.errors import GraphRecursionError
 
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
@@ -111,7 +115,8 @@ class GraphCollector:
 
     `collect` (the trainer's call) runs K episodes per scenario on the versions the app's team serves and checks
     the batch (`check_failures`, `check_served`); `run` runs any planned jobs and leaves judging them to the caller.
-    `failures` holds the episodes of the last call that raised.
+    `failures` holds the episodes of the last call that raised, `truncated` the ids of those that stopped at the
+    app's recursion limit.
     """
 
     def __init__(self, app: Any, *, trace_dir: str | Path | None = None, concurrency: int = 8, run_id: str | None = None,
@@ -123,6 +128,7 @@ class GraphCollector:
         self.concurrency = concurrency
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.failures: list[EpisodeFailure] = []
+        self.truncated: list[str] = []
         self.progress = progress  # called with no argument after each episode, when set
 
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
@@ -139,7 +145,7 @@ class GraphCollector:
     def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
         """Run the planned episodes (up to `concurrency` at once) and return their trajectories (in mining order: by
         episode); the ones that raised are in `failures`."""
-        self.failures = []
+        self.failures, self.truncated = [], []
         ids = [j.episode_id for j in jobs]
         capture = getattr(self.app, "capture", None)
         if self.read_back is not None:
@@ -169,6 +175,8 @@ class GraphCollector:
                 else:
                     self.app.invoke(job.scenario.inputs, episode_id=job.episode_id,
                                     scenario_id=job.scenario.scenario_id, seed=job.seed, **extra)
+            except GraphRecursionError:  # the step cap ended it: a truncated episode, as traced so far
+                self.truncated.append(job.episode_id)
             except Exception as exc:  # a failed episode is still traced (status error) and scored by the reward
                 self.failures.append(EpisodeFailure.of(job, exc))
             if self.progress is not None:

@@ -40,8 +40,9 @@ class WrappedGraph(Runnable):
                  node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
                  shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None,
-                 serve_http: bool = False):
+                 serve_http: bool = False, recursion_limit: int | None = None):
         self.graph = graph
+        self.recursion_limit = check_recursion_limit(recursion_limit)
         self.team = team
         self.sink = sink
         self.server = None
@@ -178,6 +179,8 @@ class WrappedGraph(Runnable):
                 seed: int | None = None, versions: Versions = None,
                 metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
         cfg: dict[str, Any] = dict(config or {})
+        if self.recursion_limit is not None:
+            cfg.setdefault("recursion_limit", self.recursion_limit)
         md = dict(cfg.get("metadata") or {})
         opts = {**dict(md.get(RUN_KEY) or {}), **run_options(episode_id, scenario_id, seed, versions, metadata)}
         opts.setdefault("episode_id", str(md.get("episode_id") or uuid.uuid4().hex))
@@ -188,7 +191,8 @@ class WrappedGraph(Runnable):
             configurable["thread_id"] = opts["episode_id"]  # a checkpointed graph needs one: the episode's own
             cfg["configurable"] = configurable
         if self.mirror is not None:
-            self.tracer.remember_config(opts["episode_id"], config or {})
+            limit = {"recursion_limit": cfg["recursion_limit"]} if "recursion_limit" in cfg else {}
+            self.tracer.remember_config(opts["episode_id"], {**dict(config or {}), **limit})
         self.last_episode_id = opts["episode_id"]
         return with_handler(cfg, self.tracer)
 
@@ -302,6 +306,15 @@ class WrappedGraph(Runnable):
         return await self.graph.abatch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
 
+def check_recursion_limit(value: Any, where: str = "recursion_limit") -> int | None:
+    """`value` as LangGraph's recursion limit: None, or a whole number >= 1 (`ValueError` naming `where`)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a whole number >= 1 (LangGraph steps per run), got {value!r}")
+    return value
+
+
 def _has_checkpointer(graph: Any) -> bool:
     """Whether runs of `graph` need a thread id: compiled with a checkpointer saver (not None/False/True)."""
     saver = getattr(graph, "checkpointer", None)
@@ -342,6 +355,7 @@ def wrap(
     service_name: str = "marft_lg",
     max_file_bytes: int = 64 * 2**20,
     serve_http: bool = False,
+    recursion_limit: int | None = None,
 ) -> WrappedGraph:
     """Route and trace a compiled LangGraph app.
 
@@ -373,4 +387,4 @@ def wrap(
               if shadow is not None and sample_rate > 0 else None)
     return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles,
                         capture_messages=capture_messages, redact=redact, shadow=shadow, mirror=mirror,
-                        serve_http=serve_http)
+                        serve_http=serve_http, recursion_limit=recursion_limit)

@@ -46,6 +46,8 @@ class RetrainJob:
     """`{node: role}` for app nodes whose name is not their agent role (passed to `wrap(..., node_roles=)`)."""
     chat_model: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the app's `TeamChatModel` (e.g. `max_tokens`, `temperature`) in compare / online runs."""
+    recursion_limit: int | None = None
+    """LangGraph step limit of each compare / online episode (None: LangGraph's own); one stopped there is truncated."""
     reward: str | dict[str, Any] = "reward.yaml"
     """CompositeReward config (path or inline mapping): scores mined episodes and shadow-compare episodes."""
     trainer: str | dict[str, Any] = "trainer.yaml"
@@ -145,6 +147,7 @@ class RetrainJob:
         check_int("samples_per_scenario", self.samples_per_scenario, low=1)
         check_int("misfire_grace_s", self.misfire_grace_s, low=0)
         check_int("seed", self.seed, low=0)
+        check_int("recursion_limit", self.recursion_limit, low=1, allow_none=True)
         check_range("settle_s", self.settle_s, low=0.0)
         check_range("max_line_mb", self.max_line_mb, low=0.0, low_open=True)
         check_range("lock_stale_after_s", self.lock_stale_after_s, low=0.0, low_open=True)

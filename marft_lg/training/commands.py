@@ -41,7 +41,7 @@ from marft_lg.loading import LoadError, check_model_mapping, check_roles, load_o
 from marft_lg.tracking.settings import TrackingUnavailable, check_report_to, parse_report_to, require_all
 
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
-ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature")
+ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature", "recursion_limit")
 PHASES = ("offline", "online")
 EXIT_BAD_INPUT = 2
 EXIT_ROLLOUTS = 1  # the online phase's episodes failed (or missed the versions under test): nothing published
@@ -100,7 +100,7 @@ class TrainFile:
         cfg = cfg if cfg is not None else self.config()
         return AppSpec(app=self.online.get("app", DEFAULT_APP), model=self.model, agents=list(self.agents),
                        registry=self.registry, versions=self.versions, seed=cfg.seed,
-                       node_roles=self.online.get("node_roles"),
+                       node_roles=self.online.get("node_roles"), recursion_limit=self.online.get("recursion_limit"),
                        chat_model={"max_tokens": int(self.online.get("max_tokens", cfg.max_new_tokens)),
                                    "temperature": float(self.online.get("temperature", cfg.temperature))},
                        base_dir=None if self.base_dir is None else str(self.base_dir),
@@ -225,12 +225,13 @@ class TrainFile:
         if unknown:
             raise doc.error(f"unknown online key {unknown[0]!r}; known: {list(ONLINE_KEYS)}", ("online", unknown[0]))
         o = self.online
-        types_ = {"app": str, "split": str | None, "iterations": int, "max_tokens": int, "temperature": float}
+        types_ = {"app": str, "split": str | None, "iterations": int, "max_tokens": int, "temperature": float,
+                  "recursion_limit": int | None}
         for key, tp in types_.items():
             if key in o:
                 o[key] = convert(o[key], tp, doc, ("online", key))
-        for key, low in (("iterations", 0), ("max_tokens", 1)):
-            if key in o and o[key] < low:
+        for key, low in (("iterations", 0), ("max_tokens", 1), ("recursion_limit", 1)):
+            if o.get(key) is not None and o[key] < low:
                 raise doc.error(f"must be >= {low}, got {o[key]}", ("online", key))
         if "temperature" in o and o["temperature"] < 0:
             raise doc.error(f"must be >= 0, got {o['temperature']}", ("online", "temperature"))

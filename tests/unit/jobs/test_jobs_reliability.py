@@ -129,6 +129,7 @@ def test_stages_that_are_not_a_stages_class_are_a_clear_error(tmp_path):
     ({"reward": {"weights": {"step_count": "lots"}}}, r"job.yaml:\d+: reward.weights.step_count: expected a number"),
     ({"reward": {"weights": {"a": 1}, "credit": "eventually"}}, r"job.yaml:\d+: reward.credit: credit must be one of"),
     ({"samples_per_scenario": 0}, r"job.yaml:\d+: samples_per_scenario: must be >= 1"),
+    ({"recursion_limit": 0}, r"job.yaml:\d+: recursion_limit: must be >= 1 or null"),
     ({"timezone": "Mars/Olympus"}, r"job.yaml:\d+: timezone: unknown time zone"),
     ({"traces": 5}, r"job.yaml:\d+: traces: expected a list of text, got int 5"),
     ({"stages": "os:system", "name": "a b"}, r"job.yaml:\d+: name: must be a non-empty word"),
@@ -136,6 +137,13 @@ def test_stages_that_are_not_a_stages_class_are_a_clear_error(tmp_path):
 def test_job_yaml_values_are_checked_with_file_line_and_key(tmp_path, settings, message):
     with pytest.raises(ConfigError, match=message):
         _job(tmp_path / "job", **settings)
+
+
+def test_a_jobs_step_cap_reaches_its_app(tmp_path):
+    from marft_lg.jobs.stages import LibraryStages
+
+    job = _job(tmp_path / "job", recursion_limit=12, app="marft_lg.examples.math_team.graph:build_graph")
+    assert LibraryStages(job).app_spec().recursion_limit == 12
 
 
 def test_job_yaml_syntax_error_and_cli_exit_2(tmp_path):

@@ -86,6 +86,8 @@ def test_a_word_for_a_learning_rate_names_the_key_and_line(tmp_path):
     ("versions: 5\n", r"train.yaml:6: versions: expected an alias name .* got int 5"),
     ("versions: {critic: v1}\n", r"train.yaml:6: versions.critic: role 'critic' is not one of the agents"),
     ("online: {iterations: -3}\n", r"train.yaml:6: online.iterations: must be >= 0"),
+    ("online: {recursion_limit: 0}\n", r"train.yaml:6: online.recursion_limit: must be >= 1"),
+    ("online: {recursion_limit: many}\n", r"train.yaml:6: online.recursion_limit: expected an integer"),
     ("run_dir: [a]\n", r"train.yaml:6: run_dir: expected text, got list"),
 ])
 def test_types_and_ranges_are_checked(tmp_path, extra, message):

@@ -76,7 +76,8 @@ def questions(n: int, rng: random.Random, taken: set[str]) -> list:
     return out
 
 
-def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work: Path) -> dict:
+def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work: Path, *, per_iteration: int = 4,
+            recursion_limit: int | None = None) -> dict:
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.app_spec import AppSpec
     from marft_lg.rewards.composite import CompositeReward
@@ -90,7 +91,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     stream = questions(400, rng, taken)
     reward = CompositeReward.from_yaml(EXAMPLE / "reward.yaml")
     spec = AppSpec(app="app:build_graph", base_dir=str(EXAMPLE), model=MODEL, agents=ROLES,
-                   registry=str(run / "registry"), versions=None, seed=seed,
+                   registry=str(run / "registry"), versions=None, seed=seed, recursion_limit=recursion_limit,
                    chat_model={"max_tokens": SETTINGS["max_new_tokens"], "temperature": SETTINGS["temperature"]})
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -104,7 +105,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         est = ESTIMATORS[estimator]
         cfg = MARFTConfig(**SETTINGS, **est, seed=seed, rollout_concurrency=4 * est["group_size"])
         trainer = MARFTTrainer(team, reward, cfg, run / "train", run_id=f"credit-tools-{estimator}", progress=False)
-        trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=4, time_budget_s=online_minutes * 60)
+        trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=online_minutes * 60)
         trainer.close("FINISHED")
         tuned = team.versions()
         team.registry.set_alias("candidate", tuned, reason="benchmark: tuned")
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--estimators", default="group,counterfactual")
     ap.add_argument("--online-minutes", type=float, default=5.0)
     ap.add_argument("--heldout", type=int, default=32)
+    ap.add_argument("--per-iteration", type=int, default=4, help="questions per on-policy iteration")
+    ap.add_argument("--recursion-limit", type=int, default=8,
+                    help="LangGraph step limit of each episode (a worker's tool loop ends before it); 0: LangGraph's own")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     import torch
@@ -150,16 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     from marft_lg._provenance import code_state, machine
 
     torch.set_num_threads(2)
+    limit = args.recursion_limit or None
     out = {**code_state(), "benchmark": "credit_tools", "machine": machine(),
            "settings": {"online_minutes": args.online_minutes, "heldout": args.heldout, "trainer": SETTINGS,
+                        "questions_per_iteration": args.per_iteration, "recursion_limit": limit,
                         "estimators": {k: ESTIMATORS[k] for k in args.estimators.split(",")},
-                        "app": "examples/supervisor_tools (reward.yaml), generated questions, 4 per iteration"},
+                        "app": "examples/supervisor_tools (reward.yaml), generated questions"},
            "runs": []}
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             for estimator in args.estimators.split(","):
-                run = one_run(estimator, seed, args.online_minutes, args.heldout, work)
+                run = one_run(estimator, seed, args.online_minutes, args.heldout, work, per_iteration=args.per_iteration,
+                              recursion_limit=limit)
                 out["runs"].append(run)
                 print(json.dumps({k: run[k] for k in ("estimator", "seed", "minutes", "iterations", "gain", "ci_low",
                                                       "ci_high", "replays")}), flush=True)

@@ -1,16 +1,17 @@
 """Credit estimators on a tool-using team at equal training time: examples/supervisor_tools (a supervisor that hands
 off by a forced tool call to two prebuilt ReAct workers, a researcher with `lookup` and a mathematician with
-add / multiply / divide; its reward: the answer names the reference, tool errors and extra steps cost a little),
-on-policy MARFT from untuned adapters with `credit: group` and with `credit: counterfactual`, then the tuned team
-shadow-compared with the untuned one on held-out questions (greedy, paired).
+add / multiply / divide), on-policy MARFT from untuned adapters with `credit: group` and with `credit:
+counterfactual`, then the tuned team shadow-compared with the untuned one on held-out questions (greedy, paired).
+The reward (`REWARD`): the answer names the reference, plus partial credit for the right hand-off and the right
+tool (scenario checkpoints, `goal_progress`); tool errors and steps cost a little.
 
-    python benchmarks/credit_tools.py --seeds 0 --online-minutes 5 --heldout 32
+    python benchmarks/credit_tools.py --seeds 0,1,2 --online-minutes 14 --per-iteration 2 --heldout 24
 
-Cost, measured on 2 CPU cores (2026-11-27): one on-policy `group` iteration (4 questions x 4 episodes) ran 16
-episodes of 124 actions (prompts 1,448 tokens on average, up to 5,401: the untuned mathematician can loop on tool
-calls, one episode took 51 actions), and its PPO update had not ended 13 minutes after the start, so the run was
-stopped and there is no results file yet; a smoke run (`--online-minutes 0.3 --heldout 2`, counterfactual: 8
-episodes and 33 replays, all used) took 7 minutes. Run it where a GPU trains (README.md, "Running on a GPU").
+Each episode runs under a LangGraph step limit (`--recursion-limit`, default 8: a worker's ReAct loop ends after at
+most 4 calls). Without it one untuned on-policy iteration on 2 CPU cores ran 16 episodes of 124 actions (prompts
+1,448 tokens on average, up to 5,401: the untuned mathematician looped on tool calls, one episode took 51 actions)
+and its update had not ended after 13 minutes; with it and 2 questions per iteration an iteration takes 10 s to 2
+minutes.
 
 The questions are generated (arithmetic with fresh numbers, the three facts asked several ways), a stream for
 training and a disjoint held-out set. The supervisor's hand-offs are tool calls, so every worker step has tool calls
@@ -48,6 +49,15 @@ ESTIMATORS = {
     "counterfactual": {"credit": "counterfactual", "group_size": 2, "replays_per_action": 1, "replay_fraction": 0.5,
                        "replay_tools": "rerun"},
 }
+TOOL_OF = {"plus": "add", "times": "multiply", "divided by": "divide"}
+# The team's reward: the answer names the reference, and partial credit for the steps to it (the supervisor's
+# hand-off to the right worker, that worker's right tool), which an untuned team sometimes takes; tool errors and
+# steps cost a little. (With the example's own reward.yaml, answer or nothing, the untuned team almost never earned
+# anything and `group` training collapsed within 4 iterations to a supervisor that calls `finish` at once: doing
+# nothing cost less than trying.)
+REWARD = {"weights": {"task_completion": 1.0, "goal_progress": 0.5, "tool_error_rate": -0.2, "step_count": -0.02},
+          "components": {"task_completion": {"match": "contains"}}, "credit": "terminal",
+          "answer_agents": ["researcher", "mathematician"]}
 FACTS = {"otel": "OpenTelemetry", "lora": "low-rank", "ppo": "clips"}
 ASK_FACT = ["What is {t}?", "Tell me about {t}.", "What does {t} mean?", "Explain {t} in one sentence.",
             "Give me a fact about {t}.", "I need to know what {t} is."]
@@ -62,6 +72,7 @@ def questions(n: int, rng: random.Random, taken: set[str]) -> list:
         if rng.random() < 1 / 3:
             topic = rng.choice(sorted(FACTS))
             text, ref, sid = rng.choice(ASK_FACT).format(t=topic), FACTS[topic], f"fact-{topic}"
+            steps = ["tool:transfer_to_researcher", "tool:lookup"]
         else:
             a, b = rng.randint(2, 30), rng.randint(2, 30)
             op = rng.choice(["plus", "times", "divided by"])
@@ -69,10 +80,12 @@ def questions(n: int, rng: random.Random, taken: set[str]) -> list:
                 a *= b
             value = {"plus": a + b, "times": a * b, "divided by": a // b}[op]
             text, ref, sid = f"What is {a} {op} {b}?", str(value), f"{op.split()[0]}-{a}-{b}"
+            steps = ["tool:transfer_to_mathematician", f"tool:{TOOL_OF[op]}"]
         if text in taken:
             continue
         taken.add(text)
-        out.append(Scenario(f"{sid}-{len(taken)}", {"messages": [{"role": "user", "content": text}]}, reference=ref))
+        out.append(Scenario(f"{sid}-{len(taken)}", {"messages": [{"role": "user", "content": text}]}, reference=ref,
+                            checkpoints=steps))
     return out
 
 
@@ -89,7 +102,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     rng, taken = random.Random(seed), set()
     test = questions(heldout, rng, taken)
     stream = questions(400, rng, taken)
-    reward = CompositeReward.from_yaml(EXAMPLE / "reward.yaml")
+    reward = CompositeReward.from_yaml(REWARD)
     spec = AppSpec(app="app:build_graph", base_dir=str(EXAMPLE), model=MODEL, agents=ROLES,
                    registry=str(run / "registry"), versions=None, seed=seed, recursion_limit=recursion_limit,
                    chat_model={"max_tokens": SETTINGS["max_new_tokens"], "temperature": SETTINGS["temperature"]})
@@ -159,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
            "settings": {"online_minutes": args.online_minutes, "heldout": args.heldout, "trainer": SETTINGS,
                         "questions_per_iteration": args.per_iteration, "recursion_limit": limit,
                         "estimators": {k: ESTIMATORS[k] for k in args.estimators.split(",")},
-                        "app": "examples/supervisor_tools (reward.yaml), generated questions"},
+                        "reward": REWARD,
+                        "app": "examples/supervisor_tools, generated questions with checkpoints (hand-off, tool)"},
            "runs": []}
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:

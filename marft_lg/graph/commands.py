@@ -42,10 +42,12 @@ def run(
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Runs at once."),
     seed: int = typer.Option(0, "--seed", help="Seed of the runs (passed to each episode)."),
+    recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each run (default: LangGraph's own); a run stopped there is kept as truncated."),
 ) -> None:
     """Run the app on every scenario (traced, one episode per run) to record traces to mine and train from."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
+    from langgraph.errors import GraphRecursionError
     from rich.console import Console
     from rich.progress import Progress
 
@@ -66,14 +68,19 @@ def run(
         raise typer.BadParameter(f"{scenarios}: no scenarios" + (f" in split {split!r}" if split else ""))
     graph = _graph_of(obj, app)
     wrapped = graph if isinstance(graph, WrappedGraph) else wrap(graph, trace_dir=trace_dir, node_roles=roles)
+    if recursion_limit is not None:
+        wrapped.recursion_limit = recursion_limit
     run_id = uuid.uuid4().hex[:8]
     jobs = [(s, j) for s in chosen for j in range(samples)]
     failures: list[str] = []
+    truncated: list[str] = []
 
     def one(s: Any, j: int) -> None:
         eid = f"run-{run_id}-{s.scenario_id}-{j}"
         try:
             wrapped.invoke(s.inputs, episode_id=eid, scenario_id=s.scenario_id, seed=derive_seed(seed, s.scenario_id, j))
+        except GraphRecursionError:  # stopped at the step limit: traced as far as it went
+            truncated.append(eid)
         except Exception as exc:  # a failed run is traced with status error; keep going
             failures.append(f"{eid}: {type(exc).__name__}: {exc}")
 
@@ -85,7 +92,8 @@ def run(
     wrapped.flush()
     for line in failures[:5]:
         console.print(f"[yellow]failed[/] {line}")
-    console.print(f"ran {len(jobs)} episodes ({len(failures)} failed) of {len(chosen)} scenarios; traces in "
+    cut = f", {len(truncated)} stopped at the recursion limit" if truncated else ""
+    console.print(f"ran {len(jobs)} episodes ({len(failures)} failed{cut}) of {len(chosen)} scenarios; traces in "
                   f"{wrapped.trace_dir or trace_dir}")
     if failures and len(failures) == len(jobs):
         raise typer.Exit(1)

@@ -110,3 +110,37 @@ def test_a_prebuilt_agent_on_chatopenai_ends_its_tool_loop_at_the_limit(team, tm
     ds = collector.run(plan_episodes("odd", [Scenario("q", QUESTION)], 1, 0, seed=3))
     assert collector.failures == [] and len(collector.truncated) == 1 and list(ds.episodes["n_actions"]) == [4]
     app.close()
+
+
+LOOP_APP = '''
+from typing import TypedDict
+
+from langgraph.graph import START, StateGraph
+
+
+class S(TypedDict):
+    n: int
+
+
+g = StateGraph(S)
+g.add_node("tick", lambda s: {"n": s["n"] + 1})
+g.add_edge(START, "tick")
+g.add_conditional_edges("tick", lambda s: "tick", ["tick"])  # never ends
+graph = g.compile()
+'''
+
+
+def test_marft_lg_run_keeps_going_past_runs_stopped_at_the_limit(tmp_path):
+    from typer.testing import CliRunner
+
+    from marft_lg.cli import app as cli
+    from tests.cli_text import flat
+
+    (tmp_path / "loop.py").write_text(LOOP_APP)
+    (tmp_path / "s.jsonl").write_text('{"scenario_id": "a", "inputs": {"n": 0}}\n')
+    out = CliRunner().invoke(cli, ["run", "--app", f"{tmp_path / 'loop.py'}:graph", "--scenarios",
+                                   str(tmp_path / "s.jsonl"), "--trace-dir", str(tmp_path / "traces"),
+                                   "--samples", "2", "--recursion-limit", "5"])
+    assert out.exit_code == 0, out.output
+    assert "ran 2 episodes (0 failed, 2 stopped at the recursion limit)" in flat(out.output)
+    assert list((tmp_path / "traces").glob("*.jsonl"))

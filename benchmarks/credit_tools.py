@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                         "reward": REWARD,
                         "app": "examples/supervisor_tools, generated questions with checkpoints (hand-off, tool)"},
            "runs": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:

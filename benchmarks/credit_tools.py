@@ -94,6 +94,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.app_spec import AppSpec
     from marft_lg.rewards.composite import CompositeReward
+    from marft_lg.serving.errors import RegistryError
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.metrics import read_metrics
     from marft_lg.training.trainer import MARFTTrainer
@@ -120,7 +121,13 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         trainer = MARFTTrainer(team, reward, cfg, run / "train", run_id=f"credit-tools-{estimator}", progress=False)
         trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=online_minutes * 60)
         trainer.close("FINISHED")
-        tuned = team.versions()
+        tuned, not_updated = dict(team.versions()), []
+        for role, version in tuned.items():  # a role no update reached has no new version: its candidate is untuned
+            try:
+                team.registry.resolve(role, version)
+            except RegistryError:
+                tuned[role] = untuned[role]
+                not_updated.append(role)
         team.registry.set_alias("candidate", tuned, reason="benchmark: tuned")
         greedy = replace(spec, chat_model={"max_tokens": SETTINGS["max_new_tokens"], "temperature": 0.0}).build_app(
             team, run / "compare")
@@ -145,6 +152,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         "baseline_reward": result.side_mean("baseline", "reward"),
         "candidate_reward": result.side_mean("candidate", "reward"),
         "train_reward_by_iteration": [r.get("reward_mean") for r in rows],
+        "roles_not_updated": not_updated,
         "wall_minutes": round((time.perf_counter() - t0) / 60, 2),
         "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -160,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recursion-limit", type=int, default=8,
                     help="LangGraph step limit of each episode (a worker's tool loop ends before it); 0: LangGraph's own")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--append", action="store_true",
+                    help="keep the runs already in --out (same settings) and run only the missing estimator x seed")
     args = ap.parse_args(argv)
     import torch
 
@@ -175,14 +185,23 @@ def main(argv: list[str] | None = None) -> int:
                         "reward": REWARD,
                         "app": "examples/supervisor_tools, generated questions with checkpoints (hand-off, tool)"},
            "runs": []}
+    if args.append and args.out.exists():
+        before = json.loads(args.out.read_text())
+        if {k: v for k, v in before["settings"].items() if k != "estimators"} != {
+                k: v for k, v in json.loads(json.dumps(out["settings"])).items() if k != "estimators"}:
+            ap.error(f"--append: {args.out} was measured with other settings")
+        out["runs"] = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
+    done = {(r["estimator"], r["seed"]) for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             for estimator in args.estimators.split(","):
+                if (estimator, seed) in done:
+                    continue
                 run = one_run(estimator, seed, args.online_minutes, args.heldout, work, per_iteration=args.per_iteration,
                               recursion_limit=limit)
-                out["runs"].append(run)
+                out["runs"].append({**run, "commit": out["commit"]})
                 print(json.dumps({k: run[k] for k in ("estimator", "seed", "minutes", "iterations", "gain", "ci_low",
                                                       "ci_high", "replays")}), flush=True)
                 write_atomic(args.out, json.dumps(out, indent=2) + "\n")

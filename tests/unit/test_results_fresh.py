@@ -49,6 +49,8 @@ MEASURES: dict[str, list[str]] = {
     "distributed.json": ["benchmarks/distributed.py", "marft_lg/distributed", "marft_lg/graph/collect.py"],
     "blame.json": ["benchmarks/blame.py", "marft_lg/evaluation/attribution.py", "marft_lg/graph/replays.py",
                    "marft_lg/serving/replay.py", "marft_lg/examples/relay.py", "marft_lg/examples/math_team"],
+    "credit_tools.json": ["benchmarks/credit_tools.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
+                          "marft_lg/serving/replay.py", "marft_lg/graph/collect.py", "examples/supervisor_tools"],
     "credit.json": ["benchmarks/credit.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
                     "marft_lg/serving/replay.py", "marft_lg/demo.py"],
     "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
@@ -153,7 +155,7 @@ def _leaves(obj: object) -> list[float]:
 def _in_file(text: str, k: str | None, values: list[float]) -> bool:
     """Whether the figure `text` (as written: its decimals say its precision) is a number of the file, in the file's
     unit or scaled (k, %, MB -> GB)."""
-    figure = float(text.replace(",", ""))
+    figure = float(text.replace(",", ""))  # signed: -0.07 is not 0.07
     half = 0.5 * 10 ** -(len(text.split(".")[1]) if "." in text else 0) + 1e-9
     scales = (1000.0,) if k else (1.0, 0.01, 1024.0, 1000.0)
     return any(abs(v / s - figure) <= half for v in values for s in scales)
@@ -167,8 +169,8 @@ def stale_figures(rows: list[tuple[int, str, str, str]]) -> list[str]:
         if "≤" in head or not name or not (RESULTS / name).exists():
             continue
         values = _leaves(json.loads((RESULTS / name).read_text()))
-        for m in re.finditer(r"(\d[\d,]*(?:\.\d+)?)(k)?", head):
-            if not _in_file(m.group(1), m.group(2), values):
+        for m in re.finditer(r"((?<![\w.])-)?(\d[\d,]*(?:\.\d+)?)(k)?", head):  # a minus sign, not a range's dash
+            if not _in_file((m.group(1) or "") + m.group(2), m.group(3), values):
                 problems.append(f"README.md:{n}: {m.group(0)} is not in {name} ({head.strip()[:60]})")
     return problems
 
@@ -184,3 +186,4 @@ def test_a_planted_stale_figure_is_caught():
     cells = line.split("|")
     planted = "|".join([*cells[:3], " 9.87× / 6.54× ", *cells[4:]])
     assert len(stale_figures([(n, planted, name, commit)])) == 2
+    assert _in_file("-0.081", None, [-0.08125]) and not _in_file("-0.081", None, [0.08125])  # the sign counts

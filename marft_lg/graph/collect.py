@@ -19,8 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from langgraph.errors import GraphRecursionError
-
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
 
@@ -164,6 +162,9 @@ class GraphCollector:
         return captured.dataset(ids)
 
     def _run_all(self, jobs: list[EpisodeJob]) -> None:
+        # imported here: the training code imports this module on GPU machines without LangGraph (test_device_bare.py)
+        from langgraph.errors import GraphRecursionError
+
         def run(job: EpisodeJob) -> None:
             extra: dict[str, Any] = {} if job.versions is None else {"versions": dict(job.versions)}
             if job.metadata is not None:

@@ -143,25 +143,27 @@ class GraphCollector:
     def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
         """Run the planned episodes (up to `concurrency` at once) and return their trajectories (in mining order: by
         episode); the ones that raised are in `failures`."""
-        self.failures, self.truncated = [], []
         ids = [j.episode_id for j in jobs]
         capture = getattr(self.app, "capture", None)
         if self.read_back is not None:
-            self._run_all(jobs)
+            self.execute(jobs)
             return self.read_back(ids)
         if capture is None:
             from marft_lg.trajectories.mining import mine
 
             since = datetime.now(UTC)
-            self._run_all(jobs)
+            self.execute(jobs)
             if hasattr(self.app, "flush"):
                 self.app.flush()
             return mine([str(self.trace_dir)], since=since).select(ids)
         with capture() as captured:
-            self._run_all(jobs)
+            self.execute(jobs)
         return captured.dataset(ids)
 
-    def _run_all(self, jobs: list[EpisodeJob]) -> None:
+    def execute(self, jobs: list[EpisodeJob]) -> None:
+        """Run the planned episodes (up to `concurrency` at once) without reading them back, for a caller whose
+        product is the traces (`marft-lg run`); `failures` and `truncated` say how they ended."""
+        self.failures, self.truncated = [], []
         # imported here: the training code imports this module on GPU machines without LangGraph (test_device_bare.py)
         from langgraph.errors import GraphRecursionError
 

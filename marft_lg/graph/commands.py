@@ -45,12 +45,10 @@ def run(
     recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each run (default: LangGraph's own); a run stopped there is kept as truncated."),
 ) -> None:
     """Run the app on every scenario (traced, one episode per run) to record traces to mine and train from."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from langgraph.errors import GraphRecursionError
     from rich.console import Console
     from rich.progress import Progress
 
+    from marft_lg.graph.collect import EpisodeJob, GraphCollector
     from marft_lg.graph.routing import derive_seed
     from marft_lg.graph.wrap import WrappedGraph, wrap
     from marft_lg.loading import LoadError, load_object, parse_node_roles
@@ -71,27 +69,16 @@ def run(
     if recursion_limit is not None:
         wrapped.recursion_limit = recursion_limit
     run_id = uuid.uuid4().hex[:8]
-    jobs = [(s, j) for s in chosen for j in range(samples)]
-    failures: list[str] = []
-    truncated: list[str] = []
-
-    def one(s: Any, j: int) -> None:
-        eid = f"run-{run_id}-{s.scenario_id}-{j}"
-        try:
-            wrapped.invoke(s.inputs, episode_id=eid, scenario_id=s.scenario_id, seed=derive_seed(seed, s.scenario_id, j))
-        except GraphRecursionError:  # stopped at the step limit: traced as far as it went
-            truncated.append(eid)
-        except Exception as exc:  # a failed run is traced with status error; keep going
-            failures.append(f"{eid}: {type(exc).__name__}: {exc}")
-
-    with Progress(console=console, transient=True) as bar, ThreadPoolExecutor(concurrency) as pool:
+    jobs = [EpisodeJob(s, f"run-{run_id}-{s.scenario_id}-{j}", derive_seed(seed, s.scenario_id, j))
+            for s in chosen for j in range(samples)]
+    with Progress(console=console, transient=True) as bar:
         task = bar.add_task("running scenarios", total=len(jobs))
-        for fut in as_completed([pool.submit(one, s, j) for s, j in jobs]):
-            fut.result()
-            bar.advance(task)
+        collector = GraphCollector(wrapped, concurrency=concurrency, progress=lambda: bar.advance(task))
+        collector.execute(jobs)  # a failed or truncated run is traced as far as it went; the others go on
+    failures, truncated = collector.failures, collector.truncated
     wrapped.flush()
-    for line in failures[:5]:
-        console.print(f"[yellow]failed[/] {line}")
+    for failure in failures[:5]:
+        console.print(f"[yellow]failed[/] {failure}")
     cut = f", {len(truncated)} stopped at the recursion limit" if truncated else ""
     console.print(f"ran {len(jobs)} episodes ({len(failures)} failed{cut}) of {len(chosen)} scenarios; traces in "
                   f"{wrapped.trace_dir or trace_dir}")

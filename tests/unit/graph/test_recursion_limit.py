@@ -144,3 +144,18 @@ def test_marft_lg_run_keeps_going_past_runs_stopped_at_the_limit(tmp_path):
     assert out.exit_code == 0, out.output
     assert "ran 2 episodes (0 failed, 2 stopped at the recursion limit)" in flat(out.output)
     assert list((tmp_path / "traces").glob("*.jsonl"))
+
+
+def test_marft_lg_run_names_failed_runs_and_exits_1_when_all_failed(tmp_path):
+    from typer.testing import CliRunner
+
+    from marft_lg.cli import app as cli
+    from tests.cli_text import flat
+
+    (tmp_path / "boom.py").write_text(LOOP_APP.replace('lambda s: {"n": s["n"] + 1}', "lambda s: 1 / 0"))
+    (tmp_path / "s.jsonl").write_text('{"scenario_id": "a", "inputs": {"n": 0}}\n')
+    out = CliRunner().invoke(cli, ["run", "--app", f"{tmp_path / 'boom.py'}:graph", "--scenarios",
+                                   str(tmp_path / "s.jsonl"), "--trace-dir", str(tmp_path / "traces")])
+    text = flat(out.output)
+    assert out.exit_code == 1 and "ran 1 episodes (1 failed) of 1 scenarios" in text
+    assert "failed run-" in text and "-a-0: ZeroDivisionError: division by zero" in text

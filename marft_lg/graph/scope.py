@@ -30,7 +30,7 @@ from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from marft_lg.graph.routing import EpisodeRoute, derive_seed
 from marft_lg.graph.shadow import ShadowJob, ShadowMirror
 from marft_lg.tracing import propagation
-from marft_lg.tracing.attributes import agent_from_namespace
+from marft_lg.tracing.attributes import MIRROR_OF, agent_from_namespace
 from marft_lg.tracing.recorder import EpisodeInfo, EpisodeRecorder
 
 RUN_KEY = "marft_lg"  # config["metadata"][RUN_KEY]: this run's options (plain, serialisable data)
@@ -246,7 +246,7 @@ class EpisodeTracer(BaseCallbackHandler):
             versions = self.shadow
         shadow_id = f"{live_id}-shadow"
         shadow_opts = run_options(shadow_id, episode.recorder.info.scenario_id, opts.get("seed"), versions,
-                                  {**(opts.get("metadata") or {}), "mirror_of": live_id}, (pair_id, "shadow"))
+                                  {**(opts.get("metadata") or {}), MIRROR_OF: live_id}, (pair_id, "shadow"))
         cfg["metadata"] = {**(cfg.get("metadata") or {}), RUN_KEY: shadow_opts}
         with_handler(cfg, self)
         is_async = episode.is_async

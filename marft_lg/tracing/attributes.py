@@ -53,6 +53,7 @@ MARFT_EPISODE_ID = "marft.episode.id"
 MARFT_SCENARIO_ID = "marft.scenario.id"
 MARFT_EPISODE_METADATA = "marft.episode.metadata"  # JSON object
 REPLAY_OF = "replay_of"  # episode metadata key of a counterfactual replay: the episode it re-ran (never mined)
+MIRROR_OF = "mirror_of"  # episode metadata key of a shadow (mirrored) run: the live episode it mirrors
 MARFT_AGENT_ROLE = "marft.agent.role"
 MARFT_AGENT_NODE = "marft.agent.node"  # namespaced node, e.g. "research|researcher"
 MARFT_LANGGRAPH_STEP = "marft.langgraph.step"

@@ -26,6 +26,10 @@ def mine(
         None, "--ray", metavar="ADDRESS",
         help="Mine on a Ray cluster: local, auto or ray://host:port. The files must be readable at the same paths on"
              " every node (a shared filesystem)."),
+    server_records_only: bool = typer.Option(
+        False, "--server-records-only",
+        help="Also mine server records (marft-lg serve's) that joined no app span as episodes: for an app that was"
+             " not wrapped, whose only record is the server's. Without it they are counted and left out."),
 ) -> None:
     """Mine OpenTelemetry traces (marft_lg, OpenInference, OpenLLMetry, GenAI semconv) into trajectories."""
     from rich.console import Console
@@ -47,7 +51,7 @@ def mine(
             report = mine_to_parquet(
                 paths, out, since=since, quarantine=quarantine, max_attribute_bytes=int(max_attribute_mb * 2**20),
                 max_line_bytes=int(max_line_mb * 2**20), progress=lambda n: bar.update(task, completed=n),
-                workers=workers, ray=ray)
+                workers=workers, ray=ray, server_records_only=server_records_only)
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]marft-lg mine: {escape(str(exc))}[/red]")  # "marft_lg[ray]" is not markup
         raise typer.Exit(2) from exc
@@ -100,6 +104,11 @@ def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> Non
         table.add_row("LLM calls joined to the server's record", f"{report.served_merged:,}")
     if report.replays:
         table.add_row("counterfactual replays left out (not production data)", f"{report.replays:,}")
+    if report.shadows:
+        table.add_row("shadow (mirrored) runs left out (not production data)", f"{report.shadows:,}")
+    if report.server_records_unjoined:
+        table.add_row("server records joined to no app span (left out)", f"{report.server_records_unjoined:,}",
+                      style="yellow")
     if report.repaired_parents:
         table.add_row("parents repaired (orphans re-attached)", f"{report.repaired_parents:,}")
     if report.non_utf8_lines:
@@ -118,6 +127,9 @@ def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> Non
                           + (f" (first at {escape(where)})" if where else ""))
     if report.quarantined_total and quarantine is None:
         out_console.print("[yellow]pass --quarantine FILE to keep the quarantined input for inspection[/yellow]")
+    note = report.leftover_note()
+    if note:
+        out_console.print(f"[yellow]warning: {escape(note)}[/yellow]")
     if report.actions_without_token_ids:
         counts = ", ".join(f"{agent}: {n:,}" for agent, n in report.actions_without_token_ids.items())
         out_console.print(f"[yellow]warning: actions without exact token ids ({escape(counts)}): the trainer re-renders "

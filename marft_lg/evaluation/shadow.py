@@ -251,7 +251,7 @@ def compare_mirrored(
     (baseline = what users got, candidate = the shadow team)."""
     from marft_lg.trajectories.mining import mine
 
-    dataset = mine(trace_dir, since=since)
+    dataset = mine(trace_dir, since=since, keep_shadows=True)  # the mirrors are what it compares
     live, shadow, live_units, shadow_units = split_mirrored(dataset, mirror_pairs(trace_dir))
     if not live_units and not shadow_units:
         raise ValueError(f"no mirrored pairs in {trace_dir}: spans carry no 'marft.mirror.pair_id'; record them with "

@@ -20,5 +20,5 @@ class EpisodeCapture:
         from marft_lg.trajectories.in_memory import raw_spans
         from marft_lg.trajectories.mining import mine_spans
 
-        dataset = mine_spans(raw_spans(list(self.spans)), replays=True)
+        dataset = mine_spans(raw_spans(list(self.spans)), replays=True, shadows=True)
         return dataset if episode_ids is None else dataset.select(list(episode_ids))

@@ -7,6 +7,7 @@ depends only on the input's content: mining the same files twice gives identical
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +23,10 @@ from marft_lg.trajectories.columns import EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, DEFAULT_MAX_LINE_BYTES, FileRange
 from marft_lg.trajectories.pipeline import (
+    REPLAYS,
+    SERVER_RECORDS,
+    SHADOWS,
+    UNJOINED_IN,
     RawSpans,
     assemble_batches,
     feedback_index,
@@ -44,6 +49,7 @@ if TYPE_CHECKING:  # pandas is imported when the tables are built: the mining wo
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 _SHARED_NAMES = frozenset({"agent", "model", "adapter_version"})  # columns whose repeated strings mine() shares
+logger = logging.getLogger("marft_lg.mining")
 
 
 @dataclass
@@ -71,6 +77,13 @@ class MiningReport:
     client that keeps none): the trainer re-renders their prompts, which may not be what the model saw."""
     replays: int = 0
     """Counterfactual replay episodes (metadata ``replay_of``) left out: they are never production data."""
+    shadows: int = 0
+    """Shadow (mirrored) runs (metadata ``mirror_of``) left out: a candidate's answers, never served to a user."""
+    server_records_unjoined: int = 0
+    """Server records (requests `marft-lg serve` answered) that joined no app span, left out unless
+    `server_records_only`: another run's records in the server's folder, or an app whose own spans are missing."""
+    server_records_unjoined_in: dict[str, int] = field(default_factory=dict)
+    """Those records per file they were read from."""
     served_merged: int = 0
     """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
@@ -91,11 +104,23 @@ class MiningReport:
         return (f"{n} trace line(s) longer than the line bound were skipped unread (first at {where}); raise "
                 f"{setting} to mine them")
 
+    def leftover_note(self) -> str | None:
+        """One line saying how many server records joined no app episode and were left out (None when none was)."""
+        n = self.server_records_unjoined
+        if not n:
+            return None
+        files = sorted(self.server_records_unjoined_in.items(), key=lambda kv: (-kv[1], kv[0]))
+        where = ", ".join(f"{f} ({k})" for f, k in files[:2]) + (f" and {len(files) - 2} more" if len(files) > 2 else "")
+        return (f"{n} server record(s) joined no app span and were left out (in {where}): another run's records, or "
+                f"the app's own spans were not mined; mine with server_records_only (--server-records-only) when the "
+                f"server's records are all there is")
+
 
 def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
          max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES, workers: int | None = None,
-         executor: RangeExecutor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> TrajectoryDataset:
-    """Mine trace files, directories or globs into a `TrajectoryDataset`.
+         executor: RangeExecutor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+         server_records_only: bool = False, keep_shadows: bool = False) -> TrajectoryDataset:
+    """Mine trace files, directories or globs into a `TrajectoryDataset` of production episodes.
 
     `since` keeps only episodes that ended after it (a watermark); `quarantine` is a JSONL file
     that receives every line or span that could not be used, with its reason and `file:line`; a line longer than
@@ -103,24 +128,29 @@ def mine(paths: PathsLike, *, since: datetime | str | None = None, quarantine: s
     `workers` processes share the work (default: one per core for inputs over 64 MB, else 1).
     `executor` runs those workers elsewhere (see `range_worker.RangeExecutor`; `marft_lg.distributed.mining.mine` passes
     Ray actors): then the input is always cut into `workers` ranges, whatever its size.
+    `server_records_only`: server records that joined no app span become episodes (an app that was not wrapped, whose
+    only record is the server's); `keep_shadows`: keep shadow (mirrored) runs. Both are left out by default.
     """
     return mine_with_report(paths, since=since, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes,
-                            workers=workers, executor=executor, max_line_bytes=max_line_bytes)[0]
+                            workers=workers, executor=executor, max_line_bytes=max_line_bytes,
+                            server_records_only=server_records_only, keep_shadows=keep_shadows)[0]
 
 
 def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, quarantine: str | Path | None = None,
                      max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                      progress: Callable[[int], None] | None = None, workers: int | None = None,
-                     executor: RangeExecutor | None = None,
-                     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> tuple[TrajectoryDataset, MiningReport]:
+                     executor: RangeExecutor | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                     server_records_only: bool = False,
+                     keep_shadows: bool = False) -> tuple[TrajectoryDataset, MiningReport]:
     """`mine`, plus the `MiningReport` the CLI prints. `progress(n)` is called with spans read so far. `paths` may
     also be a `RawSpans` list of spans already in memory (`mine_spans`)."""
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
+    keep = _keep(paths, server_records_only, keep_shadows)
     episode_rows: list[dict] = []
     action_chunks: dict[str, list] = new_columns()  # name -> the batches' values (lists or flat columns)
     with gc_paused():
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
-                                   chunk_actions=20_000, executor=executor, max_line_bytes=max_line_bytes):
+                                   chunk_actions=20_000, executor=executor, max_line_bytes=max_line_bytes, keep=keep):
             episode_rows.extend(rows)
             for name, values in cols.items():
                 if isinstance(values, TokenColumn):
@@ -129,38 +159,58 @@ def mine_with_report(paths: PathsLike, *, since: datetime | str | None = None, q
                     values = interned(values)
                 action_chunks[name].append(values)
             del rows, cols
-        return _to_dataset(episode_rows, action_chunks), report
+        dataset = _to_dataset(episode_rows, action_chunks)
+    _warn(report)
+    return dataset, report
 
 
-def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None,
-               replays: bool = False) -> TrajectoryDataset:
+def mine_spans(spans: Iterable[RawSpan], *, since: datetime | str | None = None, replays: bool = False,
+               shadows: bool = False, server_records_only: bool = False) -> TrajectoryDataset:
     """`mine` for spans already in memory (a wrapped app's own records): the same interpretation and assembly, no
-    file and no JSON. Mining the files those spans were exported to gives the same tables. `replays`: keep the
-    counterfactual replay episodes (which `mine` always leaves out)."""
+    file and no JSON. Mining the files those spans were exported to gives the same tables. `replays`, `shadows`: keep
+    the counterfactual replay and the shadow (mirrored) episodes (which `mine` leaves out)."""
     raw = RawSpans(spans)
-    raw.replays = replays
-    return mine_with_report(raw, since=since)[0]
+    raw.keep = frozenset(kind for kind, on in ((REPLAYS, replays), (SHADOWS, shadows)) if on)
+    return mine_with_report(raw, since=since, server_records_only=server_records_only)[0]
 
 
 def mine_to_parquet(paths: PathsLike, out: str | Path, *, since: datetime | str | None = None,
                     quarantine: str | Path | None = None, max_attribute_bytes: int = DEFAULT_MAX_ATTRIBUTE_BYTES,
                     progress: Callable[[int], None] | None = None, chunk_actions: int = 5_000,
                     workers: int | None = None, executor: RangeExecutor | None = None,
-                    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> MiningReport:
+                    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, server_records_only: bool = False,
+                    keep_shadows: bool = False) -> MiningReport:
     """Mine straight into ``out/episodes.parquet`` and ``out/actions.parquet`` without holding the whole
     dataset in memory (what `marft-lg mine --out` uses); the files read back with `TrajectoryDataset.from_parquet`.
-    Nothing is written when no episode was mined. `workers` and `executor` as in `mine`."""
+    Nothing is written when no episode was mined. `workers`, `executor`, `server_records_only` and `keep_shadows`
+    as in `mine`."""
     from marft_lg.trajectories.parquet_writer import DatasetParquetWriter
 
     report = MiningReport(quarantine_path=str(quarantine) if quarantine else None)
     with gc_paused(), DatasetParquetWriter(out) as writer:
         for rows, cols in _batches(paths, since, quarantine, max_attribute_bytes, progress, report, workers=workers,
                                    chunk_actions=chunk_actions, writer=writer, executor=executor,
-                                   max_line_bytes=max_line_bytes):
+                                   max_line_bytes=max_line_bytes,
+                                   keep=_keep(paths, server_records_only, keep_shadows)):
             writer.write(rows, cols)
         if report.episodes == 0:
             writer.abort()
+    _warn(report)
     return report
+
+
+def _keep(paths: PathsLike, server_records_only: bool, keep_shadows: bool) -> frozenset[str]:
+    """The kinds of non-production episode a run keeps (`pipeline.assemble_batches`)."""
+    kinds = {SERVER_RECORDS} if server_records_only else set()
+    if keep_shadows:
+        kinds.add(SHADOWS)
+    return frozenset(kinds | getattr(paths, "keep", frozenset()))
+
+
+def _warn(report: MiningReport) -> None:
+    note = report.leftover_note()
+    if note:
+        logger.warning("marft_lg: %s", note)
 
 
 MIN_PARALLEL_BYTES = 64 * 1024 * 1024  # below this, starting worker processes costs more than it saves
@@ -180,7 +230,8 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
 def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | Path | None, max_attribute_bytes: int,
              progress: Callable[[int], None] | None, report: MiningReport, *, workers: int | None, chunk_actions: int,
              writer: DatasetParquetWriter | None = None, executor: RangeExecutor | None = None,
-             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[list[dict], dict[str, list]]]:
+             max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+             keep: frozenset[str] = frozenset()) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """(episode rows, action columns) batches, token columns as `TokenColumn`s; fills `report` at the end.
     With `writer` (the caller writes every yielded batch to it), worker processes' batches are written to it
     as well: the first worker's as they arrive, the others' as parquet parts appended at the end. With `executor`
@@ -188,7 +239,7 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     watermark = _watermark(since)
     if isinstance(paths, RawSpans):
         yield from _local_batches(paths, watermark, quarantine, max_attribute_bytes, progress, report,
-                                  chunk_actions=chunk_actions, share_strings=writer is None)  # no lines to bound
+                                  chunk_actions=chunk_actions, share_strings=writer is None, keep=keep)
         return
     files = _fresh_files(trace_files(paths), watermark, report)
     n_workers = _worker_count(files, workers)
@@ -200,11 +251,11 @@ def _batches(paths: PathsLike, since: datetime | str | None, quarantine: str | P
     if len(groups) > 1 or (groups and executor is not None):
         yield from _parallel_batches(groups, watermark, quarantine, max_attribute_bytes, progress, report,
                                      chunk_actions=chunk_actions, writer=writer, executor=executor,
-                                     max_line_bytes=max_line_bytes)
+                                     max_line_bytes=max_line_bytes, keep=keep)
         return
     yield from _local_batches([FileRange(f) for f in files], watermark, quarantine, max_attribute_bytes, progress,
                               report, chunk_actions=chunk_actions, share_strings=writer is None,
-                              max_line_bytes=max_line_bytes)
+                              max_line_bytes=max_line_bytes, keep=keep)
 
 
 SINCE_FILE_MARGIN_S = 3600
@@ -226,8 +277,8 @@ def _fresh_files(files: list[Path], watermark: int | None, report: MiningReport)
 
 def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                    progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
-                   share_strings: bool,
-                   max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                   share_strings: bool, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                   keep: frozenset[str] = frozenset()) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """`_batches` in this process, from `FileRange`s or `RawSpans`."""
     stats: dict[str, int] = {}
     formats: Counter[str] = Counter()
@@ -241,8 +292,7 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,
-                                           share_strings=share_strings,
-                                           keep_replays=getattr(source, "replays", False)):
+                                           share_strings=share_strings, keep=keep):
             yield rows, flatten(cols)
         quarantine_orphan_feedback(feedback_spans, seen, q)
         _fill_report(report, stats, formats, kept, q, agents)
@@ -251,13 +301,13 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
 def _parallel_batches(groups: list, watermark: int | None, quarantine: str | Path | None, max_attribute_bytes: int,
                       progress: Callable[[int], None] | None, report: MiningReport, *, chunk_actions: int,
                       writer: DatasetParquetWriter | None,
-                      executor: RangeExecutor | None,
-                      max_line_bytes: int) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                      executor: RangeExecutor | None, max_line_bytes: int,
+                      keep: frozenset[str]) -> Iterator[tuple[list[dict], dict[str, list]]]:
     from marft_lg.trajectories.parallel import ParallelRun
 
     run = ParallelRun(groups, quarantine=quarantine, max_attribute_bytes=max_attribute_bytes, watermark=watermark,
                       chunk_actions=chunk_actions, progress=progress, writer=writer, executor=executor,
-                      max_line_bytes=max_line_bytes)
+                      max_line_bytes=max_line_bytes, keep=keep)
     try:
         run.start()
         if writer is None:  # mine() builds DataFrames at the end: pandas loads now, beside the reading workers
@@ -292,7 +342,11 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
     report.actions_without_token_ids = {k[len(NO_TOKEN_IDS):]: v for k, v in sorted(stats.items())
                                         if k.startswith(NO_TOKEN_IDS) and v}
     report.served_merged = stats.get("served_merged", 0)
-    report.replays = stats.get("replays", 0)
+    report.replays = stats.get(REPLAYS, 0)
+    report.shadows = stats.get(SHADOWS, 0)
+    report.server_records_unjoined_in = {k[len(UNJOINED_IN):]: v for k, v in sorted(stats.items())
+                                         if k.startswith(UNJOINED_IN) and v}
+    report.server_records_unjoined = sum(report.server_records_unjoined_in.values())
 
 
 def _watermark(since: datetime | str | None) -> int | None:

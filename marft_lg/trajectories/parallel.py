@@ -58,10 +58,11 @@ class ParallelRun:
     def __init__(self, groups: list[list[FileRange]], *, quarantine: str | Path | None, max_attribute_bytes: int,
                  watermark: int | None, chunk_actions: int, progress: Callable[[int], None] | None,
                  writer: Any = None, executor: RangeExecutor | None = None,
-                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES):
+                 max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, keep: frozenset[str] = frozenset()):
         self.groups, self.max_attribute_bytes, self.max_line_bytes = groups, max_attribute_bytes, max_line_bytes
         self.writer, self.parquet = writer, writer is not None
         self.watermark, self.chunk_actions, self.progress = watermark, chunk_actions, progress
+        self.keep = keep  # the kinds of non-production episode kept (`pipeline.assemble_batches`)
         self.executor: RangeExecutor = executor if executor is not None else ProcessExecutor()
         self.quarantine_path = Path(quarantine) if quarantine is not None else None
         self._tmp = Path(tempfile.mkdtemp(prefix="marft-mine-"))
@@ -195,12 +196,12 @@ class ParallelRun:
         for i, w in enumerate(self._workers):
             local = self._local[i]
             fb = {k: fb_index[k] for k in local if k in fb_index}
-            w.send("assemble", (local, fb, self.watermark, self.chunk_actions, not self.parquet))
+            w.send("assemble", (local, fb, self.watermark, self.chunk_actions, not self.parquet, self.keep))
         episodes = {key: [s for t in tids for s in self._parent_traces.pop(t, ())] for key, tids in self._global.items()}
         self._parent_traces = {}
         fb = {k: fb_index[k] for k in episodes if k in fb_index}
         for rows, cols in assemble_batches(episodes, self.q, self.stats, fb, self.watermark, self.seen, self.chunk_actions,
-                                           self.agents, share_strings=not self.parquet):
+                                           self.agents, share_strings=not self.parquet, keep=self.keep):
             yield rows, flatten(cols)
         done = self._write_parts() if self.parquet else [w.recv() for w in self._workers]
         for _, st, seen, qcounts, qfirst, agents in done:

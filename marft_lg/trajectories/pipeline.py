@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from operator import attrgetter
 from typing import Any
 
-from marft_lg.tracing.attributes import REPLAY_OF
+from marft_lg.tracing.attributes import MIRROR_OF, REPLAY_OF
 from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.flat_columns import TokenColumn
@@ -27,6 +27,12 @@ from marft_lg.trajectories.quarantine import Quarantine
 EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 _MESSAGES = ACTION_FIELDS.index("messages")
+_END = attrgetter("end_ns")
+REPLAYS, SHADOWS, SERVER_RECORDS = "replays", "shadows", "server_records_unjoined"
+"""The kinds of episode that are not production data, named as the `MiningReport` counts them; a mining run leaves
+them out unless its `keep` names them."""
+NOT_PRODUCTION = {REPLAY_OF: REPLAYS, MIRROR_OF: SHADOWS}  # episode metadata key -> the kind of run it marks
+UNJOINED_IN = "server_records_unjoined_in:"  # stats key prefix: server records per file that joined no app episode
 
 
 @contextmanager
@@ -60,9 +66,9 @@ def read_spans(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: d
 
 class RawSpans(list):
     """Spans already read (a wrapped app's own records, say): `read_spans` takes them as they are, with no file.
-    `replays`: keep counterfactual replay episodes (the trainer's own reading of the replays it ran)."""
+    `keep`: the kinds of non-production episode to keep (`REPLAYS`: the trainer's own reading of the replays it ran)."""
 
-    replays: bool = False
+    keep: frozenset[str] = frozenset()
 
 
 def read_traces(source: Any, q: Quarantine, *, max_attribute_bytes: int, stats: dict[str, int], formats: Counter[str],
@@ -123,19 +129,27 @@ def new_columns() -> dict[str, list]:
 def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: dict[str, int],
                      feedback: dict[str, dict[str, Any]], watermark: int | None, seen: set[str],
                      chunk_actions: int, agents: Counter[str], *, share_strings: bool = True,
-                     keep_replays: bool = False) -> Iterator[tuple[list[dict], dict[str, list]]]:
+                     keep: frozenset[str] = frozenset()) -> Iterator[tuple[list[dict], dict[str, list]]]:
     """Assemble episodes in key order (emptying `episodes`), `chunk_actions` actions per batch. Token columns keep
     their encoded values (decoded per batch by `TokenColumn`); `seen` receives every episode with an action,
     `agents` counts the kept actions per agent. `share_strings`: repeated message texts share one copy (what keeps
     `mine()`'s tables small; batches headed for parquet are encoded at once and skip it). Names and ids are shared
-    by `mine()`. Counterfactual replays (episode metadata ``replay_of``) are counted (`stats["replays"]`) and left
-    out unless `keep_replays`: they are the trainer's experiments, never production data."""
+    by `mine()`. Episodes that are not production data are counted (`stats[kind]`) and left out unless `keep` names
+    their kind: counterfactual replays and shadow (mirrored) runs (episode metadata ``replay_of`` / ``mirror_of``: the
+    trainer's and the comparison's experiments), and server records that joined no app span (another run's, or an
+    app that was not wrapped: `SERVER_RECORDS`, counted per record and file)."""
     rows: list[dict] = []
     batch: list[list[Any]] = []
     texts: dict[str, str] = {}  # one copy per distinct message text in a batch (system prompts repeat on every call)
     intern = sys.intern  # and one copy of each role name ("system", "user", ...) overall: ~100 bytes an action
     for key in sorted(episodes):
-        built = assemble_episode(key, episodes.pop(key), q, stats)
+        spans = episodes.pop(key)
+        if SERVER_RECORDS not in keep and all(s.served for s in spans):
+            if watermark is None or max(map(_END, spans)) > watermark:
+                _count_unjoined(spans, stats)
+            continue
+        built = assemble_episode(key, spans, q, stats)
+        del spans
         if built is None:
             continue
         seen.add(key)
@@ -143,8 +157,9 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         if watermark is not None and row["end_time"] <= watermark:
             stats["episodes_before_since"] = stats.get("episodes_before_since", 0) + 1
             continue
-        if not keep_replays and row["metadata"].get(REPLAY_OF):
-            stats["replays"] = stats.get("replays", 0) + 1
+        kind = not_production(row["metadata"])
+        if kind is not None and kind not in keep:
+            stats[kind] = stats.get(kind, 0) + 1
             continue
         row["feedback"] = dict(sorted(feedback.get(key, {}).items()))
         stats["episodes"] = stats.get("episodes", 0) + 1
@@ -165,6 +180,19 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
             rows, batch, texts = [], [], {}
     if rows:
         yield rows, _columns(batch, agents)
+
+
+def not_production(metadata: dict[str, Any]) -> str | None:
+    """The kind of run an episode's metadata marks as not production data (`REPLAYS`, `SHADOWS`), or None."""
+    return next((kind for key, kind in NOT_PRODUCTION.items() if metadata.get(key)), None)
+
+
+def _count_unjoined(spans: list[SpanInfo], stats: dict[str, int]) -> None:
+    """Count an episode's server records (first choices: one per request) per file they were read from."""
+    for s in spans:
+        if not s.choice:
+            where = UNJOINED_IN + (s.source.rpartition(":")[0] or s.source)
+            stats[where] = stats.get(where, 0) + 1
 
 
 def _columns(actions: list[list[Any]], agents: Counter[str]) -> dict[str, list]:

@@ -58,7 +58,8 @@ class RangeWorker:
     - ``parse``: read and interpret the ranges; one reply ("parsed", episode key per trace, feedback spans per
       trace, stats, spans per format, spans kept). The spans stay here.
     - ``ship`` (trace ids): one reply, the spans of those traces in read order (they leave this worker).
-    - ``assemble`` (episodes as trace ids, their feedback, watermark, chunk_actions, to_file): assemble the episodes;
+    - ``assemble`` (episodes as trace ids, their feedback, watermark, chunk_actions, to_file, the kinds of
+      non-production episode kept): assemble the episodes;
       with `to_file` the batches go to `tmp`/`rows_file(index)` (for `mine`), else each is a reply ("batch",
       episode columns, action columns) ready for parquet; then ("done", stats, episodes seen, quarantine counts,
       the first sources of each quarantine reason, actions per agent). The last command.
@@ -106,7 +107,8 @@ class RangeWorker:
         return "parsed", keys, dict(self.feedback), stats, dict(formats), kept
 
     def _assemble(self, episode_traces: dict[str, list[str]], fb_index: dict[str, dict[str, Any]],
-                  watermark: int | None, chunk_actions: int, to_file: bool) -> Iterator[tuple]:
+                  watermark: int | None, chunk_actions: int, to_file: bool,
+                  keep: frozenset[str] = frozenset()) -> Iterator[tuple]:
         episodes = {key: [s for t in tids for s in self.by_trace.pop(t)] for key, tids in episode_traces.items()}
         self.by_trace.clear()
         self.feedback.clear()
@@ -114,7 +116,7 @@ class RangeWorker:
         seen: set[str] = set()
         agents: Counter[str] = Counter()
         batches = assemble_batches(episodes, self.q, st, fb_index, watermark, seen, chunk_actions, agents,
-                                   share_strings=to_file)
+                                   share_strings=to_file, keep=keep)
         if to_file:  # mine(): rows wait on disk until the worker's spans are gone
             with (self.tmp / rows_file(self.index)).open("wb") as fh:
                 for rows, cols in batches:

@@ -70,7 +70,7 @@ def test_a_record_joins_by_response_id_and_one_without_a_call_is_an_action():
     ds = mine_spans(raw_spans([root, call, elsewhere, raw_client]))
     acts = ds.actions.sort_values("order")
     assert [list(x) for x in acts["completion_token_ids"]] == [[4], [6]]
-    alone = mine_spans(raw_spans([_served(5, 0, "writer", [1, 2], episode="server-only")]))
+    alone = mine_spans(raw_spans([_served(5, 0, "writer", [1, 2], episode="server-only")]), server_records_only=True)
     assert list(alone.episodes["episode_id"]) == ["server-only"] and list(alone.actions["agent"]) == ["writer"]
 
 

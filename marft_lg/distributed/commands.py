@@ -127,8 +127,7 @@ def _print_report(report: Any, quarantine: Path | None, out_console: Any) -> Non
                           + (f" (first at {escape(where)})" if where else ""))
     if report.quarantined_total and quarantine is None:
         out_console.print("[yellow]pass --quarantine FILE to keep the quarantined input for inspection[/yellow]")
-    note = report.leftover_note()
-    if note:
+    for note in report.notes():
         out_console.print(f"[yellow]warning: {escape(note)}[/yellow]")
     if report.actions_without_token_ids:
         counts = ", ".join(f"{agent}: {n:,}" for agent, n in report.actions_without_token_ids.items())

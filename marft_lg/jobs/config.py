@@ -82,6 +82,11 @@ class RetrainJob:
     """ISO time to start from on the very first run (None = all traces)."""
     advance_on_reject: bool = True
     """A rejected candidate still consumes its window (else the same episodes are retrained next run)."""
+    server_records_only: bool = False
+    """Mine server records that joined no app span as episodes (an app that was not wrapped); else they are left out."""
+    unsettled_wait_s: float = 600.0
+    """How long past the window's end an episode still waiting for a server record of a call holds the watermark back
+    (later it is taken as it is)."""
     output_dir: str = "retrain_runs"
     """One folder per run (`<output_dir>/<run_id>/`): mined data, trainer output, report, error log."""
     store: str | None = None
@@ -149,6 +154,7 @@ class RetrainJob:
         check_int("seed", self.seed, low=0)
         check_int("recursion_limit", self.recursion_limit, low=1, allow_none=True)
         check_range("settle_s", self.settle_s, low=0.0)
+        check_range("unsettled_wait_s", self.unsettled_wait_s, low=0.0)
         check_range("max_line_mb", self.max_line_mb, low=0.0, low_open=True)
         check_range("lock_stale_after_s", self.lock_stale_after_s, low=0.0, low_open=True)
         self.report_to = check_report_to(self.report_to)

@@ -29,7 +29,7 @@ from marft_lg.jobs import store as st
 from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.lock import LockHeld, RunLock
 from marft_lg.jobs.store import JobStore, RunRecord
-from marft_lg.jobs.watermark import Window, format_time, parse_time, select_window, window_for
+from marft_lg.jobs.watermark import Window, format_time, hold_unsettled, parse_time, select_window, window_for
 from marft_lg.tracking.base import NullTracker, Tracker, flat_metrics, open_tracker
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
@@ -265,6 +265,12 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _Sig
 
     ctx.log(f"[{run_id}] mining {window.describe()}")
     mined = stages.mine(ctx, window.start)
+    settled = hold_unsettled(mined, window, wait_s=job.unsettled_wait_s)
+    if settled != window:  # the record too, so that a crashed run's recovery advances no further
+        window = settled
+        store.update_run(run_id, window_end=format_time(window.end))
+        ctx.log(f"[{run_id}] an episode still waits for a server record of one of its calls: this run's window ends "
+                f"at {format_time(window.end)}, before it; the next run mines it")
     dataset = select_window(mined, window)
     n = len(dataset)
     store.update_run(run_id, n_episodes=n)

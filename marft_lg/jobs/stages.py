@@ -165,10 +165,11 @@ class LibraryStages:
         if not files:
             return TrajectoryDataset()
         dataset, report = mine_with_report(files, since=since, quarantine=ctx.run_dir / "quarantine.jsonl",
-                                           max_line_bytes=int(self.job.max_line_mb * 2**20))
-        note = report.long_lines_note("max_line_mb in the job file")
-        if note:
-            ctx.log(f"  warning: {note}")
+                                           max_line_bytes=int(self.job.max_line_mb * 2**20),
+                                           server_records_only=self.job.server_records_only)
+        for note in (report.long_lines_note("max_line_mb in the job file"), *report.notes()):
+            if note:
+                ctx.log(f"  warning: {note}")
         return dataset
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:

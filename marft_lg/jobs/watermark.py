@@ -51,6 +51,24 @@ def window_for(watermark: str | datetime | None, now: datetime, *, settle_s: flo
     return Window(start=start, end=parse_time(now) - timedelta(seconds=settle_s))
 
 
+def hold_unsettled(dataset: TrajectoryDataset, window: Window, *, wait_s: float) -> Window:
+    """`window`, ended just before its first episode that is not settled (a call still without its server record:
+    mined column `settled` False) when that episode ended less than `wait_s` before the window's end: it and every
+    later one go to the next run, so the watermark never passes an episode still settling. One that waited longer
+    has lost its record and is taken as it is (its calls without exact token ids)."""
+    eps = dataset.episodes
+    if eps.empty or "settled" not in eps:
+        return window
+    end = pd.to_datetime(eps["end_time"], utc=True)
+    waiting = (eps["settled"] == False).to_numpy() & (end <= pd.Timestamp(window.end)).to_numpy()  # noqa: E712
+    waiting &= (end > pd.Timestamp(window.end - timedelta(seconds=wait_s))).to_numpy()
+    if window.start is not None:
+        waiting &= (end > pd.Timestamp(window.start)).to_numpy()
+    if not waiting.any():
+        return window
+    return Window(start=window.start, end=end[waiting].min().to_pydatetime() - timedelta(microseconds=1))
+
+
 def select_window(dataset: TrajectoryDataset, window: Window) -> TrajectoryDataset:
     """The episodes of `dataset` that belong to `window` (by end time; start time when unfinished)."""
     eps = dataset.episodes

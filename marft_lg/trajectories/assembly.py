@@ -170,7 +170,9 @@ class _Tree:
 def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
                      stats: dict[str, int]) -> tuple[dict[str, Any], list[list[Any]]] | None:
     """One episode's row and its action rows (lists in `ACTION_FIELDS` order: no dict per action; token columns
-    still encoded); None when it holds no LLM call."""
+    still encoded); None when it holds no LLM call. The row's `settled` is False when the episode talked to a
+    recording server (it holds a server record) and a call of it has neither token ids of its own nor its record
+    (still in the server's sink, or lost)."""
     trace_ids = set(map(_TRACE, spans))
     repair_parents(spans, stats, trace_ids)
     tree = _Tree(spans)
@@ -178,6 +180,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     for c in calls:
         if c.raw_io is not None:
             materialise(c)
+    served = any(c.served for c in calls)
     calls = sorted(merge_served(calls, stats), key=_BY_START_END)
     if not calls:
         stats["spans_without_actions"] = stats.get("spans_without_actions", 0) + len(spans)
@@ -232,6 +235,7 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "metadata": metadata,
         "source_format": min(map(_FMT, calls)),
         "trace_ids": sorted(trace_ids),
+        "settled": not served or all(a[_PROMPT_IDS] is not None and a[_COMPLETION_IDS] is not None for a in actions),
     }
     return episode, actions
 

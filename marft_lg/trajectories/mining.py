@@ -84,6 +84,9 @@ class MiningReport:
     `server_records_only`: another run's records in the server's folder, or an app whose own spans are missing."""
     server_records_unjoined_in: dict[str, int] = field(default_factory=dict)
     """Those records per file they were read from."""
+    unsettled: int = 0
+    """Episodes kept whose server record of some call is missing (episodes column `settled` False): mined too soon
+    after the call (the server's sink drains every 0.5 s) or the record was lost; such calls have no exact token ids."""
     served_merged: int = 0
     """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
@@ -103,6 +106,15 @@ class MiningReport:
         where = ", ".join(self.first_quarantined.get("line_too_long", []))
         return (f"{n} trace line(s) longer than the line bound were skipped unread (first at {where}); raise "
                 f"{setting} to mine them")
+
+    def notes(self) -> list[str]:
+        """The warnings a mining run ends with: server records left over, episodes not settled."""
+        notes = [self.leftover_note()]
+        if self.unsettled:
+            notes.append(f"{self.unsettled} episode(s) are not settled: a call of each has neither token ids nor "
+                         f"its server record yet (the server may not have written it; mine again in a few seconds). "
+                         f"They are kept, with settled=False")
+        return [n for n in notes if n]
 
     def leftover_note(self) -> str | None:
         """One line saying how many server records joined no app episode and were left out (None when none was)."""
@@ -208,8 +220,7 @@ def _keep(paths: PathsLike, server_records_only: bool, keep_shadows: bool) -> fr
 
 
 def _warn(report: MiningReport) -> None:
-    note = report.leftover_note()
-    if note:
+    for note in report.notes():
         logger.warning("marft_lg: %s", note)
 
 
@@ -347,6 +358,7 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
     report.server_records_unjoined_in = {k[len(UNJOINED_IN):]: v for k, v in sorted(stats.items())
                                          if k.startswith(UNJOINED_IN) and v}
     report.server_records_unjoined = sum(report.server_records_unjoined_in.values())
+    report.unsettled = stats.get("unsettled", 0)
 
 
 def _watermark(since: datetime | str | None) -> int | None:
@@ -367,7 +379,7 @@ def _to_dataset(episode_rows: list[dict], action_chunks: dict[str, list]) -> Tra
 
     from marft_lg.trajectories.dataset import TrajectoryDataset
 
-    extra_e = ["source_format", "trace_ids"]
+    extra_e = ["source_format", "trace_ids", "settled"]
     episodes = pd.DataFrame(episode_rows, columns=[*EPISODE_COLUMNS, *extra_e])
     for col in ("start_time", "end_time"):
         episodes[col] = pd.to_datetime(episodes[col].astype("int64"), unit="ns", utc=True)

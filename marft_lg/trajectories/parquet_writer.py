@@ -20,7 +20,7 @@ EPISODE_SCHEMA = pa.schema([
     ("episode_id", pa.string()), ("scenario_id", pa.string()), ("start_time", _TS), ("end_time", _TS),
     ("n_actions", pa.int64()), ("agents", pa.list_(pa.string())), ("status", pa.string()), ("outcome", pa.string()),
     ("feedback", pa.string()), ("metadata", pa.string()), ("source_format", pa.string()),
-    ("trace_ids", pa.list_(pa.string())),
+    ("trace_ids", pa.list_(pa.string())), ("settled", pa.bool_()),
 ])
 ACTION_SCHEMA = pa.schema([
     ("episode_id", pa.string()), ("order", pa.int64()), ("step", pa.int64()), ("agent", pa.string()),

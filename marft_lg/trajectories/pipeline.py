@@ -24,7 +24,7 @@ from marft_lg.trajectories.formats.base import SpanInfo
 from marft_lg.trajectories.otlp import DEFAULT_MAX_LINE_BYTES, iter_span_batches
 from marft_lg.trajectories.quarantine import Quarantine
 
-EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids")
+EPISODE_FIELDS: tuple[str, ...] = (*EPISODE_COLUMNS, "source_format", "trace_ids", "settled")
 TOKEN_FIELDS = {"prompt_token_ids": "int", "completion_token_ids": "int", "completion_logprobs": "float"}
 _MESSAGES = ACTION_FIELDS.index("messages")
 _END = attrgetter("end_ns")
@@ -162,6 +162,8 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
             stats[kind] = stats.get(kind, 0) + 1
             continue
         row["feedback"] = dict(sorted(feedback.get(key, {}).items()))
+        if not row["settled"]:
+            stats["unsettled"] = stats.get("unsettled", 0) + 1
         stats["episodes"] = stats.get("episodes", 0) + 1
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)

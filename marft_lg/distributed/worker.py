@@ -40,6 +40,8 @@ class WorkerSpec:
     base_dir: str | None = None
     node_roles: dict[str, str] | None = None
     recursion_limit: int | None = None
+    resume: Any = None
+    """The app's resume policy as its config gives it (`AppSpec.resume`): workers load its function themselves."""
     max_tokens: int = 64
     temperature: float = 1.0
     concurrency: int = 8
@@ -60,7 +62,7 @@ class WorkerSpec:
         custom = app.engine not in ("hf", "vllm")
         fields = dict(app=app.app, agents=list(app.agents), model=app.model, registry=app.registry,
                       versions=app.versions, seed=app.seed, base_dir=app.base_dir, node_roles=app.node_roles,
-                      recursion_limit=app.recursion_limit,
+                      recursion_limit=app.recursion_limit, resume=app.resume,
                       engine=app.engine if custom else None, serving="hf" if custom else app.engine,
                       engine_options=dict(app.engine_options), chat_model=dict(app.chat_model))
         return cls(**{**fields, **worker})
@@ -72,7 +74,8 @@ class WorkerSpec:
                        registry=self.registry if registry is None else registry,
                        versions=self.versions if versions is ... else versions,
                        engine=self.engine or self.serving, engine_options=dict(self.engine_options), seed=self.seed,
-                       node_roles=self.node_roles, recursion_limit=self.recursion_limit, base_dir=self.base_dir,
+                       node_roles=self.node_roles, recursion_limit=self.recursion_limit, resume=self.resume,
+                       base_dir=self.base_dir,
                        what="online.app",
                        chat_model={"max_tokens": self.max_tokens, "temperature": self.temperature, **self.chat_model})
 
@@ -122,8 +125,9 @@ class RolloutWorker:
         return self.versions()
 
     def run(self, jobs: list[EpisodeJob]) -> tuple[int, TrajectoryDataset, list[EpisodeFailure]]:
-        """(this worker's index, the jobs' trajectories in job order, the episodes that raised)."""
-        dataset = self.collector.run(jobs)
+        """(this worker's index, the jobs' trajectories in job order, the episodes that raised). Episodes left paused
+        at an interrupt are not returned (`GraphCollector.without_paused`)."""
+        dataset = self.collector.without_paused(self.collector.run(jobs), len(jobs), f"rollout worker {self.index}")
         return self.index, dataset, list(self.collector.failures)
 
     def close(self) -> None:

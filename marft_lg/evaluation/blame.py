@@ -12,6 +12,7 @@ import typer
 from marft_lg.evaluation.commands import (
     _load_reward,
     _replay_spec,
+    _resume_option,
     _scenario_set,
     _versions,
     baseline_versions,
@@ -32,6 +33,10 @@ def attribute(
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for nodes not named as roles."),
     recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each "
                                                "episode and replay (default: LangGraph's own)."),
+    resume_value: str | None = typer.Option(None, "--resume-value", help="Answer every interrupt() of the app with "
+                                            "this value (JSON, else the text)."),
+    resume_with: str | None = typer.Option(None, "--resume-with", help="Answer each interrupt() with FILE.py:FUNC / "
+                                           "module:FUNC called on its payload."),
     versions: str = typer.Option("live", help="Alias or role=ref,... the team runs (and replays by default)."),
     episodes: int = typer.Option(1, "--episodes", min=1, help="Fresh episodes per scenario."),
     replays: int = typer.Option(4, min=1, help="Replays of each action's step."),
@@ -63,7 +68,8 @@ def attribute(
     out.mkdir(parents=True, exist_ok=True)
     scorer = _load_reward(reward)
     scenario_set = _scenario_set(scenarios, input_keys, None, seed, out, console)
-    spec, reg = _replay_spec(app, model, agents, registry, node_roles, max_tokens, temperature, recursion_limit)
+    spec, reg = _replay_spec(app, model, agents, registry, node_roles, max_tokens, temperature, recursion_limit,
+                             _resume_option(resume_value, resume_with))
     pins = _pins(versions, reg, spec.agents, console)
     with console.status(f"loading {model} for {', '.join(spec.agents)}"):
         team = spec.build_team(registry=reg)

@@ -153,6 +153,8 @@ def compare(
     server: str | None = typer.Option(None, help="Running server to hot-swap on --promote (e.g. http://127.0.0.1:8000)."),
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role (passed to wrap)."),
     recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each replayed episode (default: LangGraph's own); an episode stopped there counts as truncated, not failed."),
+    resume_value: str | None = typer.Option(None, "--resume-value", help="Answer every interrupt() of the app with this value (JSON, else the text), resuming the episode on its thread."),
+    resume_with: str | None = typer.Option(None, "--resume-with", help="Answer each interrupt() with FILE.py:FUNC / module:FUNC called on its payload (a simulated user)."),
     ray: str | None = typer.Option(None, "--ray", help="Replay on Ray rollout workers: an address (local, auto, ray://host:port) or a YAML file with a ray: section; --app must then be a factory f(llm) -> graph."),
     ray_workers: int = typer.Option(2, "--ray-workers", help="Rollout workers with --ray ADDRESS (a ray: section says its own)."),
     report_to: str | None = typer.Option(None, "--report-to", help="Trackers for the report and decision, comma-separated: tensorboard, mlflow, wandb (offline) or none."),
@@ -188,7 +190,8 @@ def compare(
         return
     if scenario_set is None or app is None:
         raise typer.BadParameter("replay needs --scenarios FILE and --app FILE.py:NAME (or use --from-traces DIR)")
-    spec, reg = _replay_spec(app, model, agents, registry, roles_of_nodes, max_tokens, temperature, recursion_limit)
+    spec, reg = _replay_spec(app, model, agents, registry, roles_of_nodes, max_tokens, temperature, recursion_limit,
+                             _resume_option(resume_value, resume_with))
     base_spec, note = baseline_versions(_versions(baseline), reg, spec.agents)
     cand_spec = _candidate_versions(candidate, reg)
     if note:
@@ -256,8 +259,18 @@ def _scenario_set(scenarios: Path | None, input_keys: str, n: int | None, seed: 
     return scenario_set
 
 
+def _resume_option(value: str | None, call: str | None) -> Any:
+    """The `ResumePolicy` of ``--resume-value`` / ``--resume-with`` (None when neither is given)."""
+    from marft_lg.graph.interrupts import policy_from_flags
+
+    try:
+        return policy_from_flags(value, call)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--resume-value / --resume-with") from None
+
+
 def _replay_spec(app: str, model: str, agents: str | None, registry: Path | None, node_roles: Any, max_tokens: int,
-                 temperature: float, recursion_limit: int | None = None) -> tuple[Any, Any]:
+                 temperature: float, recursion_limit: int | None = None, resume: Any = None) -> tuple[Any, Any]:
     """The `AppSpec` the replay flags describe (its app loaded and checked before any model loads), and the
     registry."""
     from marft_lg._config import ConfigError
@@ -287,9 +300,10 @@ def _replay_spec(app: str, model: str, agents: str | None, registry: Path | None
         raise typer.BadParameter(str(exc), param_hint="--node-roles") from None
     spec = AppSpec(app=app, model=model_spec, agents=roles, registry=None if reg is None else str(reg.root),
                    node_roles=node_roles, what="--app", chat_model={"max_tokens": max_tokens, "temperature": temperature},
-                   recursion_limit=recursion_limit)
+                   recursion_limit=recursion_limit, resume=resume)
     try:
         spec.check_app()
+        spec.resume_policy()
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--app") from None
     return spec, reg

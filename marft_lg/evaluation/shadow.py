@@ -190,6 +190,8 @@ def _replay(app: Any, jobs: list[EpisodeJob], runner: Any, collect: Callable[[li
             task = bar.add_task("shadow compare: replaying scenarios", total=len(jobs))
             runner.progress = lambda: bar.advance(task)
         replayed = runner.run(jobs)
+    if isinstance(runner, GraphCollector):  # an episode left paused at an interrupt has no outcome to compare
+        replayed = runner.without_paused(replayed, len(jobs), "shadow compare")
     if collect is not None and not isinstance(runner, GraphCollector):
         replayed = collect([j.episode_id for j in jobs])
     return replayed, list(runner.failures)

@@ -40,6 +40,9 @@ class AppSpec(TeamSpec):
     """The setting's name in error messages (``online.app``, ``--app``)."""
     recursion_limit: int | None = None
     """LangGraph's step limit for each episode (`wrap(..., recursion_limit=)`); None keeps LangGraph's own."""
+    resume: Any = None
+    """How runs answer the app's `interrupt()` (`wrap(..., resume=)`): ``{"value": ...}``, ``{"call": "module:attr"}``
+    (loaded relative to `base_dir`), a callable or a `ResumePolicy`; None: a run that stops there stays paused."""
 
     # -- the app ------------------------------------------------------------------------------------------------
     def load_app(self) -> Any:
@@ -74,10 +77,13 @@ class AppSpec(TeamSpec):
         from marft_lg.graph.wrap import WrappedGraph, check_recursion_limit, wrap
 
         graph = app_graph(self.load_app(), lambda: self.team_chat_model(team), self._where())
-        node_roles, limit = dict(self.node_roles or {}), self.recursion_limit
+        node_roles, limit, episodes = dict(self.node_roles or {}), self.recursion_limit, "turn"
+        resume = self.resume_policy()
         if isinstance(graph, WrappedGraph):
             node_roles = {**(graph.node_roles or {}), **node_roles}
             limit = graph.recursion_limit if limit is None else limit
+            resume = graph.resume if resume is None else resume
+            episodes = graph.tracer.episodes
             capture_messages, graph = graph.tracer.capture_messages, graph.graph
         check_node_roles(graph, node_roles, self._where())
         try:
@@ -85,7 +91,25 @@ class AppSpec(TeamSpec):
         except ValueError as exc:
             raise ConfigError(f"{self.source or 'config'}: {exc}") from None
         return wrap(graph, team=team, trace_dir=trace_dir, node_roles=node_roles or None,
-                    capture_messages=capture_messages, serve_http=True, recursion_limit=limit)
+                    capture_messages=capture_messages, serve_http=True, recursion_limit=limit, resume=resume,
+                    episodes=episodes)
+
+    def resume_policy(self) -> Any:
+        """`resume` as a `ResumePolicy` (its ``call`` loaded now), None when not set; a `ConfigError` naming the
+        config when it is malformed or its function cannot be loaded."""
+        from marft_lg.graph.interrupts import ResumePolicy
+
+        where = f"{self.source or 'config'}: resume"
+        try:
+            policy = ResumePolicy.of(self.resume, where)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        if policy is not None and isinstance(policy.call, str):
+            fn = load_object(policy.call, base_dir=self.base_dir, what="resume.call", source=self.source)
+            if not callable(fn):
+                raise ConfigError(f"{where}: call {policy.call!r} is a {type(fn).__name__}, not a function")
+            policy = ResumePolicy(call=fn, max_resumes=policy.max_resumes)
+        return policy
 
     def team_chat_model(self, team: Any) -> Any:
         from marft_lg.graph.chat_model import TeamChatModel

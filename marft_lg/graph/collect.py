@@ -3,7 +3,9 @@ on-policy phase, a comparison's replays and each Ray rollout worker all run thei
 
 Failures are typed records (`EpisodeFailure`); an episode that ran into LangGraph's recursion limit
 (`wrap(..., recursion_limit=)`) is not one: it is kept as a truncated episode (traced, scored, trained on) and its id
-listed in `GraphCollector.truncated`. Two checks guard what a batch of episodes may be used for:
+listed in `GraphCollector.truncated`. An episode that stops at `interrupt()` is resumed on its thread with the app's
+`ResumePolicy` (`wrap(..., resume=)`) until it ends; without one, or past the policy's `max_resumes`, it stays paused
+and is listed in `GraphCollector.paused`. Two checks guard what a batch of episodes may be used for:
 `check_failures` (a batch where fewer than half of the episodes succeeded is an error showing the first ones) and
 `check_served` (every action of a served role must come from the adapter version the episode asked for, or the
 app's calls did not reach the team under test).
@@ -11,6 +13,7 @@ app's calls did not reach the team under test).
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -127,7 +130,10 @@ class GraphCollector:
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.failures: list[EpisodeFailure] = []
         self.truncated: list[str] = []
+        self.paused: list[str] = []
+        self.resumes = 0
         self.progress = progress  # called with no argument after each episode, when set
+        self._lock = threading.Lock()
 
     def collect(self, scenarios: list[Scenario], k: int, iteration: int, seed: int) -> TrajectoryDataset:
         jobs = plan_episodes(self.run_id, scenarios, k, iteration, seed)
@@ -135,6 +141,7 @@ class GraphCollector:
         versions = dict(team.versions()) if team is not None else {}
         dataset = self.run(jobs)
         check_failures(len(jobs), self.failures, f"on-policy iteration {iteration}")
+        dataset = self.without_paused(dataset, len(jobs), f"on-policy iteration {iteration}")
         if team is not None:
             check_served(dataset, {j.episode_id: versions for j in jobs}, team.agents(),
                          f"on-policy iteration {iteration}")
@@ -163,7 +170,7 @@ class GraphCollector:
     def execute(self, jobs: list[EpisodeJob]) -> None:
         """Run the planned episodes (up to `concurrency` at once) without reading them back, for a caller whose
         product is the traces (`marft-lg run`); `failures` and `truncated` say how they ended."""
-        self.failures, self.truncated = [], []
+        self.failures, self.truncated, self.paused, self.resumes = [], [], [], 0
         # imported here: the training code imports this module on GPU machines without LangGraph (test_device_bare.py)
         from langgraph.errors import GraphRecursionError
 
@@ -178,6 +185,7 @@ class GraphCollector:
                 else:
                     self.app.invoke(job.scenario.inputs, episode_id=job.episode_id,
                                     scenario_id=job.scenario.scenario_id, seed=job.seed, **extra)
+                self._resume(job, extra)
             except GraphRecursionError:  # the step cap ended it: a truncated episode, as traced so far
                 self.truncated.append(job.episode_id)
             except Exception as exc:  # a failed episode is still traced (status error) and scored by the reward
@@ -187,3 +195,36 @@ class GraphCollector:
 
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             list(pool.map(run, jobs))
+
+    def without_paused(self, dataset: TrajectoryDataset, planned: int, what: str) -> TrajectoryDataset:
+        """`dataset` less the episodes still paused at an interrupt (unfinished: nothing to score). Without a resume
+        policy, or when more than half of the `planned` episodes stayed paused, a `RolloutError` says how to resume."""
+        if not self.paused:
+            return dataset
+        policy = getattr(self.app, "resume", None)
+        if policy is None or 2 * len(self.paused) > planned:
+            how = ("no resume policy was given: set one (train.yaml online.resume / job.yaml resume: {value: ...} "
+                   "or {call: module:function}; --resume-value / --resume-with on the commands; wrap(..., resume=))"
+                   if policy is None else f"they were still paused after {policy.max_resumes} resumes")
+            raise RolloutError(f"{what}: {len(self.paused)} of {planned} episodes stopped at an interrupt() and were "
+                               f"never finished ({how}); first: {', '.join(self.paused[:3])}")
+        paused = set(self.paused)
+        return dataset.select([e for e in dataset.episodes["episode_id"] if e not in paused])
+
+    def _resume(self, job: EpisodeJob, extra: dict[str, Any]) -> None:
+        """Answer the interrupts episode `job` stopped at with the app's resume policy, on its thread, until it ends;
+        an episode left paused (no policy, or past its `max_resumes`) goes to `paused`."""
+        interrupted = getattr(self.app, "interrupted", None)
+        if interrupted is None:
+            return
+        policy, done = getattr(self.app, "resume", None), 0
+        while (pending := interrupted(job.episode_id)) is not None:
+            if policy is None or done >= policy.max_resumes:
+                with self._lock:
+                    self.paused.append(job.episode_id)
+                return
+            self.app.invoke(policy.command(pending), episode_id=job.episode_id, scenario_id=job.scenario.scenario_id,
+                            seed=job.seed, **extra)
+            done += 1
+            with self._lock:
+                self.resumes += 1

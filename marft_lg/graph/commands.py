@@ -36,19 +36,22 @@ def _graph_of(obj: Any, spec: str) -> Any:
 def run(
     app: str = typer.Option(..., "--app", help="The LangGraph app: FILE.py:NAME or module:NAME (a compiled graph, a wrapped app, or a zero-argument factory)."),
     scenarios: Path = typer.Option(..., "--scenarios", exists=True, dir_okay=False, help="Scenario JSONL (see docs/compare.md#scenario-files)."),
-    trace_dir: Path = typer.Option(Path("traces"), "--trace-dir", help="Where the OTLP/JSON-lines traces go."),
+    trace_dir: Path = typer.Option(Path("traces"), "--trace-dir", help="Where the app's OTLP/JSON-lines traces go. An app on ChatOpenAI / openai against `marft-lg serve` has a second record, what the server sampled, in the server's own --trace-dir: mine both folders together (marft-lg mine APP_DIR SERVER_DIR)."),
     split: str | None = typer.Option(None, "--split", help="Only scenarios of this split (e.g. train)."),
     samples: int = typer.Option(1, "--samples", min=1, help="Runs per scenario."),
     node_roles: str | None = typer.Option(None, "--node-roles", help="node=role,... for app nodes whose name is not their agent role."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, help="Runs at once."),
     seed: int = typer.Option(0, "--seed", help="Seed of the runs (passed to each episode)."),
     recursion_limit: int | None = typer.Option(None, "--recursion-limit", min=1, help="LangGraph step limit of each run (default: LangGraph's own); a run stopped there is kept as truncated."),
+    resume_value: str | None = typer.Option(None, "--resume-value", help="Answer every interrupt() of the app with this value (JSON, else the text), resuming the run on its thread: one episode per conversation."),
+    resume_with: str | None = typer.Option(None, "--resume-with", help="Answer each interrupt() with FILE.py:FUNC / module:FUNC called on the interrupt's payload (a simulated user)."),
 ) -> None:
     """Run the app on every scenario (traced, one episode per run) to record traces to mine and train from."""
     from rich.console import Console
     from rich.progress import Progress
 
     from marft_lg.graph.collect import EpisodeJob, GraphCollector
+    from marft_lg.graph.interrupts import ResumePolicy, policy_from_flags
     from marft_lg.graph.routing import derive_seed
     from marft_lg.graph.wrap import WrappedGraph, wrap
     from marft_lg.loading import LoadError, load_object, parse_node_roles
@@ -59,6 +62,9 @@ def run(
         obj = load_object(app, what="--app")
         roles = parse_node_roles(node_roles, key="--node-roles")
         scenario_set = ScenarioSet.load(scenarios)
+        resume = policy_from_flags(resume_value, resume_with)
+        if resume is not None and isinstance(resume.call, str):
+            resume = ResumePolicy(call=load_object(resume.call, what="--resume-with"))
     except (LoadError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from None
     chosen = list(scenario_set.split(split) if split else scenario_set)
@@ -68,6 +74,8 @@ def run(
     wrapped = graph if isinstance(graph, WrappedGraph) else wrap(graph, trace_dir=trace_dir, node_roles=roles)
     if recursion_limit is not None:
         wrapped.recursion_limit = recursion_limit
+    if resume is not None:
+        wrapped.resume = resume
     run_id = uuid.uuid4().hex[:8]
     jobs = [EpisodeJob(s, f"run-{run_id}-{s.scenario_id}-{j}", derive_seed(seed, s.scenario_id, j))
             for s in chosen for j in range(samples)]
@@ -80,8 +88,14 @@ def run(
     for failure in failures[:5]:
         console.print(f"[yellow]failed[/] {failure}")
     cut = f", {len(truncated)} stopped at the recursion limit" if truncated else ""
+    if collector.resumes:
+        cut += f", {collector.resumes} interrupt(s) answered by the resume policy"
+    if collector.paused:
+        cut += (f", {len(collector.paused)} paused at an interrupt" +
+                ("" if wrapped.resume is not None else ": give --resume-value or --resume-with to resume them"))
     console.print(f"ran {len(jobs)} episodes ({len(failures)} failed{cut}) of {len(chosen)} scenarios; traces in "
                   f"{wrapped.trace_dir or trace_dir}")
+
     if failures and len(failures) == len(jobs):
         raise typer.Exit(1)
 

@@ -19,14 +19,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 
+from marft_lg.graph.interrupts import MISSING, check_episode_span, interrupt_payloads, jsonable, resume_value
 from marft_lg.graph.routing import EpisodeRoute, derive_seed
 from marft_lg.graph.shadow import ShadowJob, ShadowMirror
 from marft_lg.tracing import propagation
@@ -49,6 +52,27 @@ class _Episode:
     thread_id: str | None
     is_async: bool
     baggage: dict[str, str]
+    interrupts: list[dict[str, Any]] = field(default_factory=list)
+    """The interrupts this run stopped at (`interrupt()`): the run ends paused, its thread's next resume continues it."""
+    continues: _Thread | None = None
+
+
+@dataclass
+class _Thread:
+    """The episode of a thread that a later run on it continues: one paused at an interrupt (continued by the
+    resume), or, with ``episodes="conversation"``, the thread's last one."""
+
+    episode_id: str
+    scenario_id: str | None
+    seed: int | None
+    versions: Any
+    metadata: dict[str, Any]
+    paused: bool
+    interrupts: list[dict[str, Any]]
+    ended: float
+
+
+MAX_THREADS = 10_000  # threads remembered for their next run (oldest forgotten first)
 
 
 def run_options(episode_id: str | None = None, scenario_id: str | None = None, seed: int | None = None,
@@ -95,7 +119,11 @@ class EpisodeTracer(BaseCallbackHandler):
     def __init__(self, *, sink: Any, graph: Any, team: Any = None, node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
                  workflow_name: str = "LangGraph", shadow: Any = None, mirror: ShadowMirror | None = None,
-                 redirect: Callable[[Any], None] | None = None):
+                 redirect: Callable[[Any], None] | None = None, episodes: str = "turn",
+                 conversation_idle_s: float | None = None):
+        self.episodes = check_episode_span(episodes)
+        self.conversation_idle_s = conversation_idle_s
+        self._threads: OrderedDict[str, _Thread] = OrderedDict()  # thread id -> the episode its next run continues
         self.redirect = redirect  # where the episodes' HTTP chat calls go instead (a loopback server), if anywhere
         self.sink = sink
         self.graph = graph
@@ -121,6 +149,26 @@ class EpisodeTracer(BaseCallbackHandler):
         episode = self._runs.get(run_id if isinstance(run_id, int) else run_id.int)
         return episode.route if episode is not None else None
 
+    def continuation(self, thread_id: Any, inputs: Any) -> _Thread | None:
+        """The episode a run of `inputs` on `thread_id` continues: the thread's paused one when `inputs` resumes it;
+        with ``episodes="conversation"`` the thread's last one (within `conversation_idle_s`); else None."""
+        prior = self._threads.get(str(thread_id)) if thread_id is not None else None
+        if prior is None:
+            return None
+        if prior.paused and resume_value(inputs) is not MISSING:
+            return prior
+        if self.episodes == "conversation" and (self.conversation_idle_s is None
+                                                or time.monotonic() - prior.ended <= self.conversation_idle_s):
+            return prior
+        return None
+
+    def paused(self, episode_id: str) -> list[dict[str, Any]] | None:
+        """The interrupts episode `episode_id` is paused at (``[{"id", "value"}]``), None when it is not paused."""
+        for t in reversed(self._threads.values()):
+            if t.episode_id == episode_id:
+                return list(t.interrupts) if t.paused else None
+        return None
+
     def expect_replay(self, episode_id: str, plan: Any) -> None:
         """The run about to start as `episode_id` replays `plan` (a `serving.replay.ReplayPlan`)."""
         self._replays[episode_id] = plan
@@ -141,11 +189,24 @@ class EpisodeTracer(BaseCallbackHandler):
     # -- the episode's lifetime ----------------------------------------------------------------
     def _begin(self, run_id: int, inputs: Any, md: Mapping[str, Any]) -> _Episode:
         opts = dict(md.get(RUN_KEY) or {})
-        episode_id = str(opts.get("episode_id") or md.get("episode_id") or md.get("run_id") or uuid.uuid4().hex)
+        thread_id = md.get("thread_id")
+        prior = self.continuation(thread_id, inputs)
+        given = opts.get("episode_id") or md.get("episode_id")
+        if prior is not None and given is not None and str(given) != prior.episode_id:
+            prior = None  # the caller named another episode: a new one
+        episode_id = str(given or (prior.episode_id if prior else None) or md.get("run_id") or uuid.uuid4().hex)
         scenario_id = opts.get("scenario_id", md.get("scenario_id"))
         seed = opts.get("seed", md.get("seed"))
         seed = int(seed) if isinstance(seed, int | float | str) and str(seed).lstrip("-").isdigit() else None
         meta = dict(opts.get("metadata") or {})
+        if prior is not None:  # a continued episode keeps what its first run was given, and records the resume
+            scenario_id = prior.scenario_id if scenario_id is None else scenario_id
+            seed = prior.seed if seed is None else seed
+            opts.setdefault("versions", prior.versions)
+            meta = {**prior.metadata, **meta}
+            resume = resume_value(inputs)
+            if resume is not MISSING:
+                meta["resumes"] = [*prior.metadata.get("resumes", []), jsonable(resume)]
         if seed is not None:
             meta.setdefault("seed", seed)
         mirror = opts.get("mirror")
@@ -157,7 +218,6 @@ class EpisodeTracer(BaseCallbackHandler):
         plan = self._replays.pop(episode_id, None)
         if plan is not None:
             meta.update(plan.metadata)
-        thread_id = md.get("thread_id")
         info = EpisodeInfo(
             episode_id=episode_id, scenario_id=str(scenario_id) if scenario_id is not None else None, metadata=meta,
             conversation_id=str(thread_id) if thread_id is not None else None, node_roles=self.node_roles,
@@ -186,7 +246,7 @@ class EpisodeTracer(BaseCallbackHandler):
         if route.versions:
             baggage[propagation.VERSIONS_KEY] = propagation.encode_versions(route.versions)
         episode = _Episode(EpisodeRecorder.start(self.sink, info), route, run_id, inputs, opts, pair,
-                           str(thread_id) if thread_id is not None else None, is_async, baggage)
+                           str(thread_id) if thread_id is not None else None, is_async, baggage, continues=prior)
         self._episodes[episode_id] = episode
         return episode
 
@@ -211,6 +271,10 @@ class EpisodeTracer(BaseCallbackHandler):
             recorder.add_metadata(episode.route.replay.outcome())
         if isinstance(error, GeneratorExit):  # the caller stopped reading a stream: not a failure
             error = None
+        if error is not None and interrupt_payloads(error) is not None:  # the root itself stopped at an interrupt
+            self._note_interrupt(episode, error)
+            error = None
+        self._remember_thread(episode, error)
         try:
             recorder.finish(error=error, outcome=None if outcome is _SENTINEL else outcome,
                             has_outcome=outcome is not _SENTINEL)
@@ -221,6 +285,37 @@ class EpisodeTracer(BaseCallbackHandler):
         config = self._configs.pop(recorder.info.episode_id, None)
         if episode.pair is not None and episode.pair[1] == "live" and self.mirror is not None:
             self._submit_shadow(episode, config)
+
+    @staticmethod
+    def _note_interrupt(episode: _Episode, error: BaseException) -> None:
+        """Keep the interrupts a run of `episode` raised (a subgraph's bubbles up through its parents: once each)."""
+        seen = {i["id"] for i in episode.interrupts}
+        for i in interrupt_payloads(error) or []:
+            if i["id"] not in seen:
+                seen.add(i["id"])
+                episode.interrupts.append({"id": i["id"], "value": jsonable(i["value"])})
+
+    def _remember_thread(self, episode: _Episode, error: BaseException | None) -> None:
+        """Mark a run that stopped at an interrupt as paused (its metadata and the thread's next resume), and keep
+        the thread's episode for a conversation-long one; a continued episode that ends says it is no longer paused."""
+        info, prior = episode.recorder.info, episode.continues
+        paused = bool(episode.interrupts) and error is None
+        if paused:
+            interrupts = [*(prior.metadata.get("interrupts", []) if prior else []), *episode.interrupts]
+            episode.recorder.add_metadata({"paused": True, "interrupts": interrupts})
+        elif prior is not None and prior.paused:
+            episode.recorder.add_metadata({"paused": False})
+        if episode.thread_id is None:
+            return
+        if not (paused or self.episodes == "conversation"):
+            self._threads.pop(episode.thread_id, None)
+            return
+        self._threads[episode.thread_id] = _Thread(
+            info.episode_id, info.scenario_id, episode.route.seed, episode.options.get("versions"),
+            dict(info.metadata), paused, list(episode.interrupts) if paused else [], time.monotonic())
+        self._threads.move_to_end(episode.thread_id)
+        while len(self._threads) > MAX_THREADS:
+            self._threads.popitem(last=False)
 
     def _submit_shadow(self, episode: _Episode, config: dict[str, Any] | None) -> None:
         """Queue the same input on the candidate; never raises into the live path."""
@@ -291,6 +386,8 @@ class EpisodeTracer(BaseCallbackHandler):
         if error is None:
             episode.recorder.on_chain_end(outputs, run_id=run_id, **kwargs)
         else:
+            if run_id.int != episode.root_run and interrupt_payloads(error) is not None:
+                self._note_interrupt(episode, error)
             episode.recorder.on_chain_error(error, run_id=run_id, **kwargs)
         if run_id.int == episode.root_run:
             self._finish(episode, error, outputs if error is None else _SENTINEL)

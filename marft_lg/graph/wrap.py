@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from marft_lg.graph.agents import prebuilt_agent_roles
 from marft_lg.graph.capture import EpisodeCapture
+from marft_lg.graph.interrupts import ResumePolicy
 from marft_lg.graph.scope import RUN_KEY, EpisodeTracer, run_options, with_handler
 from marft_lg.graph.shadow import ShadowMirror
 from marft_lg.tracing import propagation
@@ -40,9 +41,11 @@ class WrappedGraph(Runnable):
                  node_roles: Mapping[str, str] | None = None,
                  capture_messages: bool = True, redact: Callable[[str], str] | None = None,
                  shadow: Any = None, mirror: ShadowMirror | None = None, workflow_name: str | None = None,
-                 serve_http: bool = False, recursion_limit: int | None = None):
+                 serve_http: bool = False, recursion_limit: int | None = None, resume: Any = None,
+                 episodes: str = "turn", conversation_idle_s: float | None = None):
         self.graph = graph
         self.recursion_limit = check_recursion_limit(recursion_limit)
+        self.resume = ResumePolicy.of(resume)
         self.team = team
         self.sink = sink
         self.server = None
@@ -59,7 +62,8 @@ class WrappedGraph(Runnable):
         self.tracer = EpisodeTracer(sink=sink, graph=graph, team=team, node_roles=self._node_roles,
                                     capture_messages=capture_messages, redact=redact,
                                     workflow_name=self.workflow_name, shadow=shadow, mirror=mirror,
-                                    redirect=self.server.redirect if self.server is not None else None)
+                                    redirect=self.server.redirect if self.server is not None else None,
+                                    episodes=episodes, conversation_idle_s=conversation_idle_s)
         self.last_episode_id: str | None = None
         propagation.install()
 
@@ -177,16 +181,20 @@ class WrappedGraph(Runnable):
     # -- the per-run config: the one place a run gets its episode options and the tracer --------------
     def _config(self, config: RunnableConfig | None, episode_id: str | None = None, scenario_id: str | None = None,
                 seed: int | None = None, versions: Versions = None,
-                metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                metadata: Mapping[str, Any] | None = None, input: Any = None) -> dict[str, Any]:
         cfg: dict[str, Any] = dict(config or {})
         if self.recursion_limit is not None:
             cfg.setdefault("recursion_limit", self.recursion_limit)
         md = dict(cfg.get("metadata") or {})
         opts = {**dict(md.get(RUN_KEY) or {}), **run_options(episode_id, scenario_id, seed, versions, metadata)}
+        configurable = dict(cfg.get("configurable") or {})
+        if "episode_id" not in opts and md.get("episode_id") is None:  # a resume continues its thread's episode
+            prior = self.tracer.continuation(configurable.get("thread_id"), input)
+            if prior is not None:
+                opts["episode_id"] = prior.episode_id
         opts.setdefault("episode_id", str(md.get("episode_id") or uuid.uuid4().hex))
         md[RUN_KEY] = opts
         cfg["metadata"] = md
-        configurable = dict(cfg.get("configurable") or {})
         if configurable.get("thread_id") is None and _has_checkpointer(self.graph):
             configurable["thread_id"] = opts["episode_id"]  # a checkpointed graph needs one: the episode's own
             cfg["configurable"] = configurable
@@ -222,30 +230,35 @@ class WrappedGraph(Runnable):
                scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
         """Run one episode (same result as ``graph.invoke``)."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         return self.graph.invoke(input, cfg, **kwargs)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
                       scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                       metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
         """Async twin of `invoke`."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         return await self.graph.ainvoke(input, cfg, **kwargs)
 
     def stream(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
                scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Any]:
         """Stream one episode (same chunks as ``graph.stream``, any `stream_mode`); it ends with the stream."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         yield from self.graph.stream(input, cfg, **kwargs)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, *, episode_id: str | None = None,
                       scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                       metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         """Async twin of `stream`."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         async for chunk in self.graph.astream(input, cfg, **kwargs):
             yield chunk
+
+    def interrupted(self, episode_id: str) -> list[dict[str, Any]] | None:
+        """The interrupts episode `episode_id` is paused at (``[{"id", "value"}]``; a resume on its thread continues
+        it), or None when it is not paused."""
+        return self.tracer.paused(episode_id)
 
     def transform(self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Any]:
         """A ``|`` sequence streams through here: the collected input is one episode."""
@@ -262,7 +275,7 @@ class WrappedGraph(Runnable):
                              scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                              metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         """The graph's own event stream (``version="v2"``) for one episode."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         async for event in self.graph.astream_events(input, cfg, **kwargs):
             yield event
 
@@ -270,19 +283,21 @@ class WrappedGraph(Runnable):
                           scenario_id: str | None = None, seed: int | None = None, versions: Versions = None,
                           metadata: Mapping[str, Any] | None = None, **kwargs: Any) -> AsyncIterator[Any]:
         """The graph's run log patches for one episode."""
-        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata)
+        cfg = self._config(config, episode_id, scenario_id, seed, versions, metadata, input)
         async for patch in self.graph.astream_log(input, cfg, **kwargs):
             yield patch
 
-    def _batch_configs(self, n: int, config: RunnableConfig | Sequence[RunnableConfig] | None,
+    def _batch_configs(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None,
                        episode_ids: Sequence[str] | None, scenario_ids: Sequence[str | None] | None,
                        seeds: Sequence[int | None] | None, versions: Versions,
                        metadata: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        n = len(inputs)
         configs = list(config) if isinstance(config, Sequence) else [config] * n
         if len(configs) != n:
             raise ValueError(f"batch: {len(configs)} configs for {n} inputs")
         return [self._config(configs[i], episode_ids[i] if episode_ids else None,
-                             scenario_ids[i] if scenario_ids else None, seeds[i] if seeds else None, versions, metadata)
+                             scenario_ids[i] if scenario_ids else None, seeds[i] if seeds else None, versions, metadata,
+                             inputs[i])
                 for i in range(n)]
 
     def batch(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None, *,
@@ -292,7 +307,7 @@ class WrappedGraph(Runnable):
         """One episode per input, run concurrently; per-input ids/scenarios/seeds as parallel lists."""
         if not inputs:
             return []
-        configs = self._batch_configs(len(inputs), config, episode_ids, scenario_ids, seeds, versions, metadata)
+        configs = self._batch_configs(inputs, config, episode_ids, scenario_ids, seeds, versions, metadata)
         return self.graph.batch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
     async def abatch(self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None = None, *,
@@ -302,7 +317,7 @@ class WrappedGraph(Runnable):
         """Async twin of `batch`."""
         if not inputs:
             return []
-        configs = self._batch_configs(len(inputs), config, episode_ids, scenario_ids, seeds, versions, metadata)
+        configs = self._batch_configs(inputs, config, episode_ids, scenario_ids, seeds, versions, metadata)
         return await self.graph.abatch(list(inputs), configs, return_exceptions=return_exceptions, **kwargs)
 
 
@@ -356,6 +371,9 @@ def wrap(
     max_file_bytes: int = 64 * 2**20,
     serve_http: bool = False,
     recursion_limit: int | None = None,
+    resume: Any = None,
+    episodes: str = "turn",
+    conversation_idle_s: float | None = None,
 ) -> WrappedGraph:
     """Route and trace a compiled LangGraph app.
 
@@ -370,6 +388,14 @@ def wrap(
     serve_http: serve `team` on a loopback OpenAI server in this process and send the episodes' HTTP chat calls
     for its roles there (an app on `ChatOpenAI` / `openai` runs unchanged on the team's adapters, with each run's
     version pins and seeds); what that server samples is recorded beside the app's spans.
+    resume: how the project's runners answer the app's `interrupt()` when no person is there (`ResumePolicy`, a
+    callable ``payload -> value``, or ``{"value": ...}`` / ``{"call": "module:attr"}``); None: such runs stay paused.
+    episodes: ``"turn"`` (each run on a thread is an episode; a resume continues the paused one) or
+    ``"conversation"`` (every run on a thread continues its episode; `conversation_idle_s` starts a new one after
+    that many idle seconds).
+
+    A run that stops at `interrupt()` is recorded as paused (episode metadata ``paused``, ``interrupts``); the
+    ``Command(resume=...)`` run on the same thread continues that episode (``resumes`` in its metadata).
 
     Every entry point of a graph compiled with a checkpointer gets the episode id as its thread id when the run's
     config names none. The app's HTTP calls made inside an episode carry W3C trace context and baggage
@@ -387,4 +413,5 @@ def wrap(
               if shadow is not None and sample_rate > 0 else None)
     return WrappedGraph(graph, team=team, sink=sink, trace_dir=trace_dir, node_roles=node_roles,
                         capture_messages=capture_messages, redact=redact, shadow=shadow, mirror=mirror,
-                        serve_http=serve_http, recursion_limit=recursion_limit)
+                        serve_http=serve_http, recursion_limit=recursion_limit, resume=resume, episodes=episodes,
+                        conversation_idle_s=conversation_idle_s)

@@ -48,6 +48,9 @@ class RetrainJob:
     """Keyword arguments for the app's `TeamChatModel` (e.g. `max_tokens`, `temperature`) in compare / online runs."""
     recursion_limit: int | None = None
     """LangGraph step limit of each compare / online episode (None: LangGraph's own); one stopped there is truncated."""
+    resume: dict[str, Any] | None = None
+    """How compare / online episodes answer the app's `interrupt()`: ``{value: ...}`` or ``{call: module:function}``
+    (a simulated user, relative to job.yaml), optionally ``max_resumes``; None: such episodes stay paused (an error)."""
     reward: str | dict[str, Any] = "reward.yaml"
     """CompositeReward config (path or inline mapping): scores mined episodes and shadow-compare episodes."""
     trainer: str | dict[str, Any] = "trainer.yaml"
@@ -153,6 +156,13 @@ class RetrainJob:
         check_int("misfire_grace_s", self.misfire_grace_s, low=0)
         check_int("seed", self.seed, low=0)
         check_int("recursion_limit", self.recursion_limit, low=1, allow_none=True)
+        if self.resume is not None:
+            from marft_lg.graph.interrupts import ResumePolicy
+
+            try:
+                ResumePolicy.of(self.resume, "resume")
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(str(exc), key="resume") from None
         check_range("settle_s", self.settle_s, low=0.0)
         check_range("unsettled_wait_s", self.unsettled_wait_s, low=0.0)
         check_range("max_line_mb", self.max_line_mb, low=0.0, low_open=True)

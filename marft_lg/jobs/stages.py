@@ -73,7 +73,7 @@ class LibraryStages:
 
         return AppSpec(app=self.job.app, model=self.job.model, agents=self.roles(), registry=str(self.registry.root),
                        seed=self.job.seed, node_roles=self.job.node_roles, chat_model=dict(self.job.chat_model),
-                       recursion_limit=self.job.recursion_limit,
+                       recursion_limit=self.job.recursion_limit, resume=self.job.resume,
                        base_dir=None if self.job.base_dir is None else str(self.job.base_dir),
                        source=self.job.where("app"), what="app")
 

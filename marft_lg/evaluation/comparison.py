@@ -35,6 +35,8 @@ class SideScores:
     components: list[str]
     reward_errors: int
     weights: dict[str, float] = field(default_factory=dict)  # the reward's weight per component, when it says
+    unscored_reasons: list[str] = field(default_factory=list)
+    """``episode: why`` of the first episodes the reward could not score (a gate with too few pairs says why)."""
 
 
 @dataclass
@@ -153,15 +155,20 @@ def score_side(
         unscored = ~table["scored"].fillna(False).astype(bool)
         table.loc[unscored, ["reward", *components]] = math.nan
         errors = int(unscored.sum())
+        why = table["error"] if "error" in table else pd.Series([None] * len(table), index=table.index)
+        reasons = [f"{e}: {w or 'not scored'}" for e, w in zip(table["episode_id"][unscored], why[unscored],
+                                                                strict=True)][:3]
     else:
         errors = int(table["reward"].isna().sum())
+        reasons = []
     if units is None:
         units = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
     eps = episode_metrics(dataset).merge(table[["episode_id", "reward", *components]], on="episode_id", how="left")
     eps.insert(1, "unit", [units.get(e) for e in eps["episode_id"]])
     per_agent = agent_metrics(dataset, scenarios=scenarios, formats=formats, action_rewards=action_rewards, agents=agents)
     per_agent.insert(1, "unit", [units.get(e) for e in per_agent["episode_id"]])
-    return SideScores(episodes=eps, agents=per_agent, components=components, reward_errors=errors, weights=weights)
+    return SideScores(episodes=eps, agents=per_agent, components=components, reward_errors=errors, weights=weights,
+                      unscored_reasons=reasons)
 
 
 def _unit_means(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

@@ -205,7 +205,7 @@ class PromotionGate:
         checks: list[GateCheck] = []
         n = result.team.n
         checks.append(GateCheck("enough_pairs", n >= self.min_pairs, n, self.min_pairs,
-                                f"{n} paired scenarios (need >= {self.min_pairs})"))
+                                f"{n} paired scenarios (need >= {self.min_pairs})" + _few_pairs_why(result, n)))
         team = result.team
         checks.append(GateCheck("team_reward_gain", not math.isnan(team.mean) and team.mean >= self.min_team_reward_gain,
                                 _clean(team.mean), self.min_team_reward_gain,
@@ -273,3 +273,14 @@ class PromotionGate:
         threshold = s.min if s.min is not None else s.max
         detail = f"safety check {s.name!r} on {s.component!r}: " + ("; ".join(problems) if problems else f"ok ({_fmt(value)})")
         return GateCheck(f"safety:{s.name}", not problems, _clean(value), threshold, detail)
+
+
+def _few_pairs_why(result: ComparisonResult, n: int) -> str:
+    """Why fewer pairs than scenarios were compared: episodes the reward could not score, on each side."""
+    sides = [(name, side) for name, side in (("baseline", result.baseline), ("candidate", result.candidate))
+             if side.reward_errors]
+    if not sides:
+        return ""
+    counts = ", ".join(f"{name} {side.reward_errors} of {len(side.episodes)}" for name, side in sides)
+    first = next((side.unscored_reasons[0] for _, side in sides if side.unscored_reasons), None)
+    return f"; unscored episodes: {counts}" + (f" (first: {first})" if first else "")

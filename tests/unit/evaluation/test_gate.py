@@ -108,3 +108,15 @@ def test_cost_components_regress_when_they_rise():
     assert not checks["component:steps_cost"].passed and "tolerated rise" in checks["component:steps_cost"].detail
     _, checks = run(2, 0)  # fewer steps: the cost fell, which is no regression
     assert checks["component:steps_cost"].passed
+
+
+def test_too_few_pairs_says_which_episodes_the_reward_could_not_score():
+    from marft_lg.rewards.composite import CompositeReward
+
+    reward = CompositeReward.from_yaml({"weights": {"task_completion": 1.0}})  # needs a reference: none here
+    base, cand = team_run("b", SIDS, RIGHT), team_run("c", SIDS, RIGHT)
+    decision = PromotionGate().evaluate(compare_datasets(base, cand, reward, scenarios={s: {} for s in SIDS}))
+    assert not decision.promote
+    [why] = [r for r in decision.reasons if "paired scenarios" in r]
+    assert "unscored episodes: baseline 10 of 10, candidate 10 of 10 (first: b-s0:" in why
+    assert "reference" in why

@@ -225,3 +225,14 @@ def test_marft_lg_run_resumes_with_the_flag_and_says_how_many_stayed_paused(tmp_
     assert "2 interrupt(s) answered by the resume policy" in flat(out.output) and "paused" not in out.output
     ds = mine([tmp_path / "resumed"])
     assert len(ds) == 2 and set(ds.episodes["status"]) == {"ok"} and len(ds.actions) == 4
+
+
+def test_ray_rollout_workers_get_the_resume_policy_and_leave_paused_episodes_out(tmp_path):
+    from marft_lg.distributed.worker import WorkerSpec
+
+    spec = AppSpec(app="hitl_apps:build", agents=["drafter", "reviser"], base_dir=str(HERE),
+                   resume={"call": "hitl_apps:reject_once", "max_resumes": 2})
+    worker_spec = WorkerSpec.of(spec, concurrency=1)
+    assert worker_spec.resume == {"call": "hitl_apps:reject_once", "max_resumes": 2}
+    policy = worker_spec.app_spec().resume_policy()
+    assert policy.max_resumes == 2 and policy.answer({"draft": "d"}) == "rejected"

@@ -227,7 +227,7 @@ def test_marft_lg_run_resumes_with_the_flag_and_says_how_many_stayed_paused(tmp_
     assert len(ds) == 2 and set(ds.episodes["status"]) == {"ok"} and len(ds.actions) == 4
 
 
-def test_ray_rollout_workers_get_the_resume_policy_and_leave_paused_episodes_out(tmp_path):
+def test_ray_rollout_workers_get_the_resume_policy(tmp_path):
     from marft_lg.distributed.worker import WorkerSpec
 
     spec = AppSpec(app="hitl_apps:build", agents=["drafter", "reviser"], base_dir=str(HERE),

@@ -26,6 +26,7 @@ both sides of the PPO ratio refer to one distribution and masked-out tokens get 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import threading
@@ -139,8 +140,16 @@ def vllm_fields(constraint: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def constraint_key(constraint: dict[str, Any]) -> str:
-    """A canonical string of a constraint (cache key, span attribute, parquet cell)."""
-    return json.dumps(constraint, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """A constraint as the client gave it, key order kept (span attribute, parquet cell): a JSON schema's property
+    order is part of its grammar, so a re-sorted schema would be another grammar than the one decoded under."""
+    return json.dumps(constraint, separators=(",", ":"), ensure_ascii=False)
+
+
+def constraint_hash(constraint: dict[str, Any] | str) -> str:
+    """sha256 of a constraint's exact text (`constraint_key`): the key of a compiled grammar, so two schemas that
+    differ only in key order never share one."""
+    text = constraint if isinstance(constraint, str) else constraint_key(constraint)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def load_constraint(value: Any) -> dict[str, Any] | None:
@@ -240,7 +249,7 @@ class Grammars:
     """Compiled grammars for one tokenizer, and the per-token masks they imply.
 
     `vocab_size` is the model's logits width (it may exceed the tokenizer's); `stop_ids` end a completion
-    once its grammar is complete. Compiled grammars are kept (LRU, `cache_size`) by their constraint.
+    once its grammar is complete. Compiled grammars are kept (LRU, `cache_size`) by `constraint_hash`.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: Sequence[int], *, cache_size: int = 128):
@@ -264,7 +273,8 @@ class Grammars:
         return cls(tokenizer, model.get_output_embeddings().weight.shape[0], stop)
 
     def compiled(self, constraint: dict[str, Any]) -> Any:
-        key = constraint_key(constraint)
+        """The compiled grammar of `constraint` (cached by `constraint_hash`; a bad one raises `ConstraintError`)."""
+        key = constraint_hash(constraint)
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
@@ -286,25 +296,35 @@ class Grammars:
         """A fresh matcher for one row decoding under `constraint`."""
         return RowMatcher(self, constraint)
 
-    def allowed_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> Any:
-        """Packed int32 bitmask `[len(token_ids), ceil(V / 32)]`: which tokens the grammar allowed at each step.
+    def checked_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> tuple[Any, int | None]:
+        """`allowed_bits`, and the index of the first recorded token the grammar rejects (None: it accepts them all).
 
-        From a token the grammar rejects on (a completion not decoded under this constraint, e.g. re-tokenised
-        from text), every token is allowed: those steps count as free. Each recorded token is always allowed.
+        A rejected token means the completion was not decoded under this constraint (re-tokenised from text, or a
+        record whose constraint is not the one sent): the trainer names it and leaves the action out.
         """
         import torch
 
         m = self.matcher(constraint)
         bits = m.new_bitmask(len(token_ids))
+        rejected = None
         for t, tok in enumerate(token_ids):
             m.fill(bits, t)
             if not m.accept(int(tok)):
                 bits[t:] = -1
+                rejected = t
                 break
         ids = torch.as_tensor([int(t) for t in token_ids], dtype=torch.long)
         rows = torch.arange(len(ids))
         bits[rows, ids // 32] |= (torch.ones_like(ids) << (ids % 32)).to(torch.int32)
-        return bits[: len(ids)]
+        return bits[: len(ids)], rejected
+
+    def allowed_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> Any:
+        """Packed int32 bitmask `[len(token_ids), ceil(V / 32)]`: which tokens the grammar allowed at each step.
+
+        From a token the grammar rejects on, every token is allowed (`checked_bits` says where that was). Each
+        recorded token is always allowed.
+        """
+        return self.checked_bits(constraint, token_ids)[0]
 
     def allowed(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> Any:
         """`allowed_bits` unpacked: a `[len(token_ids), vocab_size]` bool tensor."""

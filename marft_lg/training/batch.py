@@ -9,6 +9,9 @@
 A constrained action (decoded under a grammar, `marft_lg.constraints`) gets its token masks here too: every
 log-prob of it, behaviour, reference or updated, is taken under the distribution its grammar allowed.
 
+The data is checked here as well (`training.checks`): a constrained completion its grammar rejects, and an on-policy
+record whose recomputed log-probs differ from the recorded ones, are named `DataProblem`s, left out of `trained`.
+
 Also the length-sorted micro-batching every model pass over records goes through (here and in `ppo`).
 What depends on the action/token unit is asked of the config's `Unit` (`units.unit_for`).
 """
@@ -22,9 +25,10 @@ from typing import Any
 
 import torch
 
-from marft_lg.constraints import Grammars, load_constraint
+from marft_lg.constraints import Grammars, label, load_constraint
 from marft_lg.serving.device import model_device
 from marft_lg.training.buffer import ActionRecord, RolloutBuffer, collate
+from marft_lg.training.checks import DataProblem, grammar_rejection, logprob_mismatch
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead, critic_features
 from marft_lg.training.gae import group_relative_advantages
@@ -41,6 +45,8 @@ class BaseModel:
     pad_id: int
     grammars: Any = None
     """`Grammars` (or `LazyGrammars`) of this base's tokenizer, for the token masks of constrained actions."""
+    tokenizer: Any = None
+    """This base's tokenizer, to show a rejected token as text (None: its id only)."""
 
 
 class LazyGrammars:
@@ -49,10 +55,11 @@ class LazyGrammars:
     def __init__(self, model: torch.nn.Module, tokenizer: Any):
         self._model, self._tokenizer, self._grammars = model, tokenizer, None
 
-    def allowed_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> torch.Tensor:
+    def checked_bits(self, constraint: dict[str, Any], token_ids: Sequence[int]) -> tuple[torch.Tensor, int | None]:
+        """`Grammars.checked_bits` of this base."""
         if self._grammars is None:
             self._grammars = Grammars.for_model(self._model, self._tokenizer)
-        return self._grammars.allowed_bits(constraint, token_ids)
+        return self._grammars.checked_bits(constraint, token_ids)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class TrainBatch:
     trained: tuple[int, ...]
     masks: Mapping[int, torch.Tensor] = field(default_factory=dict)
     """Packed token masks of the constrained records (`constraint_masks`), by record index."""
+    problems: Mapping[int, DataProblem] = field(default_factory=dict)
+    """Records that failed a data check (`training.checks`), by index: never in `trained`."""
 
     def mask_bits(self, idx: Sequence[int], device: torch.device | None = None) -> torch.Tensor | None:
         return stacked_masks(self.masks, self.records, idx, device)
@@ -159,16 +168,21 @@ def scatter(mask: torch.Tensor, rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 # ---- the no-gradient passes that build the batch ------------------------------------------------
 
-def constraint_masks(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel]) -> dict[int, torch.Tensor]:
-    """`{i: packed mask [tokens, ceil(V / 32)]}` of every constrained record: what its grammar allowed at each
-    completion step, re-derived from the recorded constraint and tokens with its base's tokenizer."""
+def constraint_masks(records: Sequence[ActionRecord],
+                     bases: Mapping[str, BaseModel]) -> tuple[dict[int, torch.Tensor], dict[int, DataProblem]]:
+    """(`{i: packed mask [tokens, ceil(V / 32)]}` of every constrained record: what its grammar allowed at each
+    completion step, re-derived from the recorded constraint and tokens with its base's tokenizer; the records whose
+    grammar rejects one of their tokens, as `grammar_rejected` problems)."""
     out: dict[int, torch.Tensor] = {}
+    problems: dict[int, DataProblem] = {}
     for i, r in enumerate(records):
         constraint = load_constraint(r.constraint)
-        grammars = bases[r.base].grammars if r.base in bases else None
-        if constraint is not None and grammars is not None:
-            out[i] = grammars.allowed_bits(constraint, r.completion_ids)
-    return out
+        b = bases.get(r.base)
+        if constraint is not None and b is not None and b.grammars is not None:
+            out[i], rejected = b.grammars.checked_bits(constraint, r.completion_ids)
+            if rejected is not None:
+                problems[i] = grammar_rejection(r, label(constraint), rejected, b.tokenizer)
+    return out, problems
 
 
 def stacked_masks(masks: Mapping[int, torch.Tensor], records: Sequence[ActionRecord], idx: Sequence[int],
@@ -216,6 +230,26 @@ def behaviour_logprobs(records: Sequence[ActionRecord], bases: Mapping[str, Base
         with only_adapter_trainable(b.model, adapter):
             out.update(completion_logprobs(b.model, records, idx, cfg, b.pad_id, masks=masks))
     return [out[i] for i in range(len(records))]
+
+
+def verify_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], behaviour: Sequence[torch.Tensor],
+                    bases: Mapping[str, BaseModel], adapter_for: Callable[[ActionRecord], str], cfg: MARFTConfig,
+                    masks: Mapping[int, torch.Tensor] | None = None) -> dict[int, DataProblem]:
+    """The records at `idx` (on-policy: recorded by the weights their adapter holds now) whose log-probs, recomputed
+    with that adapter, differ from the recorded `behaviour` by more than `logprob_tolerance`: one no-grad pass."""
+    todo: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i in idx:
+        todo[(records[i].base, adapter_for(records[i]))].append(i)
+    problems: dict[int, DataProblem] = {}
+    for (base, adapter), part in todo.items():
+        b = bases[base]
+        with only_adapter_trainable(b.model, adapter):
+            again = completion_logprobs(b.model, records, part, cfg, b.pad_id, masks=masks)
+        for i in part:
+            problem = logprob_mismatch(records[i], behaviour[i], again[i], cfg.logprob_tolerance)
+            if problem is not None:
+                problems[i] = problem
+    return problems
 
 
 def critic_values(records: Sequence[ActionRecord], bases: Mapping[str, BaseModel], critic: Critic | None,
@@ -311,13 +345,21 @@ def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], base
 
 def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARFTConfig, *,
                 agents: Sequence[str], adapter_for: Callable[[ActionRecord], str],
-                critic: Critic | None) -> TrainBatch:
+                critic: Critic | None, on_policy: Callable[[ActionRecord], bool] | None = None) -> TrainBatch:
     """The iteration's `TrainBatch`: behaviour log-probs, critic values, advantages (normalised over the
-    records of `agents`), reference log-probs; every model pass it needs runs here, once."""
+    records of `agents`), reference log-probs; every model pass it needs runs here, once.
+
+    The records that fail a data check are left out of `trained` (`problems`): a constrained completion its grammar
+    rejects, and, under ``verify_logprobs: first``, a record of `agents` that `on_policy` says the current weights
+    recorded (with its own log-probs) whose log-probs they do not give back."""
     records = tuple(buffer.records)
-    trained = tuple(i for i, r in enumerate(records) if r.agent in set(agents))
-    masks = constraint_masks(records, bases)
+    mine = [i for i, r in enumerate(records) if r.agent in set(agents)]
+    masks, problems = constraint_masks(records, bases)
     behaviour = behaviour_logprobs(records, bases, adapter_for, cfg, masks)
+    if cfg.verify_logprobs == "first" and on_policy is not None:
+        check = [i for i in mine if i not in problems and not records[i].recomputed and on_policy(records[i])]
+        problems.update(verify_logprobs(records, check, behaviour, bases, adapter_for, cfg, masks))
+    trained = tuple(i for i in mine if i not in problems)
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
     if cfg.normalize_advantages and cfg.credit_normalize == "per_agent":  # Dr. MAS: each agent on its own scale
@@ -328,5 +370,6 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     ref = reference_logprobs(records, trained, bases, cfg, masks) if cfg.kl_ref_coef > 0 else {}
     return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),
                       values=tuple(values), returns=tuple(returns), features=tuple(features),
-                      reference=tuple(ref.get(i) for i in range(len(records))), trained=trained, masks=masks)
+                      reference=tuple(ref.get(i) for i in range(len(records))), trained=trained, masks=masks,
+                      problems=problems)
 

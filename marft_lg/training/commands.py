@@ -41,11 +41,12 @@ from marft_lg.loading import LoadError, check_model_mapping, check_roles, load_o
 from marft_lg.tracking.settings import TrackingUnavailable, check_report_to, parse_report_to, require_all
 
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
-ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature", "recursion_limit")
+ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature", "recursion_limit",
+               "resume")
 PHASES = ("offline", "online")
 EXIT_BAD_INPUT = 2
 EXIT_ROLLOUTS = 1  # the online phase's episodes failed (or missed the versions under test): nothing published
-EXIT_NO_DATA = 1  # the offline data held no usable episode: nothing trained, nothing published
+EXIT_NO_DATA = 1  # the data held no usable episode, or an iteration had no action to train: nothing published
 
 
 @dataclass
@@ -101,6 +102,7 @@ class TrainFile:
         return AppSpec(app=self.online.get("app", DEFAULT_APP), model=self.model, agents=list(self.agents),
                        registry=self.registry, versions=self.versions, seed=cfg.seed,
                        node_roles=self.online.get("node_roles"), recursion_limit=self.online.get("recursion_limit"),
+                       resume=self.online.get("resume"),
                        chat_model={"max_tokens": int(self.online.get("max_tokens", cfg.max_new_tokens)),
                                    "temperature": float(self.online.get("temperature", cfg.temperature))},
                        base_dir=None if self.base_dir is None else str(self.base_dir),
@@ -235,6 +237,13 @@ class TrainFile:
                 raise doc.error(f"must be >= {low}, got {o[key]}", ("online", key))
         if "temperature" in o and o["temperature"] < 0:
             raise doc.error(f"must be >= 0, got {o['temperature']}", ("online", "temperature"))
+        if o.get("resume") is not None:
+            from marft_lg.graph.interrupts import ResumePolicy
+
+            try:
+                ResumePolicy.of(o["resume"], "online.resume")
+            except (TypeError, ValueError) as exc:
+                raise doc.error(str(exc), ("online", "resume")) from None
         try:
             o["node_roles"] = parse_node_roles(o.get("node_roles"), source=self._source("online", "node_roles"),
                                                key="online.node_roles", roles=self.agents)
@@ -300,8 +309,10 @@ def train(
 ) -> None:
     """Train the team's adapters with MARFT (offline from traces and/or on-policy through the graph).
 
-    Exit codes: 0 trained; 1 the offline data held no usable episode, or the online phase's episodes failed (fewer
-    than half succeeded, or they were not served by the adapters being trained), nothing published; 2 bad input (train.yaml, a file it names, a run
+    Exit codes: 0 trained; 1 the offline data held no usable episode, an iteration had no action to train (no scored
+    episode, no action of the trained agents, all failed the data checks), no adapter took a step, or the online
+    phase's episodes failed (fewer than half succeeded, or they were not served by the adapters being trained),
+    nothing published; 2 bad input (train.yaml, a file it names, a run
     directory that already holds another run, a damaged checkpoint or metrics file), printed without a traceback."""
     from rich.console import Console
 
@@ -363,6 +374,7 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
            console: Any, errors: tuple[type[BaseException], ...]) -> None:
     from marft_lg.graph.collect import RolloutError
     from marft_lg.tracking.lineage import data_window
+    from marft_lg.training.checks import TrainingDataError
     from marft_lg.training.trainer import MARFTTrainer
 
     try:
@@ -383,16 +395,19 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
             console.print(f"[yellow]no checkpoint under {spec.run_dir}; starting from iteration 0[/]")
     status = "FAILED"
     try:
-        if dataset is not None:
-            console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
-            trainer.tracker.context["data_window"] = data_window(dataset, spec.data)
-            _offline(spec, cfg, app, team, trainer, dataset, scenarios)
-        if "online" in spec.phases:
-            try:
-                _online(spec, cfg, app, team, trainer, scenarios, console)
-            except RolloutError as exc:
-                raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}",
-                            code=EXIT_ROLLOUTS) from None
+        try:
+            if dataset is not None:
+                console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
+                trainer.tracker.context["data_window"] = data_window(dataset, spec.data)
+                _offline(spec, cfg, app, team, trainer, dataset, scenarios)
+            if "online" in spec.phases:
+                try:
+                    _online(spec, cfg, app, team, trainer, scenarios, console)
+                except RolloutError as exc:
+                    raise _fail(f"the online phase stopped; alias 'candidate' not set: {exc}",
+                                code=EXIT_ROLLOUTS) from None
+        except TrainingDataError as exc:
+            raise _fail(f"training stopped; alias 'candidate' not set: {exc}", code=EXIT_NO_DATA) from None
         _publish(spec, team, trainer, console, resumed=resume)
         status = "FINISHED"
     finally:
@@ -438,13 +453,15 @@ def _online(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, scenar
 def _published_before(spec: TrainFile, team: Any, trainer: Any) -> dict[str, str] | None:
     """What this run published when it already did (a `--resume` of a finished run): ``{role: version}`` when every
     role it would save has a version this run saved at this iteration, else None."""
+    from marft_lg.serving.team import FRESH
+
     found, serving = {}, team.versions()
     for role in spec.agents:
-        if role in trainer.unpublished or serving.get(role, "init") == "init":
+        if role in trainer.unpublished:
             found[role] = team.registry.saved_by(team.slot(role), trainer.run_id, trainer.iteration)
             if found[role] is None:
                 return None
-        else:
+        elif serving.get(role, FRESH) != FRESH:
             found[role] = serving[role]
     return found
 
@@ -452,6 +469,7 @@ def _published_before(spec: TrainFile, team: Any, trainer: Any) -> dict[str, str
 def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed: bool = False) -> None:
     """Save the trained roles as new versions and point `candidate` at them; say which roles were never updated. A
     resumed run that had published already publishes nothing new; a run's last checkpoint is its end."""
+    from marft_lg.serving.team import FRESH
     from marft_lg.tracking.lineage import record_published
 
     if trainer.iteration and trainer.iteration % trainer.cfg.checkpoint_every:
@@ -466,23 +484,33 @@ def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed:
         return
     published = {}
     serving = team.versions()
-    for role in spec.agents:  # a role the online phase just published keeps that version: one version per update
-        if role in trainer.unpublished or serving.get(role, "init") == "init":
+    for role in spec.agents:  # a new version only for an adapter an update changed; the others keep theirs
+        if role in trainer.unpublished:
             published[role] = team.save_version(role, run_id=trainer.run_id,
                                                 metrics={"iteration": float(trainer.iteration)})
             record_published(trainer.tracker, team.registry, role, published[role], iteration=trainer.iteration)
-        else:
+        elif serving.get(role, FRESH) != FRESH:
             published[role] = serving[role]
-    team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
     steps = trainer.update_steps
     updated = [r for r in trainer.roles if steps.get(r, 0) > 0]
     never = [r for r in trainer.roles if steps.get(r, 0) == 0]
+    if not published:
+        raise _fail(f"trained {trainer.iteration} iterations but no role's adapter took an optimizer step (every "
+                    "step cut by kl_cut or skipped as non-finite; see metrics.jsonl) and none has a version to keep; "
+                    "alias 'candidate' not set", code=EXIT_NO_DATA)
+    team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
     console.print(f"[green]trained[/] {trainer.iteration} iterations; updated {', '.join(updated) or 'no role'}; "
                   f"adapters {published} saved as alias 'candidate' in {spec.registry}; metrics and plots in "
                   f"{spec.run_dir}")
     if never:
         why = (f"the {trainer.cfg.update_scheme} scheme trains one role per {trainer.cfg.agent_iteration_interval} "
-               f"iteration(s) and {trainer.update_count} updates did not reach them, or they had no actions"
-               if trainer.cfg.update_scheme == "sequential" else "they had no actions in the episodes")
-        console.print(f"[yellow]warning: never updated: {', '.join(never)} ({why}); their candidate versions are "
-                      "their starting weights[/]")
+               f"iteration(s) and {trainer.update_count} updates did not reach them, they had no actions, or kl_cut "
+               "cut every step" if trainer.cfg.update_scheme == "sequential"
+               else "they had no actions in the episodes, or kl_cut cut every step")
+        kept = {r: serving.get(r, FRESH) for r in never}
+        console.print(f"[yellow]warning: never updated: {', '.join(never)} ({why}); no new version saved for them, "
+                      f"they keep {kept} ('{FRESH}': their initial weights, no version in the candidate)[/]")
+    if trainer.data_problems:
+        console.print(f"[yellow]warning: {sum(trainer.data_problems.values())} action(s) left out of the updates: "
+                      f"their records failed the data checks {dict(trainer.data_problems)} (metrics.jsonl: "
+                      "data_check_failed, data_problems)[/]")

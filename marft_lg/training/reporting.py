@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+from marft_lg.training.checks import SHOWN, DataProblem, problem_counts
 
 if TYPE_CHECKING:
     from marft_lg.training.buffer import RolloutBuffer
@@ -22,9 +24,10 @@ _STANDARD_EPISODE_COLUMNS = {"episode_id", "reward", "scored", "error"}
 def metrics_row(*, iteration: int, phase: str, dataset: TrajectoryDataset, action_rewards: dict,
                 table: pd.DataFrame | None, buffer: RolloutBuffer, stats: UpdateStats | None, agents: list[str],
                 restored: list[str], elapsed: float, frozen_roles: list[str],
-                agent_bases: dict[str, str]) -> dict[str, Any]:
-    """One iteration's row of metrics.jsonl: rewards and reward components, what the buffer kept and left out,
-    and, after an update, each agent's stats, the critic's and the throughput."""
+                agent_bases: dict[str, str], problems: Sequence[DataProblem] = ()) -> dict[str, Any]:
+    """One iteration's row of metrics.jsonl: rewards and reward components, what the buffer kept and left out, the
+    actions the data checks left out (`data_check_failed`, by kind in `data_checks`, the first few named in
+    `data_problems`), and, after an update, each agent's stats, the critic's and the throughput."""
     rewards = episode_rewards(dataset, action_rewards, table)
     row: dict[str, Any] = {
         "iteration": iteration, "phase": phase, "episodes": len(dataset), "actions": len(buffer.records),
@@ -35,6 +38,8 @@ def metrics_row(*, iteration: int, phase: str, dataset: TrajectoryDataset, actio
         "frozen_agents": sorted(set(frozen_roles) | set(buffer.frozen)),
         "frozen_actions": dict(buffer.frozen), "agent_bases": dict(agent_bases),
         "recomputed_logprobs": buffer.n_recomputed, "retokenised": dict(buffer.retokenised), "time_s": elapsed,
+        "data_check_failed": len(problems), "data_checks": problem_counts(problems),
+        "data_problems": [str(p) for p in problems[:SHOWN]],
     }
     if stats is not None:
         row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,9 @@ from marft_lg.rewards.base import Scorer
 from marft_lg.tracking.base import Tracker, open_tracker
 from marft_lg.tracking.lineage import data_window, record_published
 from marft_lg.training.batch import BaseModel, Critic, LazyGrammars, TrainBatch, build_batch
-from marft_lg.training.buffer import ActionRecord, build_buffer
+from marft_lg.training.buffer import ActionRecord, RolloutBuffer, build_buffer
 from marft_lg.training.checkpoint import save_checkpoint
+from marft_lg.training.checks import TrainingDataError, named, problem_counts
 from marft_lg.training.config import MARFTConfig
 from marft_lg.training.credit import ReplayBudget, Replayed, replay_credit, scenario_objects
 from marft_lg.training.critic import ValueHead
@@ -64,7 +66,7 @@ class _Base:
     def batch_base(self) -> BaseModel:
         if self.grammars is None:
             self.grammars = LazyGrammars(self.model, self.tokenizer)
-        return BaseModel(self.model, self.pad_id, self.grammars)
+        return BaseModel(self.model, self.pad_id, self.grammars, self.tokenizer)
 
 
 class MARFTTrainer:
@@ -130,6 +132,8 @@ class MARFTTrainer:
         self.online_done = 0
         self.unpublished: set[str] = set()
         """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
+        self.data_problems: Counter = Counter()
+        """Actions this run left out of its updates because their records failed a data check, by kind."""
         self.update_steps: dict[str, int] = {r: 0 for r in self.roles}
         """Optimizer steps each trained role has taken in this run (0: never updated, e.g. the sequential scheme's
         turn never came to it, or it had no actions)."""
@@ -292,49 +296,89 @@ class MARFTTrainer:
                         "differ from what the model saw: mine the server's records too (`marft-lg serve` keeps them)",
                         self.iteration, ", ".join(f"{a}: {n}" for a, n in sorted(buffer.retokenised.items())))
         agents = self._agents_to_train(buffer.records)
+        if not buffer.records:
+            raise TrainingDataError(f"iteration {self.iteration} ({phase}): nothing to train: "
+                                    f"{self._why_no_records(data, buffer, table)}")
         restored: list[str] = []
+        updated: list[str] = []
         post: dict[str, dict[str, float]] = {}
-        stats = None
         with ExitStack() as paused:  # every base's serving pauses while its adapters change
             for b in self.bases.values():
                 paused.enter_context(b.policy.exclusive())
-            if buffer.records:
-                batch = build_batch(buffer, {n: b.batch_base() for n, b in self.bases.items()}, cfg,
-                                    agents=agents, adapter_for=self._adapter_for, critic=self.critic)
-                snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
-                         for a in agents}
-                stats = self._update(batch, agents)
-                for a in agents:
-                    self.update_steps[a] = self.update_steps.get(a, 0) + stats.agents[a].steps
-                for a in agents:
-                    if stats.agents[a].steps == 0:
-                        continue
-                    model = self._model(a)
-                    finite = adapter_finite(model, self.adapter_names[a])
-                    kl, entropy = (post_update_check(model, batch, batch.indices([a]), self.adapter_names[a], cfg,
-                                                     self.bases[self.base_of[a]].pad_id)
-                                   if finite else (float("nan"), float("nan")))
-                    post[a] = {"approx_kl": kl, "entropy": entropy}
-                    reason = self.detector.check(a, entropy=entropy, approx_kl=kl, params_finite=finite)
-                    if reason is None:
-                        self.detector.accept(a, entropy)
-                    else:
-                        snaps[a].restore(model, self.adapter_names[a], self.optimizers[a])
-                        restored.append(reason)
-                        log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
+            batch = build_batch(buffer, {n: b.batch_base() for n, b in self.bases.items()}, cfg, agents=agents,
+                                adapter_for=self._adapter_for, critic=self.critic, on_policy=self._on_policy)
+            self._check_problems(batch, agents, phase)
+            snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
+                     for a in agents}
+            stats = self._update(batch, agents)
+            for a in agents:
+                self.update_steps[a] = self.update_steps.get(a, 0) + stats.agents[a].steps
+            for a in agents:
+                if stats.agents[a].steps == 0:
+                    continue
+                model = self._model(a)
+                finite = adapter_finite(model, self.adapter_names[a])
+                kl, entropy = (post_update_check(model, batch, batch.indices([a]), self.adapter_names[a], cfg,
+                                                 self.bases[self.base_of[a]].pad_id)
+                               if finite else (float("nan"), float("nan")))
+                post[a] = {"approx_kl": kl, "entropy": entropy}
+                reason = self.detector.check(a, entropy=entropy, approx_kl=kl, params_finite=finite)
+                if reason is None:
+                    self.detector.accept(a, entropy)
+                    updated.append(a)
+                else:
+                    snaps[a].restore(model, self.adapter_names[a], self.optimizers[a])
+                    restored.append(reason)
+                    log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
         self.update_count += 1
         elapsed = time.perf_counter() - t0
         row = metrics_row(iteration=self.iteration, phase=phase, dataset=dataset, action_rewards=action_rewards,
                           table=table, buffer=buffer, stats=stats, agents=agents, restored=restored, elapsed=elapsed,
-                          frozen_roles=self.frozen_roles, agent_bases=self.base_of)
+                          frozen_roles=self.frozen_roles, agent_bases=self.base_of,
+                          problems=list(batch.problems.values()))
         row["post_update"] = post
+        row["updated_agents"] = updated
         row.update(extra or {})
         if credit is not None:
             row.update(credit.stats)
-        self.unpublished.update(row.get("trained_agents", []))
+        self.unpublished.update(updated)
         self.metrics.log(row)
         self.iteration += 1
         return row
+
+    def _check_problems(self, batch: TrainBatch, agents: list[str], phase: str) -> None:
+        """Count and name the records that failed a data check; stop (`TrainingDataError`) under
+        ``on_data_mismatch: error``, or when no record of `agents` is left to train."""
+        problems = list(batch.problems.values())
+        self.data_problems.update(p.kind for p in problems)
+        where = f"iteration {self.iteration} ({phase})"
+        if problems and self.cfg.on_data_mismatch == "error":
+            raise TrainingDataError(f"{where}: {len(problems)} action(s) failed the data checks "
+                                    f"{problem_counts(problems)} (on_data_mismatch: error):\n{named(problems)}")
+        if problems:
+            log.warning("%s: %d action(s) left out of the update, their records failed the data checks %s:\n%s",
+                        where, len(problems), problem_counts(problems), named(problems))
+        if not batch.trained:
+            if not agents:
+                why = f"no action of the trained agents {self.roles}"
+            else:
+                why = (f"all {len(problems)} action(s) of {agents} failed the data checks "
+                       f"{problem_counts(problems)}:\n{named(problems)}")
+            raise TrainingDataError(f"{where}: nothing to train: {why}")
+
+    @staticmethod
+    def _why_no_records(dataset: TrajectoryDataset, buffer: RolloutBuffer, table: pd.DataFrame | None) -> str:
+        """Why an iteration's buffer is empty: no episodes, none scored (with the scorer's first error), only frozen
+        agents' actions, or every action left out (by reason)."""
+        if not len(dataset.actions):
+            return f"its {len(dataset)} episode(s) hold no action"
+        if set(buffer.skipped) == {"unscored_episode"} and not buffer.frozen:
+            errors = [] if table is None or "error" not in table.columns else [e for e in table["error"] if e]
+            first = f" (first error: {errors[0]})" if errors else ""
+            return f"no scored episode: the reward scored none of the {len(dataset)} episode(s){first}"
+        if buffer.frozen and not buffer.skipped:
+            return f"no action of the trained agents; only frozen agents acted {dict(buffer.frozen)}"
+        return f"every action was left out {dict(buffer.skipped)} (frozen agents: {dict(buffer.frozen)})"
 
     def _update(self, batch: TrainBatch, agents: list[str]) -> UpdateStats:
         """The policy update of `agents`, base by base (each base's adapters on its own model), then the value
@@ -352,7 +396,8 @@ class MARFTTrainer:
         if self.critic is not None:
             losses, norms = [], []
             for name, head in self.critic.heads.items():
-                idx = [i for i, r in enumerate(batch.records) if self.critic.base_for(r) == name]
+                idx = [i for i, r in enumerate(batch.records)
+                       if self.critic.base_for(r) == name and i not in batch.problems]
                 if idx:
                     value_update(head, self.critic_optimizers[name], batch, idx, self.cfg, self.generator, stats)
                     losses.append(stats.value_loss)
@@ -378,6 +423,12 @@ class MARFTTrainer:
             if role in present:
                 return [role]
         return []
+
+    def _on_policy(self, record: ActionRecord) -> bool:
+        """The record was sampled by the weights its role's adapter holds now: its span names the version the role
+        serves, and the role has not been updated since (the data checks recompute its log-probs)."""
+        version = self.adapter_names[record.agent].split("@", 1)[-1]
+        return record.adapter_version == version and record.agent not in self.unpublished
 
     def _adapter_for(self, record: ActionRecord) -> str:
         """The adapter a span names (for recomputing behaviour log-probs), or the role's current one."""
@@ -434,7 +485,7 @@ class MARFTTrainer:
         if not isinstance(self.team, Publisher) or self.team.registry is None:
             return
         published = {}
-        for role in row.get("trained_agents", []):
+        for role in row.get("updated_agents", []):
             metrics = {"reward_mean": row.get("reward_mean") or 0.0, "iteration": float(self.iteration)}
             version = self.team.save_version(role, run_id=self.run_id, metrics=metrics)
             self.team.load_version(role, version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,8 @@ class GoalProgress(RewardComponent):
 
     A checkpoint is met when, anywhere in the episode: ``"tool:NAME"`` — tool NAME was called without
     error; ``"agent:NAME"`` — agent NAME acted; ``"re:PATTERN"`` — the regex matches a completion,
-    a tool result or the outcome; anything else — that text appears (case-insensitively) there.
+    a tool result or a text the app produced in its outcome (`produced_outcome`: never the input it
+    echoes back); anything else — that text appears (case-insensitively) there.
     Each checkpoint's share goes to the first action that met it. `check` is
     ``fn(checkpoint, episode) -> bool`` (or an import path) replacing the built-in rules.
     """
@@ -99,11 +100,12 @@ class GoalProgress(RewardComponent):
             return ComponentScore(float(self.empty_value))
         share = 1.0 / len(checkpoints)
         met, per_action = 0, {}
+        produced = None if self._check is not None else list(_leaf_texts(produced_outcome(episode)))
         for cp in checkpoints:
-            if self._check is not None:
+            if produced is None:
                 ok, order = bool(self._check(cp, episode)), None
             else:
-                ok, order = _checkpoint_met(str(cp), episode)
+                ok, order = _checkpoint_met(str(cp), episode, produced)
             if ok:
                 met += 1
                 if order is not None:
@@ -141,24 +143,86 @@ class Feedback(RewardComponent):
 
 
 def outcome_text(episode: Episode, key: str | None = None) -> str:
-    """The episode's final output as text: `key` of the outcome JSON, its last message, or the JSON itself."""
-    raw = episode.info.get("outcome")
-    if raw is None:
-        return ""
-    try:
-        data = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError:
-        return str(raw)
+    """The episode's final output as text: `key` of the outcome JSON, else the last message or the JSON of what
+    the app produced (`produced_outcome`), so an echoed question never stands in for the answer."""
+    data = _parsed_outcome(episode)
     if key is not None:
         for part in key.split("."):
             data = data.get(part) if isinstance(data, dict) else None
         return "" if data is None else (data if isinstance(data, str) else json.dumps(data))
+    data = produced_outcome(episode)
+    if data is None:
+        return ""
     if isinstance(data, str):
         return data
     if isinstance(data, dict) and isinstance(data.get("messages"), list) and data["messages"]:
         last = data["messages"][-1]
         return str(last.get("content", "")) if isinstance(last, dict) else str(last)
     return json.dumps(data, ensure_ascii=False)
+
+
+def produced_outcome(episode: Episode) -> Any:
+    """The episode's outcome less the input it echoes (the scenario's `inputs`): what the app itself produced.
+
+    A graph's final state repeats its input keys, so a check on the whole outcome is met by the question.
+    Dropped: a top-level key holding its input value as given, the items of a list under an input key (e.g.
+    `messages`) whose text is an input item's, and a whole outcome equal to an input value (then None).
+    """
+    data = _parsed_outcome(episode)
+    inputs = (episode.scenario or {}).get("inputs")
+    if data is None or not inputs:
+        return data
+    inputs = _as_json(inputs if isinstance(inputs, dict) else {"": inputs})
+    if not isinstance(data, dict):
+        return None if data in inputs.values() else data
+    produced = {}
+    for key, value in data.items():
+        given = inputs.get(key)
+        if key in inputs and value == given:
+            continue
+        if isinstance(value, list) and isinstance(given, list):
+            echoed = [_item_text(item) for item in given]
+            value = [item for item in value if _item_text(item) not in echoed]
+        produced[key] = value
+    return produced
+
+
+def _parsed_outcome(episode: Episode) -> Any:
+    raw = episode.info.get("outcome")
+    if raw is None or not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as the recorder writes an outcome (messages as chat dicts, tuples as lists), for comparing."""
+    from marft_lg.tracing.messages import to_jsonable
+
+    return json.loads(json.dumps(value, ensure_ascii=False, default=to_jsonable))
+
+
+def _item_text(item: Any) -> Any:
+    """A message's text whichever way it is written: a chat dict, a ``(role, text)`` pair or the text."""
+    if isinstance(item, dict) and "content" in item:
+        return item["content"]
+    if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str):
+        return item[1]
+    return item
+
+
+def _leaf_texts(value: Any) -> Iterator[str]:
+    """Every string (and number) inside an outcome, each checked on its own so JSON escaping never hides a match."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaf_texts(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaf_texts(v)
+    elif value is not None:
+        yield value if isinstance(value, str) else json.dumps(value)
 
 
 def _reference(episode: Episode) -> Any:
@@ -172,7 +236,7 @@ def _action_by_order(episode: Episode, order: int) -> dict[str, Any]:
     return next(a for a in episode.actions if int(a["order"]) == order)
 
 
-def _checkpoint_met(cp: str, episode: Episode) -> tuple[bool, int | None]:
+def _checkpoint_met(cp: str, episode: Episode, produced: list[str]) -> tuple[bool, int | None]:
     kind, _, arg = cp.partition(":")
     if kind == "tool" and arg:
         for a in episode.actions:
@@ -197,9 +261,9 @@ def _checkpoint_met(cp: str, episode: Episode) -> tuple[bool, int | None]:
         texts += [str(tc.get("result") or "") for tc in action_list(a.get("tool_calls"))]
         if any(found(t) for t in texts):
             return True, int(a["order"])
-    if found(outcome_text(episode)):
+    if any(found(t) for t in produced):
         return True, None
     return False, None
 
 
-__all__ = ["Feedback", "GoalProgress", "TaskCompletion", "outcome_text"]
+__all__ = ["Feedback", "GoalProgress", "TaskCompletion", "outcome_text", "produced_outcome"]

@@ -244,12 +244,13 @@ def _run_locked(job: RetrainJob, store: JobStore, stages: RetrainStages, run_id:
 
 def _job_tracker(job: RetrainJob, run_id: str, run_dir: Path, window: Window) -> Tracker:
     """The run's parent run in the job's trackers: the job's settings as params, its window as the data window of
-    every adapter it publishes; MLflow's store is shared by the job's runs (`<output_dir>/mlflow.db` by default)."""
+    every adapter it publishes; MLflow's store is shared by the job's runs (`tracking_uri`, else
+    ``MLFLOW_TRACKING_URI``, else `<output_dir>/mlflow.db`)."""
     if not job.report_to:
         return NullTracker()
-    from marft_lg.tracking.mlflow_backend import default_uri
+    from marft_lg.tracking.mlflow_backend import tracking_uri
 
-    uri = job.tracking_uri or (default_uri(Path(job.output_dir)) if "mlflow" in job.report_to else None)
+    uri = tracking_uri(job.tracking_uri, Path(job.output_dir)) if "mlflow" in job.report_to else None
     params = {k: v for k, v in job.to_dict().items() if k not in ("ray",)}
     window_dict = {"start": format_time(window.start) if window.start else None, "end": format_time(window.end),
                    "watermark": format_time(window.start) if window.start else None}

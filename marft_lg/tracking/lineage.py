@@ -166,9 +166,9 @@ def _model_version(client: Any, registry: Any, uri: str, role: str, version: str
 
 def _log_version(client: Any, registry: Any, uri: str, role: str, version: str) -> dict[str, str]:
     """A run ``register <role>@<version>`` holding the version's files (the model version's source)."""
-    from marft_lg.tracking.mlflow_backend import DEFAULT_EXPERIMENT, experiment_id
+    from marft_lg.tracking.mlflow_backend import experiment_id, experiment_name
 
-    exp = experiment_id(client, DEFAULT_EXPERIMENT, None)
+    exp = experiment_id(client, experiment_name(), None)
     run = client.create_run(exp, run_name=f"register {role}@{version}")
     where = f"adapters/{role}/{version}"
     client.log_artifacts(run.info.run_id, str(registry.path(role, version)), where)

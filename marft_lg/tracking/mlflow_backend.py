@@ -1,7 +1,9 @@
 """MLflow: a run per training run or stage (children by `mlflow.parentRunId`), through `MlflowClient` only (no
 global active run, so threads and nested runs never mix).
 
-With no tracking URI the store is ``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``:
+Where runs go, as TRL and transformers decide it: an explicit setting (`uri`, `experiment`) wins, then MLflow's own
+environment variables ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_NAME`` (a team's tracking server), then the
+defaults. With no tracking URI the store is ``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``:
 ``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db`` opens it (runs, metrics, artifacts and the model
 registry: SQLite is a store MLflow's model registry works on).
 """
@@ -9,6 +11,7 @@ registry: SQLite is a store MLflow's model registry works on).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -31,6 +34,16 @@ def _key(name: str) -> str:
 def default_uri(run_dir: Path) -> str:
     """The local store of a run folder: ``sqlite:///<run_dir>/mlflow.db``."""
     return f"sqlite:///{(Path(run_dir) / 'mlflow.db').resolve()}"
+
+
+def tracking_uri(explicit: str | None, run_dir: Path) -> str:
+    """The explicit URI, else ``MLFLOW_TRACKING_URI``, else the run folder's own store."""
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or default_uri(run_dir)
+
+
+def experiment_name(explicit: str | None = None) -> str:
+    """The explicit experiment, else ``MLFLOW_EXPERIMENT_NAME``, else ``marft-lg``."""
+    return explicit or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
 
 
 def client_for(uri: str) -> Any:
@@ -64,8 +77,8 @@ class MlflowTracker:
         if parent is not None:
             client, uri, experiment = parent.client, parent.uri, parent.experiment
         else:
-            uri = uri or default_uri(run_dir)
-            experiment = experiment or DEFAULT_EXPERIMENT
+            uri = tracking_uri(uri, run_dir)
+            experiment = experiment_name(experiment)
             client = client_for(uri)
         local = uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
         exp = experiment_id(client, experiment, Path(run_dir) / "mlartifacts" if local and parent is None else None)

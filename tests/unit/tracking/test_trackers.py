@@ -139,3 +139,26 @@ def test_wandb_offline_writes_the_run_and_sends_nothing(tmp_path, monkeypatch):
         time.sleep(0.2)
     assert b"agents/actor/clip_fraction" in data and b"reward_mean" in data
     assert (runs[0] / "files" / "agents.png").is_file()
+
+
+def test_mlflow_honours_its_environment_variables_and_an_explicit_setting_wins(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    server = tmp_path / "team-server"
+    server.mkdir()
+    shared = f"sqlite:///{server / 'store.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "support-bot")
+    tracker = open_tracker(["mlflow"], tmp_path / "run", name="nightly")
+    tracker.log_metrics({"reward": 0.5}, step=1)
+    tracker.finish()
+    assert not (tmp_path / "run" / "mlflow.db").exists()  # the team's store, not a private one
+    found = MlflowClient(shared).get_experiment_by_name("support-bot")
+    [run] = MlflowClient(shared).search_runs([found.experiment_id])
+    assert run.info.run_name == "nightly" and run.data.metrics["reward"] == 0.5
+
+    own = f"sqlite:///{tmp_path / 'own.db'}"
+    tracker = open_tracker(["mlflow"], tmp_path / "run2", name="pinned", uri=own, experiment="mine")
+    tracker.finish()
+    assert MlflowClient(own).get_experiment_by_name("mine") is not None
+    assert MlflowClient(shared).get_experiment_by_name("mine") is None

@@ -45,7 +45,8 @@ def score(
     mean = s["reward"]["mean"]
     table.add_row("[bold]reward[/bold]", "", "-" if mean is None else f"{mean:.4f}", str(s["unscored"]))
     console.print(table)
-    console.print(f"{s['episodes']} episodes: {s['scored']} scored, {s['unscored']} unscored, "
+    unfinished = f" ({s['unfinished']} of them not finished: failed or paused)" if s["unfinished"] else ""
+    console.print(f"{s['episodes']} episodes: {s['scored']} scored, {s['unscored']} unscored{unfinished}, "
                   f"{s['vetoed']} vetoed; written to {out}", soft_wrap=True)
     for example in s["error_examples"]:
         console.print(f"[yellow]unscored:[/yellow] {escape(example)}", soft_wrap=True)

@@ -4,7 +4,8 @@
 Scoring a dataset gives one row per episode with the total and one column per component, plus
 per-action reward vectors in action order for GAE (see `placement`). A component that raises, or
 returns NaN/inf or a value outside its range, marks that episode unscored with the error recorded;
-the run goes on.
+the run goes on. An episode that did not finish is never scored as finished: one left paused at an
+interrupt is unscored, one whose run failed follows `errored` (unscored by default).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import pandas as pd
 from marft_lg._config import ConfigError, YamlDoc, load_yaml
 from marft_lg._durable import write_atomic
 from marft_lg.rewards.base import ComponentScore, RewardComponent, answer_order, check_score
-from marft_lg.rewards.loading import build_component, component_spec, parse_config
+from marft_lg.rewards.loading import ERRORED_MODES, build_component, component_spec, parse_config
 from marft_lg.rewards.placement import CREDIT_MODES, place_rewards
 from marft_lg.rewards.registry import relative_to
 from marft_lg.trajectories.dataset import Episode, TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
 BASE_COLUMNS: tuple[str, ...] = ("episode_id", "reward", "scored", "error", "vetoed")
+# The `error` of an episode left unscored because it did not finish (its components are not computed).
+UNFINISHED = "episode not finished"
 
 
 @dataclass
@@ -61,7 +64,8 @@ class RewardResult:
         eps = self.episodes
         scored = eps[eps["scored"]] if len(eps) else eps
         rewards = scored["reward"].astype(float) if len(scored) else pd.Series(dtype=float)
-        errors = {name: int(eps[name].isna().sum()) for name in self.components} if len(eps) else {}
+        unfinished = eps["error"].fillna("").astype(str).str.startswith(UNFINISHED)
+        errors = {name: int((eps[name].isna() & ~unfinished).sum()) for name in self.components}
         comps = {}
         for name in self.components:
             col = eps[name].astype(float) if len(eps) else pd.Series(dtype=float)
@@ -70,6 +74,7 @@ class RewardResult:
             "episodes": len(eps),
             "scored": len(scored),
             "unscored": len(eps) - len(scored),
+            "unfinished": int(unfinished.sum()),
             "vetoed": int(eps["vetoed"].sum()) if len(eps) else 0,
             "credit": self.credit,
             "reward": {"mean": _stat(rewards.mean()), "std": _stat(rewards.std(ddof=0)),
@@ -143,13 +148,18 @@ class CompositeReward:
     path) to its weight. `components` gives a key its component: an instance, a callable, a type
     name / import path, or an options dict (``{"type": ..., **options}``). `credit` is
     ``"terminal"`` or ``"shaped"``; `answer_agents` names the agents whose last action holds the
-    answer (components with an unset `answer_agents` option inherit it).
+    answer (components with an unset `answer_agents` option inherit it). `errored` says what an episode whose
+    run failed gets: ``"unscored"`` (left out of training), ``"score"`` (scored as if it had finished) or
+    ``"zero"`` (reward 0, a veto still applies). An episode left paused at an interrupt is always unscored.
     """
 
     def __init__(self, weights: Mapping[str, float], components: Mapping[str, Any] | None = None,
-                 credit: str = "terminal", answer_agents: Sequence[str] | str | None = None):
+                 credit: str = "terminal", answer_agents: Sequence[str] | str | None = None,
+                 errored: str = "unscored"):
         if credit not in CREDIT_MODES:
             raise ValueError(f"credit must be one of {list(CREDIT_MODES)}, got {credit!r}")
+        if errored not in ERRORED_MODES:
+            raise ValueError(f"errored must be one of {list(ERRORED_MODES)}, got {errored!r}")
         if not weights:
             raise ValueError("a CompositeReward needs at least one weight, e.g. {'task_completion': 1.0}")
         components = dict(components or {})
@@ -158,6 +168,7 @@ class CompositeReward:
             raise ValueError(f"components {sorted(orphans)} have options but no weight; add them to weights "
                              f"(weight 0 records the column without adding to the reward). Weights: {sorted(weights)}")
         self.credit = credit
+        self.errored = errored
         self.answer_agents = [answer_agents] if isinstance(answer_agents, str) else (
             list(answer_agents) if answer_agents else None)
         self.weights: dict[str, float] = {}
@@ -215,7 +226,8 @@ class CompositeReward:
         """The YAML form; `from_yaml(to_dict())` rebuilds an equal reward."""
         specs = {name: component_spec(name, comp, self._types[name], self._inherited[name])
                  for name, comp in self.components.items()}
-        return {"credit": self.credit, "answer_agents": self.answer_agents, "weights": dict(self.weights),
+        return {"credit": self.credit, "answer_agents": self.answer_agents, "errored": self.errored,
+                "weights": dict(self.weights),
                 "components": {k: v for k, v in specs.items() if v}}
 
     def to_yaml(self, path: str | Path | None = None) -> str:
@@ -229,6 +241,10 @@ class CompositeReward:
 
     def score_episode(self, episode: Episode) -> EpisodeReward:
         """Score one episode; never raises for a failing component (the episode comes back unscored)."""
+        unfinished = self._unfinished(episode)
+        if unfinished is not None:
+            return EpisodeReward(episode.episode_id, math.nan, False, unfinished,
+                                 dict.fromkeys(self.components, math.nan), None)
         scores: dict[str, ComponentScore] = {}
         errors: list[str] = []
         for name, comp in self.components.items():
@@ -240,9 +256,11 @@ class CompositeReward:
         if errors:
             return EpisodeReward(episode.episode_id, math.nan, False, "\n".join(errors), values, None)
         veto = self._veto(scores)
-        reward = veto[0] if veto is not None else sum(self.weights[n] * s.value for n, s in scores.items())
+        failed = self.errored == "zero" and episode.info.get("status") == "error"
+        reward = veto[0] if veto is not None else 0.0 if failed else sum(
+            self.weights[n] * s.value for n, s in scores.items())
         orders = [int(a["order"]) for a in episode.actions]
-        placed = place_rewards(orders, scores, self.weights, credit=self.credit,
+        placed = place_rewards(orders, {} if failed else scores, self.weights, credit=self.credit,
                                terminal_order=answer_order(episode, self.answer_agents), veto=veto)
         return EpisodeReward(episode.episode_id, float(reward), True, None, values, placed, veto is not None)
 
@@ -267,6 +285,17 @@ class CompositeReward:
         frame["scored"] = frame["scored"].astype(bool)
         frame["vetoed"] = frame["vetoed"].astype(bool)
         return RewardResult(frame, action_rewards, list(self.components), dict(self.weights), self.credit)
+
+    def _unfinished(self, episode: Episode) -> str | None:
+        """Why `episode` is left unscored as unfinished (its `status`), or None to score it."""
+        status = episode.info.get("status")
+        if status == "paused":
+            return (f"{UNFINISHED}: status 'paused' (stopped at an interrupt and never resumed); resume it to "
+                    "score it")
+        if status == "error" and self.errored == "unscored":
+            return (f"{UNFINISHED}: status 'error' (its run failed); errored: unscored leaves it out of "
+                    "training, errored: zero trains on it as a failure")
+        return None
 
     def _veto(self, scores: Mapping[str, ComponentScore]) -> tuple[float, int | None] | None:
         hits = [(float(self.components[n].veto_reward), min(s.per_action) if s.per_action else None)

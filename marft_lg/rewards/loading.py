@@ -4,6 +4,7 @@ The YAML shape::
 
     credit: terminal            # or shaped
     answer_agents: [actor]      # whose last action holds the answer (the paper's with_answer)
+    errored: unscored           # episodes whose run failed: unscored (default), score, or zero
     weights:                    # one entry per component; 0 records a column without using it
       task_completion: 1.0
       step_count: -0.1
@@ -30,7 +31,10 @@ from marft_lg.rewards.registry import (
     load_object,
 )
 
-TOP_LEVEL_KEYS = ("weights", "components", "credit", "answer_agents")
+TOP_LEVEL_KEYS = ("weights", "components", "credit", "answer_agents", "errored")
+# What scoring does with an episode whose run failed (status "error"): leave it unscored (out of training), score
+# it as if it had finished, or give it reward 0 (a failure the team learns from; a safety veto still applies).
+ERRORED_MODES = ("unscored", "score", "zero")
 
 
 def build_component(name: str, spec: Any) -> tuple[RewardComponent, str | None]:
@@ -122,7 +126,11 @@ def parse_config(data: Any, *, source: str = "<dict>", doc: YamlDoc | None = Non
         answer_agents = convert(answer_agents, list[str], doc, ("answer_agents",))
         if not all(answer_agents):
             raise doc.error("agent names must be non-empty", ("answer_agents",))
-    return {"weights": checked, "components": dict(components), "credit": credit, "answer_agents": answer_agents}
+    errored = data.get("errored", "unscored")
+    if errored not in ERRORED_MODES:
+        raise doc.error(f"errored must be one of {list(ERRORED_MODES)}, got {errored!r}", ("errored",))
+    return {"weights": checked, "components": dict(components), "credit": credit, "answer_agents": answer_agents,
+            "errored": errored}
 
 
 def component_spec(name: str, comp: RewardComponent, type_name: str | None, inherited: set[str]) -> dict[str, Any]:

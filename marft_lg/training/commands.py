@@ -494,10 +494,10 @@ def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed:
     steps = trainer.update_steps
     updated = [r for r in trainer.roles if steps.get(r, 0) > 0]
     never = [r for r in trainer.roles if steps.get(r, 0) == 0]
-    if not published:
+    if not updated:
         raise _fail(f"trained {trainer.iteration} iterations but no role's adapter took an optimizer step (every "
-                    "step cut by kl_cut or skipped as non-finite; see metrics.jsonl) and none has a version to keep; "
-                    "alias 'candidate' not set", code=EXIT_NO_DATA)
+                    "step cut by kl_cut or skipped as non-finite; see metrics.jsonl); alias 'candidate' not set",
+                    code=EXIT_NO_DATA)
     team.registry.set_alias("candidate", published, reason=f"marft-lg train run {trainer.run_id}")
     console.print(f"[green]trained[/] {trainer.iteration} iterations; updated {', '.join(updated) or 'no role'}; "
                   f"adapters {published} saved as alias 'candidate' in {spec.registry}; metrics and plots in "
@@ -510,7 +510,4 @@ def _publish(spec: TrainFile, team: Any, trainer: Any, console: Any, *, resumed:
         kept = {r: serving.get(r, FRESH) for r in never}
         console.print(f"[yellow]warning: never updated: {', '.join(never)} ({why}); no new version saved for them, "
                       f"they keep {kept} ('{FRESH}': their initial weights, no version in the candidate)[/]")
-    if trainer.data_problems:
-        console.print(f"[yellow]warning: {sum(trainer.data_problems.values())} action(s) left out of the updates: "
-                      f"their records failed the data checks {dict(trainer.data_problems)} (metrics.jsonl: "
-                      "data_check_failed, data_problems)[/]")
+

@@ -536,6 +536,10 @@ class MARFTTrainer:
 
     # ---- reporting -------------------------------------------------------------------------------
     def _finish(self) -> None:
+        if self.data_problems:
+            log.warning("%d action(s) of this run were left out of its updates, their records failed the data checks "
+                        "%s (metrics.jsonl: data_check_failed, data_problems)", sum(self.data_problems.values()),
+                        dict(self.data_problems))
         if self.cfg.plots:
             for plot in plot_run(self.run_dir):
                 self.tracker.log_file(plot, "plots")

@@ -76,7 +76,9 @@ def test_variants_update_and_report_finite_numbers(chain_dataset, two_agent_poli
 def test_kl_cut_skips_the_step(chain_dataset, two_agent_policy, tmp_path):
     ds, scenarios = chain_dataset
     ds.actions["completion_logprobs"] = [[v - 1.0 for v in lp] for lp in ds.actions["completion_logprobs"]]
-    trainer = MARFTTrainer(two_agent_policy, actor_reward, _cfg(kl_cut=0.02), tmp_path / "run", progress=False)
+    # log-probs shifted after the fact fail the data check (test_data_checks.py); here they stand for a drifted policy
+    trainer = MARFTTrainer(two_agent_policy, actor_reward, _cfg(kl_cut=0.02, verify_logprobs="off"), tmp_path / "run",
+                           progress=False)
     before = _weights(two_agent_policy, "reasoner@v0")
     row = trainer.fit_offline(ds, scenarios, iterations=1)[0]
     assert row["agents"]["reasoner"]["skipped_kl_cut"] == 1 and row["agents"]["reasoner"]["steps"] == 0

@@ -131,6 +131,8 @@ def save_adapter(peft_model, adapter_name: str, out_dir: str | Path) -> Path:
               metadata={"format": "pt"})
     cfg = peft_model.peft_config[adapter_name].to_dict()
     cfg["inference_mode"] = True
+    if not cfg.get("base_model_name_or_path"):  # peft leaves it unset on adapters added to a PeftModel
+        cfg["base_model_name_or_path"] = getattr(peft_model.get_base_model(), "name_or_path", None) or None
     (out / ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=_jsonable))
     return out
 

@@ -1,7 +1,8 @@
 """`export_version`: a registry version as a plain PEFT adapter folder (what `PeftModel.from_pretrained` and vLLM's
-``--lora-modules name=path`` load as they are) or, merged into its base model, a full transformers model; both with
-a model card (README.md) naming the base model and its hash, the training run, the data window, the metrics and
-the gate decision that promoted it. A damaged version is refused before anything is written."""
+``--lora-modules name=path`` load as they are: its ``adapter_config.json`` names the base model's folder or id) or,
+merged into its base model, a full transformers model; both with a model card (README.md) naming the base model and
+its hash, the training run, the data window, the metrics and the gate decision that promoted it. A damaged version
+is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def model_card(facts: dict[str, Any], *, merged: bool) -> str:
     """README.md of an exported version (Hugging Face model card front matter, then the facts)."""
     role, version, base = facts["role"], facts["version"], facts.get("base_model")
     rows = [("role", role), ("registry version", version), ("base model", base),
+            ("base model path", facts.get("base_path")),
             ("base model weights (sha256, 16 hex)", facts.get("base_hash")),
             ("base model shape fingerprint", facts.get("base_fingerprint")),
             ("training run", facts.get("run_id")), ("iteration", facts.get("iteration")),
@@ -74,7 +76,8 @@ def model_card(facts: dict[str, Any], *, merged: bool) -> str:
     use = (["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
             "model = AutoModelForCausalLM.from_pretrained('.')  # this folder", "```"] if merged else
            ["```python", "from peft import PeftModel", f"model = PeftModel.from_pretrained(base_model, '.')  # {base}",
-            "```", "", f"vLLM: `vllm serve BASE --enable-lora --lora-modules {role}=<this folder>`"])
+            "```", "", f"vLLM: `vllm serve {facts.get('base_path') or 'BASE'} --enable-lora --lora-modules "
+            f"{role}=<this folder>`"])
     return "\n".join([
         "---", f"library_name: {'transformers' if merged else 'peft'}", f"base_model: {base}",
         "tags: [marft-lg, lora, multi-agent-rl]", "---", "",
@@ -110,6 +113,25 @@ def _base_dir(facts: dict[str, Any], base: str | None) -> Path:
     return path
 
 
+def _base_path(facts: dict[str, Any], base: str | None, recorded: str | None) -> str:
+    """What an exported adapter names as its base (PEFT's and vLLM's ``base_model_name_or_path``): `base` or the
+    embedded model the manifest names, resolved to its folder, else the folder or id the adapter was saved on."""
+    if base is not None or str(facts.get("base_model") or "").startswith("embedded:"):
+        return str(_base_dir(facts, base).resolve())
+    if recorded:
+        return str(Path(recorded).resolve()) if Path(recorded).is_dir() else recorded
+    raise ExportError(f"{facts['role']}@{facts['version']} records no base model folder (it was trained on "
+                      f"{facts.get('base_model')!r}); pass --base DIR (that model's transformers folder)")
+
+
+def _adapter_config(src: Path, facts: dict[str, Any], base: str | None) -> dict[str, Any]:
+    """The adapter's config naming its base model, so PEFT and vLLM load the export as it is."""
+    config = json.loads((src / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
+    facts["base_path"] = config["base_model_name_or_path"] = _base_path(
+        facts, base, config.get("base_model_name_or_path"))
+    return config
+
+
 def _merge(adapter_dir: Path, base_dir: Path, out: Path) -> None:
     """The adapter merged into its base's weights, saved as safetensors with the base's tokenizer."""
     import torch
@@ -143,11 +165,12 @@ def export_version(registry_dir: str | Path, target: str, out: str | Path, *, me
     _check_out(out)
     facts = _facts(registry, role, version)
     base_dir = _base_dir(facts, base) if merged else None
+    config = None if merged else _adapter_config(src, facts, base)
     out.mkdir(parents=True, exist_ok=True)
     if base_dir is not None:
         _merge(src, base_dir, out)
     else:
-        for name in ADAPTER_FILES:
-            shutil.copyfile(src / name, out / name)
+        (out / ADAPTER_FILES[0]).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+        shutil.copyfile(src / ADAPTER_FILES[1], out / ADAPTER_FILES[1])
     (out / "README.md").write_text(model_card(facts, merged=merged), encoding="utf-8")
     return out

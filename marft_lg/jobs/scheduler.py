@@ -4,6 +4,8 @@ The scheduler entry (its trigger and next fire time) is persisted in the job's S
 run that fell due while the scheduler was down still starts on restart when it is at most
 `misfire_grace_s` late (several missed runs coalesce into one). Each fire runs `marft-lg retrain`
 in a child process: a crash or OOM there never takes the scheduler down, and memory is returned.
+The persisted entry is plain JSON (the cron fields, timezone, next run time, job name); the callable is
+always this module's `_fire`, never read from the file, and a pickled table of an older version is refused.
 SIGTERM/SIGINT: no new runs start, the running child gets SIGTERM (it records `interrupted` and
 releases its lock), and the scheduler exits once it has.
 """
@@ -11,7 +13,7 @@ releases its lock), and the scheduler exits once it has.
 from __future__ import annotations
 
 import contextlib
-import pickle
+import json
 import signal
 import sqlite3
 import subprocess
@@ -82,10 +84,56 @@ def _day_number(token: str, field: str) -> int:
     raise ValueError(f"invalid weekday {token!r} in {field!r} (use 0-7 or sun..sat)")
 
 
-class SQLiteJobStore(BaseJobStore):
-    """APScheduler job store in a SQLite table (stdlib `sqlite3`; same layout as APScheduler's SQLAlchemy store)."""
+LEGACY_TABLE = "apscheduler_jobs"
+_FIRE_REF = "marft_lg.jobs.scheduler:_fire"
 
-    def __init__(self, path: str | Path, tablename: str = "apscheduler_jobs"):
+
+class LegacySchedulerStore(ValueError):
+    """The job store file holds an older marft_lg's scheduler table of pickled rows, which is never read."""
+
+
+def refuse_legacy_table(path: str | Path) -> None:
+    """Raise `LegacySchedulerStore` if `path` holds the old pickled `apscheduler_jobs` table (never unpickled)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    db = sqlite3.connect(path, timeout=30.0)
+    try:
+        found = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LEGACY_TABLE,)).fetchone()
+    finally:
+        db.close()
+    if found:
+        raise LegacySchedulerStore(
+            f"{path} holds a scheduler table from an older marft_lg ({LEGACY_TABLE}: pickled rows, never read): "
+            f"delete that table (sqlite3 {path} 'DROP TABLE {LEGACY_TABLE}') or the file, and run "
+            "`marft-lg schedule` again")
+
+
+def _trigger_data(trigger: Any) -> dict[str, Any]:
+    """A cron trigger as plain data: its explicitly set fields, timezone, start/end dates and jitter."""
+    if not isinstance(trigger, CronTrigger):
+        raise ValueError(f"the scheduler store keeps cron triggers only, not {type(trigger).__name__}")
+    tz = trigger.timezone
+    return {"fields": {f.name: str(f) for f in trigger.fields if not f.is_default},
+            "timezone": getattr(tz, "key", None) or str(tz),
+            "start_date": trigger.start_date.isoformat() if trigger.start_date else None,
+            "end_date": trigger.end_date.isoformat() if trigger.end_date else None,
+            "jitter": trigger.jitter}
+
+
+def _trigger_from(data: dict[str, Any]) -> CronTrigger:
+    return CronTrigger(**{str(k): str(v) for k, v in data["fields"].items()}, timezone=data["timezone"],
+                       start_date=data.get("start_date"), end_date=data.get("end_date"), jitter=data.get("jitter"))
+
+
+class SQLiteJobStore(BaseJobStore):
+    """APScheduler job store of plain JSON rows in a SQLite table (stdlib `sqlite3`); nothing in it is code.
+
+    Each row is one cron entry of `_fire`: its id, name, job-name argument, trigger fields and timezone,
+    misfire/coalesce settings and next run time. Rebuilding a job never imports or unpickles what the row says.
+    """
+
+    def __init__(self, path: str | Path, tablename: str = "scheduler_entries"):
         super().__init__()
         self.path = Path(path)
         self.table = tablename
@@ -102,15 +150,16 @@ class SQLiteJobStore(BaseJobStore):
     def start(self, scheduler, alias):
         super().start(scheduler, alias)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_legacy_table(self.path)
         with self._db() as db:
             db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} "
-                       "(id TEXT PRIMARY KEY, next_run_time REAL, job_state BLOB NOT NULL)")
+                       "(id TEXT PRIMARY KEY, next_run_time REAL, entry TEXT NOT NULL)")
             db.execute(f"CREATE INDEX IF NOT EXISTS {self.table}_next ON {self.table} (next_run_time)")
 
     def lookup_job(self, job_id):
         with self._db() as db:
-            row = db.execute(f"SELECT job_state FROM {self.table} WHERE id = ?", (job_id,)).fetchone()
-        return self._reconstitute(row[0]) if row else None
+            row = db.execute(f"SELECT entry, next_run_time FROM {self.table} WHERE id = ?", (job_id,)).fetchone()
+        return self._reconstitute(job_id, row[0], row[1]) if row else None
 
     def get_due_jobs(self, now):
         return self._jobs("WHERE next_run_time <= ?", (datetime_to_utc_timestamp(now),))
@@ -126,17 +175,19 @@ class SQLiteJobStore(BaseJobStore):
         return jobs
 
     def add_job(self, job):
+        entry = self._entry(job)
         try:
             with self._db() as db:
-                db.execute(f"INSERT INTO {self.table} (id, next_run_time, job_state) VALUES (?,?,?)",
-                           (job.id, datetime_to_utc_timestamp(job.next_run_time), self._state(job)))
+                db.execute(f"INSERT INTO {self.table} (id, next_run_time, entry) VALUES (?,?,?)",
+                           (job.id, datetime_to_utc_timestamp(job.next_run_time), entry))
         except sqlite3.IntegrityError:
             raise ConflictingIdError(job.id) from None
 
     def update_job(self, job):
+        entry = self._entry(job)
         with self._db() as db:
-            cur = db.execute(f"UPDATE {self.table} SET next_run_time = ?, job_state = ? WHERE id = ?",
-                             (datetime_to_utc_timestamp(job.next_run_time), self._state(job), job.id))
+            cur = db.execute(f"UPDATE {self.table} SET next_run_time = ?, entry = ? WHERE id = ?",
+                             (datetime_to_utc_timestamp(job.next_run_time), entry, job.id))
         if cur.rowcount == 0:
             raise JobLookupError(job.id)
 
@@ -151,25 +202,38 @@ class SQLiteJobStore(BaseJobStore):
             db.execute(f"DELETE FROM {self.table}")
 
     @staticmethod
-    def _state(job: Job) -> bytes:
-        return pickle.dumps(job.__getstate__(), pickle.HIGHEST_PROTOCOL)
+    def _entry(job: Job) -> str:
+        """The job as a JSON row; only `_fire` with string arguments can be stored."""
+        if job.func_ref != _FIRE_REF or job.kwargs or not all(isinstance(a, str) for a in job.args):
+            raise ValueError(f"the scheduler store keeps `{_FIRE_REF}(job_name)` entries only, not {job.func_ref}")
+        return json.dumps({"version": 1, "name": job.name, "args": list(job.args), "executor": job.executor,
+                           "trigger": _trigger_data(job.trigger), "misfire_grace_time": job.misfire_grace_time,
+                           "coalesce": job.coalesce, "max_instances": job.max_instances})
 
-    def _reconstitute(self, state: bytes) -> Job:
-        data = pickle.loads(state)  # our own table, written by `_state`
-        data["jobstore"] = self
+    def _reconstitute(self, job_id: str, entry: str, next_run: float | None) -> Job:
+        data = json.loads(entry)
+        if data.get("version") != 1:
+            raise ValueError(f"scheduler entry version {data.get('version')!r} is not 1")
         job = Job.__new__(Job)
-        job.__setstate__(data)
+        job.__setstate__({
+            "version": 1, "id": job_id, "func": _FIRE_REF, "trigger": _trigger_from(data["trigger"]),
+            "executor": str(data["executor"]), "args": tuple(str(a) for a in data["args"]), "kwargs": {},
+            "name": str(data["name"]), "misfire_grace_time": data["misfire_grace_time"],
+            "coalesce": bool(data["coalesce"]), "max_instances": int(data["max_instances"]),
+            "next_run_time": utc_timestamp_to_datetime(next_run) if next_run is not None else None,
+        })
         job._scheduler = self._scheduler
         job._jobstore_alias = self._alias
         return job
 
     def _jobs(self, where: str, params: tuple) -> list[Job]:
         with self._db() as db:
-            rows = db.execute(f"SELECT id, job_state FROM {self.table} {where} ORDER BY next_run_time", params).fetchall()
+            rows = db.execute(f"SELECT id, entry, next_run_time FROM {self.table} {where} ORDER BY next_run_time",
+                              params).fetchall()
         jobs, broken = [], []
-        for job_id, state in rows:
+        for job_id, entry, next_run in rows:
             try:
-                jobs.append(self._reconstitute(state))
+                jobs.append(self._reconstitute(job_id, entry, next_run))
             except Exception:
                 self._logger.exception("cannot restore scheduled job %r; removing it", job_id)
                 broken.append(job_id)
@@ -178,8 +242,8 @@ class SQLiteJobStore(BaseJobStore):
         return jobs
 
 
-# Scheduler entries persist a textual reference to `_fire` plus the job name; `_fire` finds the
-# live RetrainScheduler for that name here (a runner object itself cannot be pickled).
+# Scheduler entries name a job; `_fire` (the only callable an entry can have) finds the live
+# RetrainScheduler for that name here.
 _ACTIVE: dict[str, RetrainScheduler] = {}
 
 
@@ -236,6 +300,7 @@ class RetrainScheduler:
         self.runner = runner or SubprocessRunner(job_path)
         self.log = log
         self.trigger = cron_trigger(job.schedule, job.timezone)
+        refuse_legacy_table(job.store_path)
         self.scheduler = BackgroundScheduler(
             jobstores={"default": SQLiteJobStore(job.store_path)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": job.misfire_grace_s},

@@ -191,8 +191,8 @@ class LibraryStages:
                                                                                       runner is None) as app:
                     rows += trainer.fit_online(runner or app, self.scenarios("train"),
                                                iterations=self.job.online_iterations)
-            trained = {role for row in rows for role in row.get("trained_agents", [])}
-            candidate = dict(baseline)
+            trained = {role for row in rows for role in row.get("updated_agents", [])}  # an optimizer step taken
+            candidate = dict(baseline)  # a role no update reached keeps its version; a fresh one is published as is
             for role in sorted(trained | {r for r, v in baseline.items() if v == FRESH}):
                 current = team.adapter_name(role).split("@", 1)[1]
                 if current == baseline[role]:  # trained in memory (or initial weights): not in the registry yet

@@ -187,3 +187,17 @@ def test_counterfactual_credit_replays_the_mined_window_through_the_jobs_app(wor
     assert sum(r["replays"] for r in rows) == 6 * 2  # 6 mined episodes x (planner, writer) x 1 replay
     assert sum(r["replays_used"] for r in rows) == 12 and sum(r["fallback_actions"] for r in rows) == 0
     assert len(mine(run_dir / "replay_traces")) == 0
+
+
+def test_a_role_no_update_reached_keeps_its_live_version_in_the_candidate(world):
+    """The sequential scheme's first iteration updates one role: only that role gets a new version (the stage
+    publishes the trainer's `updated_agents`, roles whose adapter took a step)."""
+    from marft_lg.jobs.pipeline import run_once
+
+    trainer = {**TRAINER, "update_scheme": "sequential", "offline_passes": 1}
+    result = run_once(job_for(world, STRICT, trainer=trainer, name="one-role", output_dir="runs-one-role"),
+                      now=world["first_batch_done"] + timedelta(seconds=1), log=lambda m: None)
+    cand = result.record.candidate
+    assert sum(v != "v1" for v in cand.values()) == 1, cand
+    updated = [r for r, v in cand.items() if v != "v1"]
+    assert world["reg"].manifest(updated[0], cand[updated[0]])["run_id"] == result.record.run_id

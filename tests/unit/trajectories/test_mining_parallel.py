@@ -136,8 +136,8 @@ def test_workers_stream_batches_that_the_parent_writes_in_order(tmp_path):
 
 
 def test_batch_files_give_back_what_was_written(tmp_path):
-    """A worker's batch file (marshal for plain values, pickle for flat columns, all pickle when marshal cannot
-    write a value) reads back equal, column order and flat columns included."""
+    """A worker's batch file (marshal records: plain values, flat columns as raw bytes, tagged values where marshal
+    cannot write one) reads back equal, column order and flat columns included."""
     from datetime import datetime
 
     import numpy as np

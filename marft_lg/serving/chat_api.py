@@ -20,6 +20,8 @@ import time
 import uuid
 from typing import Any
 
+import orjson
+
 from marft_lg.constraints import ConstraintError, check_constraint, constraint_for
 from marft_lg.serving.errors import UnknownAgentError
 from marft_lg.serving.http import BadRequest
@@ -42,6 +44,9 @@ from marft_lg.tool_calls import (
 TOOL_FORMATS = ("auto", "template", "text")
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 """OpenAI's message roles: another is a caller's mistake that a chat template would render as if it meant something."""
+MAX_TOP_LOGPROBS = 20
+DEFAULT_MAX_LOGPROB_ENTRIES = 2_000_000
+"""Most log-prob entries one answer may hold (n x max_tokens x (top_logprobs + 1)): ~85 bytes each in the JSON."""
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -143,11 +148,12 @@ def prompt_messages(team: ServedTeam, messages: list[Any], tools: list[dict[str,
     return render_messages(messages, tools, tool_choice, parallel_tool_calls), None
 
 
-def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
-                    context: CallContext | None = None) -> tuple[list[ChatRequest], dict[str, Any]]:
+def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto", context: CallContext | None = None,
+                    max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES) -> tuple[list[ChatRequest], dict[str, Any]]:
     """A /v1/chat/completions JSON body -> one ChatRequest per choice, plus response options (``base``: the
     name of the base model that answers, ``agent``: the role, None for a base model name). `context`: the caller's
-    baggage; its version pin and seed apply where the body names none (``model: role@version`` and ``seed`` win)."""
+    baggage; its version pin and seed apply where the body names none (``model: role@version`` and ``seed`` win).
+    `max_logprob_entries`: a request whose answer could hold more log-prob entries is refused (400)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     model = body.get("model")
@@ -176,6 +182,12 @@ def parse_chat_body(body: Any, team: ServedTeam, tool_format: str = "auto",
     top_logprobs = _field(body, "top_logprobs", int, 0)
     if top_logprobs and not logprobs:
         raise BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
+    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}", "top_logprobs")
+    if logprobs and n * max_tokens * (top_logprobs + 1) > max_logprob_entries:
+        raise BadRequest(f"n x max_tokens x (top_logprobs + 1) = {n} x {max_tokens} x {top_logprobs + 1} log-prob "
+                         f"entries is more than one answer may hold ({max_logprob_entries}); lower top_logprobs, n or "
+                         "max_tokens", "top_logprobs" if top_logprobs else ("n" if n > 1 else "max_tokens"))
     seed = _field(body, "seed", int, None)
     if seed is not None and not -(2**63) <= seed <= 2**63 - 1 - n:
         raise BadRequest(f"seed must be a 64-bit integer, got {seed}", "seed")
@@ -236,6 +248,7 @@ def logprob_entries(tok: Any, ids: list[int], lps: list[float], tops: list[dict[
                     tokens_as_ids: bool = False) -> list[dict[str, Any]]:
     """OpenAI's ``logprobs.content`` entries of sampled tokens; `tokens_as_ids`: tokens as ``token_id:{id}``
     (vLLM's `return_tokens_as_token_ids`)."""
+    @functools.cache
     def token(i: int) -> str:
         return f"token_id:{i}" if tokens_as_ids else tok.decode([i])
 
@@ -304,3 +317,9 @@ def completion_response(team: ServedTeam, completions: list[Completion], opts: d
     if opts["return_token_ids"]:
         out["prompt_token_ids"] = prompt
     return out
+
+
+def encoded_response(team: ServedTeam, completions: list[Completion], opts: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """`completion_response` and its JSON bytes (orjson; megabytes with log-probs: build it off the event loop)."""
+    response = completion_response(team, completions, opts)
+    return response, orjson.dumps(response, option=orjson.OPT_NON_STR_KEYS)

@@ -17,10 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from marft_lg.serving.chat_api import TOOL_FORMATS, completion_response, known_models, parse_chat_body
+from marft_lg.serving.chat_api import (
+    DEFAULT_MAX_LOGPROB_ENTRIES,
+    TOOL_FORMATS,
+    completion_response,
+    encoded_response,
+    known_models,
+    parse_chat_body,
+)
 from marft_lg.serving.chat_stream import ChunkStream
 from marft_lg.serving.errors import (
     AdapterIntegrityError,
@@ -55,7 +62,8 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, recorder: ServedRecorder | None = None,
                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
-               engine_for: Callable[[CallContext], Any] | None = None) -> FastAPI:
+               engine_for: Callable[[CallContext], Any] | None = None,
+               max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
     every path but /health (/docs, /redoc, /openapi.json too) needs ``Authorization: Bearer <key>``. `recorder`:
     every answered chat request is recorded as server spans (`served_spans`), joined to the caller's span through
@@ -69,6 +77,8 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
     client that reads nothing for this long is dropped. A client that hangs up cancels its generation at the next
     decode step, streaming or not. `engine_for(context)`: the engine that answers a role's calls of the caller's
     episode instead of the team, or None (the loopback server of a wrapped app: a counterfactual replay's engine).
+    `max_logprob_entries`: a request whose answer could hold more log-prob entries (n x max_tokens x
+    (top_logprobs + 1)) is a 400; answers are built and encoded off the event loop.
     """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
@@ -86,7 +96,7 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
                             content=error_body(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
     _health_routes(app)
-    _chat_routes(app, team, tool_format, recorder, float(request_timeout_s), engine_for)
+    _chat_routes(app, team, tool_format, recorder, float(request_timeout_s), engine_for, int(max_logprob_entries))
     _adapter_routes(app, team)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key, read_timeout_s=read_timeout_s)  # added last: the outermost layer
     return app
@@ -123,14 +133,15 @@ def _health_routes(app: FastAPI) -> None:
 
 
 def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: ServedRecorder | None,
-                 timeout_s: float, engine_for: Callable[[CallContext], Any] | None = None) -> None:
+                 timeout_s: float, engine_for: Callable[[CallContext], Any] | None = None,
+                 max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         start_ns = time.time_ns()
         context = CallContext.from_headers(request.headers)
         try:
             body = await _json(request)
-            reqs, opts = parse_chat_body(body, team, tool_format, context)
+            reqs, opts = parse_chat_body(body, team, tool_format, context, max_logprob_entries)
         except Exception as e:  # noqa: BLE001 - mapped to HTTP errors, anything else re-raised
             return _handle(e, registry_status=404, adapter_param="model")
         served = team if opts["agent"] is not None else team.bases[opts["base"]]  # a role via the team, a base name to it
@@ -154,9 +165,9 @@ def _chat_routes(app: FastAPI, team: ServedTeam, tool_format: str, recorder: Ser
             return error_response(499, "the client closed the connection before its answer was ready")
         except Exception as e:  # noqa: BLE001
             return _handle(e, registry_status=404, adapter_param="model")
-        response = completion_response(team, completions, opts)
+        response, raw = await asyncio.to_thread(encoded_response, team, completions, opts)
         record(response, completions)
-        return response
+        return Response(raw, media_type="application/json")
 
 
 class _ClientGone(Exception):
@@ -242,7 +253,7 @@ class _Call:
                 else:
                     nxt.cancel()
             completions = task.result()
-            response = completion_response(self.served, completions, self.opts, chunks.id)
+            response = await asyncio.to_thread(completion_response, self.served, completions, self.opts, chunks.id)
             record(response, completions)
             for event in chunks.finish(response):
                 yield event

@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+EXIT_SERVER_NOT_CONFIRMED = 4  # promote/rollback: the alias moved (recorded), the server's follow-up check failed
+
 
 def _versions(spec: str) -> str | dict[str, str]:
     """``live`` (an alias) or ``planner=v2,writer=latest`` (a map), parsed as `marft-lg serve --versions` is."""
@@ -320,13 +322,16 @@ def _candidate_versions(candidate: str, reg: Any) -> str | dict[str, str]:
 
 
 def _promote_candidate(reg: Any, result: Any, decision: Any, server: str | None, out: Path, console: Any) -> None:
-    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import PromotionError, ServerNotConfirmed
     from marft_lg.evaluation.promotion import promote as do_promote
     from marft_lg.serving.errors import ServingError
 
     try:
         rec = do_promote(reg, result.meta["candidate"], decision=decision, server_url=server, run_dir=out,
                          reason=f"gate passed ({out})")
+    except ServerNotConfirmed as exc:
+        console.print(f"promoted, server not confirmed: {exc}", style="yellow", markup=False, highlight=False)
+        raise typer.Exit(EXIT_SERVER_NOT_CONFIRMED) from None
     except (PromotionError, ServingError) as exc:
         console.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -408,11 +413,15 @@ def promote(
     force: bool = typer.Option(False, help="Promote even though the gate rejected (recorded as forced)."),
     reason: str = typer.Option("", help="Why (kept in the registry log and promotions.jsonl)."),
 ) -> None:
-    """Flip the live alias to the candidate atomically and hot-swap the running server."""
+    """Flip the live alias to the candidate atomically and hot-swap the running server.
+
+    Exit codes: 0 promoted; 1 not promoted (nothing changed, or the message says exactly what did); 4 the alias
+    moved (recorded in promotions.jsonl) but the server's follow-up check failed: the message says what it may serve.
+    """
     from rich.console import Console
 
     from marft_lg.evaluation.gate import GateDecision
-    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import PromotionError, ServerNotConfirmed
     from marft_lg.evaluation.promotion import promote as do_promote
     from marft_lg.serving.errors import ServingError
     from marft_lg.serving.registry import AdapterRegistry
@@ -442,6 +451,9 @@ def promote(
     try:
         rec = do_promote(reg, target, alias=alias, decision=gate_decision, force=force, server_url=server,
                          api_key=api_key, reason=reason, run_dir=run_dir)
+    except ServerNotConfirmed as exc:
+        err.print(f"promoted, server not confirmed: {exc}", style="yellow", markup=False, highlight=False)
+        raise typer.Exit(EXIT_SERVER_NOT_CONFIRMED) from None
     except (PromotionError, ServingError) as exc:
         err.print(f"not promoted: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
@@ -457,10 +469,14 @@ def rollback(
     reason: str = typer.Option("rollback", help="Why (kept in the registry log and promotions.jsonl)."),
 ) -> None:
     """Restore exactly the versions the alias served before its last change (roles it did not name then
-    go back to their initial adapters) and hot-swap the server."""
+    go back to their initial adapters) and hot-swap the server.
+
+    Exit codes: 0 rolled back; 1 not rolled back; 4 the alias moved back (recorded) but the server's follow-up
+    check failed: the message says what it may serve.
+    """
     from rich.console import Console
 
-    from marft_lg.evaluation.promotion import PromotionError
+    from marft_lg.evaluation.promotion import PromotionError, ServerNotConfirmed
     from marft_lg.evaluation.promotion import rollback as do_rollback
     from marft_lg.serving.errors import ServingError
     from marft_lg.serving.registry import AdapterRegistry
@@ -470,6 +486,9 @@ def rollback(
     try:
         rec = do_rollback(AdapterRegistry(registry, create=False), alias=alias, server_url=server, api_key=api_key,
                           reason=reason)
+    except ServerNotConfirmed as exc:
+        err.print(f"rolled back, server not confirmed: {exc}", style="yellow", markup=False, highlight=False)
+        raise typer.Exit(EXIT_SERVER_NOT_CONFIRMED) from None
     except (PromotionError, ServingError) as exc:
         err.print(f"not rolled back: {exc}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None

@@ -14,7 +14,8 @@ How a flip runs (`promote` and `rollback` alike):
    nothing is written;
 3. only then is the alias written, compare-and-swap: if the alias file changed since step 1 (another
    promotion ran), nothing is written and the server is put back to what the alias says now;
-4. the server is asked again; if it does not serve the alias, the command fails saying so.
+4. the server is asked again; if it cannot be asked or does not serve the alias, the alias has still moved: the
+   record is written and `ServerNotConfirmed` says so, with what the server may be serving.
 
 Promotions hold ``<registry>/.promote.lock`` from step 1 to 4, so two promotions never interleave.
 Every promotion and rollback is appended to ``<registry>/promotions.jsonl`` with its reason and the gate
@@ -41,6 +42,14 @@ class PromotionError(RuntimeError):
     """A promotion or rollback that did not happen; the message says why and what to do."""
 
 
+class ServerNotConfirmed(PromotionError):
+    """The alias moved (and was recorded), but the server's follow-up check failed: `record` says what moved."""
+
+    def __init__(self, message: str, record: PromotionRecord):
+        super().__init__(message)
+        self.record = record
+
+
 @dataclass
 class PromotionRecord:
     """What changed: the alias map before and after, the server swap, and why."""
@@ -53,6 +62,7 @@ class PromotionRecord:
     server_url: str | None = None
     swapped: dict[str, str] = field(default_factory=dict)
     decision: dict[str, Any] | None = None
+    server_check: str | None = None  # why the follow-up check failed after the alias moved; None: it agreed
     at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,14 +164,14 @@ def _serving_target(after: Mapping[str, str], slots: list[str]) -> dict[str, str
 
 def _flip(registry: Any, alias: str, before: dict[str, str], after: dict[str, str], changed: list[str],
           write: Callable[[], dict[str, str]], server_url: str | None, api_key: str | None,
-          timeout_s: float) -> tuple[dict[str, str], dict[str, str]]:
-    """Swap the server to `after`, then `write()` the alias; undo the swap if the write fails.
-    Returns (the alias map written, the slots swapped)."""
+          timeout_s: float) -> tuple[dict[str, str], dict[str, str], str | None, dict[str, str]]:
+    """Swap the server to `after`, then `write()` the alias; undo the swap if the write fails. Returns the alias
+    map written, the slots swapped, why the follow-up check failed (None: it agreed) and what was swapped to."""
     from marft_lg.serving.errors import ServingError
 
     if not server_url:
         try:
-            return write(), {}
+            return write(), {}, None, {}
         except (ServingError, OSError) as exc:
             raise PromotionError(f"{exc}; nothing changed") from exc
     with _Server(server_url, api_key, timeout_s) as server:
@@ -210,13 +220,29 @@ def _flip(registry: Any, alias: str, before: dict[str, str], after: dict[str, st
                                      f"({again}): restart it so that it serves alias {alias!r} again") from exc
             raise PromotionError(f"{exc}; the server was swapped back: nothing changed") from exc
         if state is not None:
-            check = server.state() or {}
+            try:
+                check = server.state() or {}
+            except PromotionError as exc:
+                return written, done, f"the server could not be asked what it serves ({exc})", target
             now_serving = {str(k): str(v) for k, v in (check.get("adapters") or {}).items()}
             want = _serving_target(written, list(served))
             if now_serving != want:
-                raise PromotionError(f"alias {alias!r} now maps {written} but {server.url} serves {now_serving} "
-                                     f"(expected {want}): restart the server to make them agree")
-        return written, done
+                return written, done, f"it serves {now_serving}, not {want}", target
+        return written, done, None, target
+
+
+def _recorded(record: PromotionRecord, registry: Any, run_dir: str | Path | None, target: dict[str, str]) -> None:
+    """Append `record`; if the server's follow-up check failed, raise `ServerNotConfirmed` saying the alias moved."""
+    _append_record(registry, record, run_dir)
+    if record.server_check is None:
+        return
+    url = record.server_url
+    raise ServerNotConfirmed(
+        f"alias {record.alias!r} moved: it now maps {record.after} (was {record.before}; recorded in "
+        f"{Path(registry.root) / RECORDS}), but the follow-up check of {url} failed: {record.server_check}. "
+        f"The server was swapped to {target} before the alias moved, so it serves that if it is still up; "
+        f"restarted, it serves alias {record.alias!r} as it is now. Check with GET {url}/v1/adapters; "
+        "`marft-lg rollback` undoes the move", record)
 
 
 def _promotion_lock(registry: Any):
@@ -253,7 +279,8 @@ def promote(
     and hot-swap `server_url` if given. A gate decision that rejected refuses unless `force`.
 
     Raises `PromotionError` (nothing changed, or exactly what did) for a damaged version, a version
-    outside the registry, a server that refuses, or an alias another promotion changed meanwhile."""
+    outside the registry, a server that refuses, or an alias another promotion changed meanwhile;
+    `ServerNotConfirmed` (recorded) when the alias moved but the server's follow-up check failed."""
     from marft_lg.serving.errors import ServingError
 
     if decision is not None and not decision.promote and not force:
@@ -279,15 +306,15 @@ def promote(
             _validated(registry, mapping, "promote")
             after = {**before, **mapping}
             changed = [r for r in mapping if before.get(r) != mapping[r]]
-            written, swapped = _flip(
+            written, swapped, problem, target = _flip(
                 registry, alias, before, after, changed,
                 lambda: registry.promote(mapping, reason=why, alias=alias, expect_revision=revision),
                 server_url, api_key, timeout_s)
     except (ServingError, TimeoutError) as exc:
         raise PromotionError(f"{exc}; nothing changed") from exc
     record = PromotionRecord("promote", alias, before, written, why, server_url, swapped,
-                             None if decision is None else decision.to_dict())
-    _append_record(registry, record, run_dir)
+                             None if decision is None else decision.to_dict(), server_check=problem)
+    _recorded(record, registry, run_dir, target)
     return record
 
 
@@ -315,14 +342,14 @@ def rollback(
                 raise PromotionError(f"cannot roll back {alias!r}: {exc}") from exc
             _validated(registry, after, "roll back to")
             changed = sorted(r for r in set(before) | set(after) if before.get(r) != after.get(r))
-            written, swapped = _flip(
+            written, swapped, problem, target = _flip(
                 registry, alias, before, after, changed,
                 lambda: registry.rollback(alias, reason=reason, expect_revision=revision),
                 server_url, api_key, timeout_s)
     except (ServingError, TimeoutError) as exc:
         raise PromotionError(f"cannot roll back {alias!r}: {exc}") from exc
-    record = PromotionRecord("rollback", alias, before, written, reason, server_url, swapped)
-    _append_record(registry, record, run_dir)
+    record = PromotionRecord("rollback", alias, before, written, reason, server_url, swapped, server_check=problem)
+    _recorded(record, registry, run_dir, target)
     return record
 
 

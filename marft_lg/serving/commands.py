@@ -217,6 +217,15 @@ def _recorder(trace_dir: Path, capture_messages: bool, console: Any) -> Any:
                           capture_messages=capture_messages, owns_sink=True)
 
 
+def uvicorn_config(app: Any, host: str, port: int, read_timeout_s: float) -> Any:
+    """How `serve` runs uvicorn: the read timeout also bounds the request line and headers (`header_deadline_protocol`)."""
+    import uvicorn
+
+    from marft_lg.serving.http import header_deadline_protocol
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=header_deadline_protocol(read_timeout_s))
+
+
 def _run(team: Any, sock: Any, host: str, recorder: Any, **app_options: Any) -> None:
     """Serve until stopped (`app_options`: `create_app`'s); the recorder, the team and the socket are closed
     whatever happens."""
@@ -224,12 +233,13 @@ def _run(team: Any, sock: Any, host: str, recorder: Any, **app_options: Any) -> 
 
     import uvicorn
 
-    from marft_lg.serving.server import create_app
+    from marft_lg.serving.server import DEFAULT_READ_TIMEOUT_S, create_app
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         app = create_app(team, recorder=recorder, **app_options)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level="warning"))
+        server = uvicorn.Server(uvicorn_config(app, host, sock.getsockname()[1],
+                                               app_options.get("read_timeout_s", DEFAULT_READ_TIMEOUT_S)))
         server.run(sockets=[sock])
     finally:
         if recorder is not None:

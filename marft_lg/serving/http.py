@@ -183,6 +183,59 @@ def parse_json_body(raw: bytes) -> Any:
     return body
 
 
+def header_deadline_protocol(read_timeout_s: float, base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (`base`, default its auto choice) with a deadline on the request line and headers: a
+    client that has not sent them within `read_timeout_s` of starting a request (or of connecting) gets 408 and is
+    disconnected, so drip-fed headers cannot hold connections open (the body's deadline is `RequestGuard`'s)."""
+    if base is None:
+        from uvicorn.protocols.http.auto import AutoHTTPProtocol as base  # httptools when installed, else h11
+    answer = orjson.dumps(error_body(408, "the request headers did not arrive within the server's read timeout of "
+                                          f"{read_timeout_s:g} s"))
+    raw_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
+
+    class HeaderDeadline(base):  # type: ignore[misc, valid-type]
+        _deadline: asyncio.TimerHandle | None = None
+        _seen_cycle: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self.cycle is None or self.cycle.response_complete:  # bytes of a new request's line or headers
+                self._arm()
+            super().data_received(data)
+            if self.cycle is not self._seen_cycle:  # its headers are complete: the app has the request now
+                self._seen_cycle = self.cycle
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(read_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+                return
+            log.info("a client did not send its request headers within --read-timeout %g s; disconnected",
+                     read_timeout_s)
+            self.transport.write(raw_408)
+            self.transport.close()
+
+    HeaderDeadline.__name__ = HeaderDeadline.__qualname__ = f"HeaderDeadline{base.__name__}"
+    return HeaderDeadline
+
+
 class BadRequest(Exception):
     """A request the server refuses with 400 (`param`: the field at fault, as OpenAI names it)."""
 

@@ -70,6 +70,9 @@ class TrainFile:
     """Trackers of the run (docs/tracking.md); set, it overrides `marft.report_to`."""
     max_line_mb: float = 64.0
     """Trace lines of `data` longer than this are skipped unread (quarantined, named in a warning)."""
+    server_records_only: bool = False
+    """Mine `data`'s server records that joined no app span as episodes (an app that was not wrapped); by default
+    they are another run's and are only counted (docs/mining.md)."""
     path: Path | None = field(default=None, init=False, repr=False)
     """The train.yaml this was read from (not a key)."""
     doc: YamlDoc | None = field(default=None, init=False, repr=False)
@@ -251,7 +254,7 @@ class TrainFile:
             raise ConfigError(str(exc)) from None
 
 
-def _load_dataset(spec: str, max_line_mb: float) -> Any:
+def _load_dataset(spec: str, max_line_mb: float, server_records_only: bool = False) -> Any:
     """`data` as a dataset: a `marft-lg mine --out` folder read back, else its traces mined (lines over
     `max_line_mb` skipped unread, with a warning naming them)."""
     from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -261,10 +264,14 @@ def _load_dataset(spec: str, max_line_mb: float) -> Any:
         return TrajectoryDataset.from_parquet(p)
     from marft_lg.trajectories.mining import mine_with_report
 
-    dataset, report = mine_with_report([spec], max_line_bytes=int(max_line_mb * 2**20))
+    dataset, report = mine_with_report([spec], max_line_bytes=int(max_line_mb * 2**20),
+                                       server_records_only=server_records_only)
     note = report.long_lines_note("max_line_mb in train.yaml")
     if note:
         typer.echo(f"warning: data: {note}", err=True)
+    if report.server_records_unjoined:
+        typer.echo(f"warning: data: {report.server_records_unjoined} server record(s) joined no app span and were "
+                   "left out (another run's); set server_records_only: true to mine an unwrapped app's", err=True)
     return dataset
 
 
@@ -338,7 +345,8 @@ def train(
         scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
         if not resume and not overwrite:
             check_fresh_run_dir(spec.run_dir)
-        dataset = _load_dataset(spec.data, spec.max_line_mb) if "offline" in spec.phases else None
+        dataset = (_load_dataset(spec.data, spec.max_line_mb, spec.server_records_only)
+                   if "offline" in spec.phases else None)
     except errors as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read

@@ -69,3 +69,13 @@ def test_another_runs_records_are_left_out_by_workers_and_in_parquet(tmp_path):
     assert written.episode_ids == ["ours"] and list(written.episodes["settled"]) == [True]
     kept, report = mine_with_report([tmp_path / "server"], server_records_only=True, workers=2)
     assert sorted(kept.episode_ids) == ["ours", "theirs"] and report.server_records_unjoined == 0
+
+
+def test_train_yamls_data_leaves_other_runs_records_out_unless_server_records_only(tmp_path, capsys):
+    from marft_lg.training.commands import _load_dataset
+
+    _, served = _episode(3, "unwrapped")
+    _write(tmp_path / "server", served, "served")
+    assert len(_load_dataset(str(tmp_path / "server"), 64.0)) == 0
+    assert "set server_records_only: true" in capsys.readouterr().err
+    assert _load_dataset(str(tmp_path / "server"), 64.0, server_records_only=True).episode_ids == ["unwrapped"]

@@ -61,7 +61,11 @@ def parse_versions(spec: str | None) -> str | dict[str, str] | None:
 
 def parse_agents(spec: str, default_model: str) -> dict[str, str]:
     """``--agents planner=MODEL_A,writer=MODEL_B,critic`` -> ``{role: model spec}`` (an item without ``=`` runs on
-    `default_model`, the ``--model``). Empty roles or models, and a role named twice, are ValueErrors."""
+    `default_model`, the ``--model``). Empty roles or models, a role the registry would refuse, and a role named
+    twice, are ValueErrors."""
+    from marft_lg.serving.errors import RegistryError
+    from marft_lg.serving.registry import _check_name
+
     out: dict[str, str] = {}
     for item in spec.split(","):
         if not item.strip():
@@ -72,6 +76,10 @@ def parse_agents(spec: str, default_model: str) -> dict[str, str]:
             raise ValueError(f"--agents {spec!r}: {item.strip()!r} is not ROLE or ROLE=MODEL")
         if role_problem(role):
             raise ValueError(f"--agents {spec!r}: {role_problem(role)}")
+        try:
+            _check_name(role, "agent role")  # the registry's rule: a role is a folder its versions are saved in
+        except RegistryError as e:
+            raise ValueError(f"--agents {spec!r}: {e}") from None
         if role in out:
             raise ValueError(f"--agents {spec!r}: role {role!r} is named twice")
         out[role] = model

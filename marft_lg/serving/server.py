@@ -344,7 +344,12 @@ async def _load(team: ServedTeam, body: Any) -> tuple[str, str]:
             raise BadRequest(_LOAD_USAGE, "lora_path")
         if team.registry is None:
             raise BadRequest("this server has no adapter registry (start it with --registry DIR)")
-        path_slot, version = team.registry.locate(path)
+        if "\x00" in path:
+            raise BadRequest("lora_path contains a NUL character; give <registry>/<role>/v<k>", "lora_path")
+        try:
+            path_slot, version = team.registry.locate(path)
+        except (RegistryError, ValueError, OSError) as e:
+            raise BadRequest(str(e), "lora_path") from None
         if path_slot != slot:
             raise BadRequest(f"lora_path {path} holds adapters of {path_slot!r}, not of {role!r}", "lora_path")
         if pinned and pinned != version:

@@ -21,6 +21,11 @@ def export(
     is) or, with --merged, a merged full model; both with a README.md model card. A damaged version is refused."""
     from marft_lg.tracking.export import ExportError, export_version
 
+    root, dest = registry.resolve(), out.resolve()
+    if dest == root or dest.is_relative_to(root) or root.is_relative_to(dest):
+        typer.echo(f"error: --out {out} is inside the registry {registry} (or holds it): export to a folder outside "
+                   "it, so that the registry holds only its own versions", err=True)
+        raise typer.Exit(1)
     try:
         path = export_version(registry, target, out, merged=merged, base=base)
     except ExportError as exc:

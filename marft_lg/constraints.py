@@ -185,11 +185,18 @@ def _ebnf_literal(text: str) -> str:
     return json.dumps(text)
 
 
+_LENGTH_BOUND_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+"""xgrammar 0.2.8 writes a string with minLength / maxLength as characters of `_LENGTH_BOUND_CHAR`, raw control
+characters included (JSON forbids them, and `json.loads` refuses them): they are excluded as in its plain strings."""
+
+
 def _schema_ebnf(schema: dict[str, Any], rule: str, *, strict: bool) -> str:
     """EBNF of a JSON schema with its root rule renamed to `rule` (compact separators: no whitespace loops)."""
     import xgrammar as xgr
 
     text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
+    text = text.replace(_LENGTH_BOUND_CHAR, _JSON_STRING_CHAR)
     return re.sub(r"(?<![\w-])root(?![\w-])", rule, text)
 
 
@@ -213,6 +220,171 @@ def grammar_ebnf(constraint: dict[str, Any]) -> str:
             f"call ::= {_ebnf_literal(OPEN)} call_body {_ebnf_literal(CLOSE)}\n{body}")
 
 
+_SUPPORTED = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+    "minProperties", "maxProperties", "unevaluatedProperties", "items", "prefixItems", "unevaluatedItems", "minItems",
+    "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions"})
+"""JSON-schema validation keywords xgrammar 0.2.8's grammar enforces (`multipleOf` on integers only; `allOf` of one
+member, `anyOf` / `oneOf` / `$ref` without sibling constraints); found by matching instances against its grammars."""
+_VALIDATION = _SUPPORTED | {
+    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired",
+    "dependentSchemas", "dependencies", "additionalItems", "$dynamicRef", "$recursiveRef"}
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "$anchor",
+                          "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "discriminator",
+                          "nullable", "$defs", "definitions"})
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("additionalProperties", "propertyNames", "unevaluatedProperties", "items", "unevaluatedItems",
+               "contains", "not", "if", "then", "else")
+
+
+def unsupported_keywords(schema: Any) -> list[tuple[str, str]]:
+    """(JSON pointer, keyword) of every constraint in `schema` that the grammar would drop silently; [] when it
+    holds the whole schema. Keywords outside JSON Schema's vocabulary constrain nothing and pass."""
+    out: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack and len(out) < 20:
+        where, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        checks = {k for k in node if k in _VALIDATION and k not in _ANNOTATIONS}
+        out.extend((where, k) for k in sorted(checks - _SUPPORTED))
+        if node.get("multipleOf") is not None and node.get("type") != "integer":
+            out.append((where, "multipleOf"))
+        for combo, most in (("allOf", 1), ("anyOf", None), ("oneOf", None), ("$ref", None)):
+            if combo not in node:
+                continue
+            if most is not None and isinstance(node[combo], list) and len(node[combo]) > most:
+                out.append((where, combo))
+            elif checks - {combo}:
+                out.append((where, f"{combo} beside {', '.join(sorted(checks - {combo}))}"))
+        for key in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                stack.extend((f"{where}/{key}/{_escape(k)}", v) for k, v in node[key].items())
+        for key in _SUBSCHEMAS:
+            stack.append((f"{where}/{key}", node.get(key)))
+        for key in ("allOf", "anyOf", "oneOf", "prefixItems"):
+            if isinstance(node.get(key), list):
+                stack.extend((f"{where}/{key}/{i}", v) for i, v in enumerate(node[key]))
+    return out
+
+
+def _escape(key: str) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _resolve(root: Any, ref: Any) -> Any:
+    """The schema a local ``$ref`` (``#``, ``#/$defs/x``) points at, None for another kind of reference."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _types(node: dict[str, Any]) -> set[str] | None:
+    kind = node.get("type")
+    if isinstance(kind, str):
+        kind = [kind]
+    return {"number" if k == "integer" else k for k in kind} if isinstance(kind, list) else None
+
+
+def unsatisfiable(schema: Any) -> str | None:
+    """Why no value the strict grammar writes matches `schema`, for the common cases (a required property that
+    `properties` and a missing or false ``additionalProperties`` forbid, `allOf` members of disjoint types, a `$ref` cycle every value must
+    follow forever); None when none of them applies."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    seen = 0
+    while stack and seen < 10_000:
+        where, node = stack.pop()
+        seen += 1
+        if not isinstance(node, dict):
+            continue
+        props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        if node.get("additionalProperties") in (None, False) and not node.get("patternProperties"):
+            for name in node.get("required") or []:
+                if isinstance(name, str) and name not in props:
+                    return (f"{where or '/'} requires {name!r}, which is not in its properties (strict: no other "
+                            "property may be written unless additionalProperties allows it)")
+        members = [m for m in node.get("allOf") or [] if isinstance(m, dict)]
+        kinds = [t for t in (_types(m) for m in [node, *members]) if t is not None]
+        if len(kinds) > 1 and not set.intersection(*kinds):
+            return f"{where or '/'}: allOf of disjoint types {[sorted(k) for k in kinds]}"
+        for key, value in node.items():
+            if isinstance(value, dict):
+                stack.extend((f"{where}/{key}/{_escape(k)}", v) for k, v in value.items()
+                             if key in _SUBSCHEMA_MAPS)
+                if key in _SUBSCHEMAS:
+                    stack.append((f"{where}/{key}", value))
+            elif isinstance(value, list) and key in ("allOf", "anyOf", "oneOf", "prefixItems"):
+                stack.extend((f"{where}/{key}/{i}", v) for i, v in enumerate(value))
+    return _endless_ref(schema)
+
+
+def _must_follow(root: Any, node: Any, depth: int = 0) -> set[str]:
+    """The local ``$ref`` targets every value of `node` must go through (required properties, non-empty arrays,
+    `allOf`, and what every `anyOf` / `oneOf` branch shares)."""
+    if not isinstance(node, dict) or depth > 32:
+        return set()
+    refs = {node["$ref"]} if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#") else set()
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    for name in node.get("required") or []:
+        if isinstance(name, str) and name in props:
+            refs |= _must_follow(root, props[name], depth + 1)
+    if isinstance(node.get("minItems"), int) and node["minItems"] > 0:
+        refs |= _must_follow(root, node.get("items"), depth + 1)
+    for member in node.get("allOf") or []:
+        refs |= _must_follow(root, member, depth + 1)
+    for combo in ("anyOf", "oneOf"):
+        branches = [_must_follow(root, b, depth + 1) for b in node.get(combo) or []]
+        if branches:
+            refs |= set.intersection(*branches)
+    return refs
+
+
+def _endless_ref(schema: Any) -> str | None:
+    """A ``$ref`` cycle with no way out: a value that must contain itself, which no finite JSON is."""
+    edges: dict[str, set[str]] = {}
+    todo = list(_must_follow(schema, schema))
+    while todo:
+        ref = todo.pop()
+        if ref in edges:
+            continue
+        edges[ref] = _must_follow(schema, _resolve(schema, ref))
+        todo.extend(edges[ref] - set(edges))
+    state: dict[str, int] = {}
+
+    def cycle(ref: str) -> bool:
+        state[ref] = 1
+        for nxt in edges.get(ref, ()):
+            if state.get(nxt) == 1 or (nxt not in state and cycle(nxt)):
+                return True
+        state[ref] = 2
+        return False
+
+    for ref in edges:
+        if ref not in state and cycle(ref):
+            return f"$ref {ref!r} must contain itself forever (no alternative ends the recursion)"
+    return None
+
+
+def _schemas_of(constraint: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(request field, schema) of each JSON schema a constraint decodes under."""
+    if constraint["type"] == "json_schema":
+        return [("response_format", constraint["schema"])]
+    if constraint["type"] == "tool_calls":
+        forced = constraint.get("choice") != "required"
+        return [("tool_choice" if forced else f"tools[{i}]", f["parameters"]) for i, f in enumerate(constraint["tools"])]
+    return []
+
+
 def _field_of(constraint: dict[str, Any]) -> str:
     return {"tool_calls": "tool_choice", "grammar": "structured_outputs"}.get(constraint["type"], "response_format")
 
@@ -230,6 +402,21 @@ def check_constraint(constraint: dict[str, Any] | None) -> None:
     problem = _grammar_problem(constraint_key(constraint))
     if problem is not None:
         raise ConstraintError(f"cannot build a grammar for {label(constraint)}: {problem}", _field_of(constraint))
+    for field, schema in _schemas_of(constraint):
+        found = _schema_problem(json.dumps(schema, ensure_ascii=False))
+        if found is not None:
+            raise ConstraintError(f"{field} ({label(constraint)}): {found}", field)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(schema_json: str) -> str | None:
+    schema = json.loads(schema_json)
+    dropped = unsupported_keywords(schema)
+    if dropped:
+        where = ", ".join(f"{k} at {p or '/'}" for p, k in dropped)
+        return f"the grammar cannot hold {where}: rewrite the schema without it (or validate the answer yourself)"
+    why = unsatisfiable(schema)
+    return None if why is None else f"no JSON value satisfies the schema: {why}"
 
 
 @functools.lru_cache(maxsize=256)

@@ -299,8 +299,14 @@ def _stages(ctx: RunContext, store: JobStore, stages: RetrainStages, guard: _Sig
         comparison.passed = False
         comparison.reasons.append(f"live changed during the run ({baseline} -> {live_now}); not promoting over it")
     if comparison.passed:
-        live_after = stages.promote(ctx, candidate, reason=f"retrain run {run_id}: gate passed")
-        message = f"promoted {candidate} (was {baseline})"
+        from marft_lg.evaluation.promotion import ServerNotConfirmed
+
+        try:
+            live_after = stages.promote(ctx, candidate, reason=f"retrain run {run_id}: gate passed")
+            message = f"promoted {candidate} (was {baseline})"
+        except ServerNotConfirmed as exc:  # the alias moved and was recorded: the run promoted, the server is unknown
+            live_after = {r: v for r, v in exc.record.after.items() if r in candidate}
+            message = f"promoted {candidate} (was {baseline}); the server did not confirm the swap: {exc}"
         record = store.finish_run(run_id, st.PROMOTED, advance_watermark_to=watermark, message=message,
                                   live_after=live_after)
         return RunResult(st.PROMOTED, message, record)

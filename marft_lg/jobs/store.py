@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS watermarks (
 );
 """
 _JSON_FIELDS = ("baseline", "candidate", "live_after", "metrics")
-OUR_TABLES = frozenset({"runs", "watermarks", "apscheduler_jobs"})  # what a job store file holds (the scheduler's too)
+OUR_TABLES = frozenset({"runs", "watermarks", "scheduler_entries", "apscheduler_jobs"})  # what a job store file holds (the scheduler's too)
 
 
 class NotAJobStore(ValueError):

@@ -19,6 +19,12 @@ class ContextLengthError(ServingError, ValueError):
         self.prompt_tokens, self.max_tokens, self.max_context = prompt_tokens, max_tokens, max_context
         self.prompt_chars = prompt_chars
         who = f" for agent {agent!r}" if agent else ""
+        if max_tokens >= max_context:  # the completion alone cannot fit, whatever the prompt
+            super().__init__(
+                f"this model's maximum context length is {max_context} tokens, but the request{who} asks for "
+                f"max_tokens={max_tokens}, which leaves no room for a prompt; lower max_tokens below {max_context}"
+            )
+            return
         if prompt_tokens is None:  # refused from its length in characters, before tokenizing
             super().__init__(
                 f"this model's maximum context length is {max_context} tokens, but the request{who} has "

@@ -62,3 +62,22 @@ def test_export_refuses_an_out_folder_inside_the_registry(tmp_path):
         r = CliRunner().invoke(app, ["export", "planner@live", "--registry", str(reg), "--out", str(out)])
         assert r.exit_code == 1 and "is inside the registry" in r.output, r.output
     assert not (reg / "exports").exists()
+
+
+def test_a_max_tokens_beyond_the_context_says_so_without_a_negative_count():
+    from marft_lg.serving.errors import ContextLengthError
+
+    for prompt in (None, 12):
+        msg = str(ContextLengthError(prompt, 1_000_000_000, 8192, "writer", prompt_chars=40, chars_per_token=16))
+        assert "max_tokens=1000000000, which leaves no room for a prompt; lower max_tokens below 8192" in msg
+        assert "-" not in msg.replace("max_tokens", "")
+
+
+def test_a_store_holding_only_the_schedulers_table_is_a_job_store(tmp_path):
+    import sqlite3
+
+    from marft_lg.jobs.store import JobStore
+
+    with sqlite3.connect(tmp_path / "jobs.sqlite") as db:  # what `marft-lg schedule` leaves before any run
+        db.execute("CREATE TABLE scheduler_entries (id TEXT PRIMARY KEY, next_run_time REAL, entry TEXT NOT NULL)")
+    JobStore(tmp_path / "jobs.sqlite", foreign_ok=False)  # not refused as another program's file

@@ -211,9 +211,14 @@ def grammar_ebnf(constraint: dict[str, Any]) -> str:
         return str(constraint["ebnf"])
     if kind != "tool_calls":
         raise ConstraintError(f"unknown constraint type {kind!r}", "constraint")
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-              "required": ["name", "arguments"]} for f in constraint["tools"]]
-    body = _schema_ebnf(calls[0] if len(calls) == 1 else {"anyOf": calls}, "call_body", strict=True)
+    defs: dict[str, Any] = {}
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                               "arguments": _hoist_defs(f["parameters"], i, defs)},
+              "required": ["name", "arguments"]} for i, f in enumerate(constraint["tools"])]
+    wrapper: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if defs:
+        wrapper = {**wrapper, "$defs": defs}
+    body = _schema_ebnf(wrapper, "call_body", strict=True)
     more = len(calls) - 1 if constraint.get("parallel") else 0  # at most one call per tool: no endless repeats
     repeat = f' ("\\n" call){{0, {more}}}' if more else ""
     return (f"root ::= call{repeat}\n"
@@ -383,6 +388,31 @@ def _schemas_of(constraint: dict[str, Any]) -> list[tuple[str, Any]]:
         forced = constraint.get("choice") != "required"
         return [("tool_choice" if forced else f"tools[{i}]", f["parameters"]) for i, f in enumerate(constraint["tools"])]
     return []
+
+
+def _hoist_defs(params: dict[str, Any], index: int, defs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters with their ``$defs`` / ``definitions`` moved into `defs` (the root of the call schema
+    they are nested in, where their ``#/$defs/...`` references point); a name another tool already uses with other
+    content is renamed ``t<index>_<name>`` and this tool's references with it."""
+    own = {**(params.get("definitions") or {}), **(params.get("$defs") or {})}
+    if not own:
+        return params
+    names = {n: (n if defs.get(n, own[n]) == own[n] else f"t{index}_{n}") for n in own}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: rewrite(v) for k, v in node.items() if k not in ("$defs", "definitions")}
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for prefix in ("#/$defs/", "#/definitions/"):
+                    if ref.startswith(prefix) and ref[len(prefix):] in names:
+                        out["$ref"] = "#/$defs/" + names[ref[len(prefix):]]
+            return out
+        return [rewrite(v) for v in node] if isinstance(node, list) else node
+
+    for n, schema in own.items():
+        defs[names[n]] = rewrite(schema)
+    return rewrite(params)
 
 
 def _field_of(constraint: dict[str, Any]) -> str:

@@ -201,3 +201,30 @@ def test_every_stop_answer_satisfies_its_schema_and_every_refusal_names_response
     choice = r.json()["choices"][0]
     if choice["finish_reason"] == "stop":
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
+def test_a_recursive_ref_under_a_forced_tool_builds_and_each_tool_keeps_its_own_defs():
+    import json
+
+    import xgrammar as xgr
+
+    from marft_lg.constraints import check_constraint, grammar_ebnf, tool_constraint
+    from marft_lg.tool_calls import CLOSE, OPEN
+
+    tree = {"type": "object", "properties": {"node": {"$ref": "#/$defs/Node"}}, "required": ["node"],
+            "$defs": {"Node": {"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}}
+    num = {"type": "object", "properties": {"n": {"$ref": "#/definitions/Node"}}, "required": ["n"],
+           "definitions": {"Node": {"type": "integer"}}}  # the same name, another meaning
+    constraint = tool_constraint([{"type": "function", "function": {"name": "tree", "parameters": tree}},
+                                  {"type": "function", "function": {"name": "num", "parameters": num}}], "required")
+    check_constraint(constraint)  # was: "Cannot find field $defs in #/$defs/Node"
+    grammar = xgr.Grammar.from_ebnf(grammar_ebnf(constraint))
+
+    def accepts(call: dict) -> bool:
+        return xgr.testing._is_grammar_accept_string(grammar, OPEN + json.dumps(call) + CLOSE)
+
+    assert accepts({"name": "tree", "arguments": {"node": {"name": "a", "kids": [{"name": "b"}]}}})
+    assert accepts({"name": "num", "arguments": {"n": 3}})
+    assert not accepts({"name": "num", "arguments": {"n": {"name": "x"}}})
+    assert not accepts({"name": "tree", "arguments": {"node": 3}})

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -124,6 +125,7 @@ class EpisodeTracer(BaseCallbackHandler):
         self.episodes = check_episode_span(episodes)
         self.conversation_idle_s = conversation_idle_s
         self._threads: OrderedDict[str, _Thread] = OrderedDict()  # thread id -> the episode its next run continues
+        self._threads_lock = threading.Lock()  # episodes of many threads end at once (a runner's concurrent jobs)
         self.redirect = redirect  # where the episodes' HTTP chat calls go instead (a loopback server), if anywhere
         self.sink = sink
         self.graph = graph
@@ -152,7 +154,8 @@ class EpisodeTracer(BaseCallbackHandler):
     def continuation(self, thread_id: Any, inputs: Any) -> _Thread | None:
         """The episode a run of `inputs` on `thread_id` continues: the thread's paused one when `inputs` resumes it;
         with ``episodes="conversation"`` the thread's last one (within `conversation_idle_s`); else None."""
-        prior = self._threads.get(str(thread_id)) if thread_id is not None else None
+        with self._threads_lock:
+            prior = self._threads.get(str(thread_id)) if thread_id is not None else None
         if prior is None:
             return None
         if prior.paused and resume_value(inputs) is not MISSING:
@@ -164,7 +167,9 @@ class EpisodeTracer(BaseCallbackHandler):
 
     def paused(self, episode_id: str) -> list[dict[str, Any]] | None:
         """The interrupts episode `episode_id` is paused at (``[{"id", "value"}]``), None when it is not paused."""
-        for t in reversed(self._threads.values()):
+        with self._threads_lock:
+            remembered = list(self._threads.values())
+        for t in reversed(remembered):
             if t.episode_id == episode_id:
                 return list(t.interrupts) if t.paused else None
         return None
@@ -307,15 +312,17 @@ class EpisodeTracer(BaseCallbackHandler):
             episode.recorder.add_metadata({"paused": False})
         if episode.thread_id is None:
             return
-        if not (paused or self.episodes == "conversation"):
-            self._threads.pop(episode.thread_id, None)
-            return
-        self._threads[episode.thread_id] = _Thread(
-            info.episode_id, info.scenario_id, episode.route.seed, episode.options.get("versions"),
-            dict(info.metadata), paused, list(episode.interrupts) if paused else [], time.monotonic())
-        self._threads.move_to_end(episode.thread_id)
-        while len(self._threads) > MAX_THREADS:
-            self._threads.popitem(last=False)
+        keep = paused or self.episodes == "conversation"
+        entry = _Thread(info.episode_id, info.scenario_id, episode.route.seed, episode.options.get("versions"),
+                        dict(info.metadata), paused, list(episode.interrupts) if paused else [], time.monotonic())
+        with self._threads_lock:
+            if not keep:
+                self._threads.pop(episode.thread_id, None)
+                return
+            self._threads[episode.thread_id] = entry
+            self._threads.move_to_end(episode.thread_id)
+            while len(self._threads) > MAX_THREADS:
+                self._threads.popitem(last=False)
 
     def _submit_shadow(self, episode: _Episode, config: dict[str, Any] | None) -> None:
         """Queue the same input on the candidate; never raises into the live path."""

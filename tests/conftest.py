@@ -20,6 +20,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("MARFT_LG_DEVICE", "cpu")
 
 
+@pytest.fixture(autouse=True)
+def _no_mlflow_destination_from_outside(monkeypatch):
+    """MLflow's environment variables choose where runs go (marft_lg honours them); `mlflow.set_tracking_uri` sets
+    one for the whole process, so a test that calls it would send later tests' runs to its store. Each test starts
+    without them; a test that wants them sets them itself."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+
+
 def tiny_tokenizer_dir(tmp_path_factory) -> str | None:
     """The tokenizer of `tiny_model_dir`: None (the embedded SmolLM2's, the default); ``MARFT_TEST_TOKENIZER=DIR``
     (e.g. SmolLM2's three tokenizer files carried to a GPU machine); or, where the embedded model package

@@ -163,7 +163,7 @@ def test_overwrite_deletes_the_run_files_and_keeps_the_rest(tmp_path, monkeypatc
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb: _OneEpisode())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb, *more: _OneEpisode())
     (tmp_path / "data").mkdir()
     run = tmp_path / "runs" / "train"
     (run / "checkpoints" / "iter_000001").mkdir(parents=True)
@@ -196,7 +196,7 @@ def test_damaged_checkpoints_on_resume_exit_2_naming_them(tmp_path, monkeypatch)
 
     monkeypatch.setattr("marft_lg.serving.team_factory.team", FakeTeam)
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
-    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb: _OneEpisode())
+    monkeypatch.setattr("marft_lg.training.commands._load_dataset", lambda spec, max_line_mb, *more: _OneEpisode())
     (tmp_path / "data").mkdir()
     result, text = _invoke("--config", _write(tmp_path, BASE), "--resume")
     assert result.exit_code == 2 and "iter_000002: truncated" in text and "Traceback" not in result.output

@@ -13,6 +13,7 @@ app's calls did not reach the team under test).
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,8 @@ from typing import Any
 
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
+
+logger = logging.getLogger("marft_lg.graph")
 
 
 def episode_id(run_id: str, iteration: int, scenario_id: str, j: int) -> str:
@@ -169,7 +172,7 @@ class GraphCollector:
 
     def execute(self, jobs: list[EpisodeJob]) -> None:
         """Run the planned episodes (up to `concurrency` at once) without reading them back, for a caller whose
-        product is the traces (`marft-lg run`); `failures` and `truncated` say how they ended."""
+        product is the traces (`marft-lg run`); `failures`, `truncated`, `paused` and `resumes` say how they ended."""
         self.failures, self.truncated, self.paused, self.resumes = [], [], [], 0
         # imported here: the training code imports this module on GPU machines without LangGraph (test_device_bare.py)
         from langgraph.errors import GraphRecursionError
@@ -208,6 +211,8 @@ class GraphCollector:
                    if policy is None else f"they were still paused after {policy.max_resumes} resumes")
             raise RolloutError(f"{what}: {len(self.paused)} of {planned} episodes stopped at an interrupt() and were "
                                f"never finished ({how}); first: {', '.join(self.paused[:3])}")
+        logger.warning("%s: %d of %d episodes were still paused at an interrupt after %d resumes and are left out "
+                       "(first: %s)", what, len(self.paused), planned, policy.max_resumes, ", ".join(self.paused[:3]))
         paused = set(self.paused)
         return dataset.select([e for e in dataset.episodes["episode_id"] if e not in paused])
 

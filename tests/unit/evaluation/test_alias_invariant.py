@@ -16,16 +16,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from served_registry import DAMAGED, ROLES, Server, build_registry, live_view
+from served_registry import DAMAGED, ROLES, Server, live_view
 
 from marft_lg.evaluation.promotion import PromotionError, promote, rollback
 from marft_lg.serving.lora import ADAPTER_WEIGHTS
 from marft_lg.serving.registry import AdapterRegistry
-
-
-@pytest.fixture(scope="module")
-def template(tiny_model_dir, tmp_path_factory):
-    return build_registry(tiny_model_dir, tmp_path_factory.mktemp("invariant")).root
 
 
 def check_invariant(server: Server, registry: AdapterRegistry) -> None:

@@ -11,24 +11,13 @@ import shutil
 import httpx
 import pytest
 import typer
-from served_registry import DAMAGED, Server, build_registry, live_view
+from served_registry import DAMAGED, Server, live_view
 from typer.testing import CliRunner
 
 from marft_lg.evaluation.promotion import PromotionError, _Server, promote, read_records
 from marft_lg.serving.errors import AliasConflictError
 from marft_lg.serving.lora import ADAPTER_WEIGHTS
 from marft_lg.serving.registry import ALIASES, AdapterRegistry
-
-
-@pytest.fixture(scope="module")
-def template(tiny_model_dir, tmp_path_factory):
-    return build_registry(tiny_model_dir, tmp_path_factory.mktemp("safety")).root
-
-
-@pytest.fixture()
-def registry(template, tmp_path):
-    shutil.copytree(template, tmp_path / "registry")
-    return AdapterRegistry(tmp_path / "registry")
 
 
 def _cli():

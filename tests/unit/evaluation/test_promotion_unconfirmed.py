@@ -4,27 +4,15 @@ the command says the alias moved, with its own exit code (4), for promote and ro
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import typer
-from served_registry import Server, build_registry, live_view
+from served_registry import Server, live_view
 from typer.testing import CliRunner
 
 from marft_lg.evaluation.commands import EXIT_SERVER_NOT_CONFIRMED
 from marft_lg.evaluation.promotion import RECORDS, ServerNotConfirmed, promote
 from marft_lg.serving.registry import AdapterRegistry
-
-
-@pytest.fixture(scope="module")
-def template(tiny_model_dir, tmp_path_factory):
-    return build_registry(tiny_model_dir, tmp_path_factory.mktemp("unconfirmed")).root
-
-
-@pytest.fixture()
-def registry(template, tmp_path):
-    shutil.copytree(template, tmp_path / "registry")
-    return AdapterRegistry(tmp_path / "registry")
 
 
 def _cli() -> typer.Typer:

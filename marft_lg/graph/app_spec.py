@@ -104,12 +104,10 @@ class AppSpec(TeamSpec):
             policy = ResumePolicy.of(self.resume, where)
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        if policy is not None and isinstance(policy.call, str):
-            fn = load_object(policy.call, base_dir=self.base_dir, what="resume.call", source=self.source)
-            if not callable(fn):
-                raise ConfigError(f"{where}: call {policy.call!r} is a {type(fn).__name__}, not a function")
-            policy = ResumePolicy(call=fn, max_resumes=policy.max_resumes)
-        return policy
+        try:
+            return None if policy is None else policy.loaded(base_dir=self.base_dir, source=self.source)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     def team_chat_model(self, team: Any) -> Any:
         from marft_lg.graph.chat_model import TeamChatModel

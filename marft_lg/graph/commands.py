@@ -51,7 +51,7 @@ def run(
     from rich.progress import Progress
 
     from marft_lg.graph.collect import EpisodeJob, GraphCollector
-    from marft_lg.graph.interrupts import ResumePolicy, policy_from_flags
+    from marft_lg.graph.interrupts import policy_from_flags
     from marft_lg.graph.routing import derive_seed
     from marft_lg.graph.wrap import WrappedGraph, wrap
     from marft_lg.loading import LoadError, load_object, parse_node_roles
@@ -63,9 +63,8 @@ def run(
         roles = parse_node_roles(node_roles, key="--node-roles")
         scenario_set = ScenarioSet.load(scenarios)
         resume = policy_from_flags(resume_value, resume_with)
-        if resume is not None and isinstance(resume.call, str):
-            resume = ResumePolicy(call=load_object(resume.call, what="--resume-with"))
-    except (LoadError, ValueError) as exc:
+        resume = resume.loaded(what="--resume-with") if resume is not None else None
+    except (LoadError, ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from None
     chosen = list(scenario_set.split(split) if split else scenario_set)
     if not chosen:

@@ -78,14 +78,20 @@ class ResumePolicy:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from exc
 
+    def loaded(self, *, base_dir: Any = None, source: Any = None, what: str = "resume.call") -> ResumePolicy:
+        """This policy with a ``module:attr`` `call` loaded (relative to `base_dir`; errors name `what`, `source`)."""
+        if not isinstance(self.call, str):
+            return self
+        from marft_lg.loading import load_object
+
+        fn = load_object(self.call, base_dir=base_dir, what=what, source=source)
+        if not callable(fn):
+            raise TypeError(f"{what}: {self.call!r} is a {type(fn).__name__}, not a function")
+        return ResumePolicy(call=fn, max_resumes=self.max_resumes)
+
     def _function(self) -> Callable[[Any], Any] | None:
         if isinstance(self.call, str):
-            from marft_lg.loading import load_object
-
-            fn = load_object(self.call)
-            if not callable(fn):
-                raise TypeError(f"resume: {self.call} is not callable")
-            object.__setattr__(self, "call", fn)
+            object.__setattr__(self, "call", self.loaded().call)
         return self.call  # type: ignore[return-value]
 
     def answer(self, payload: Any) -> Any:

@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("adapters", "marft_lg.serving.commands", "adapters"),
     ("run", "marft_lg.graph.commands", "run"),
     ("mine", "marft_lg.distributed.commands", "mine"),
+    ("feedback", "marft_lg.tracing.commands", "feedback"),
     ("score", "marft_lg.rewards.commands", "score"),
     ("train", "marft_lg.training.commands", "train"),
     ("compare", "marft_lg.evaluation.commands", "compare"),

@@ -71,6 +71,8 @@ class _Thread:
     paused: bool
     interrupts: list[dict[str, Any]]
     ended: float
+    calls: int = 0
+    """LLM calls the episode has made so far (all its runs): an interrupt's ``after_calls``."""
 
 
 MAX_THREADS = 10_000  # threads remembered for their next run (oldest forgotten first)
@@ -305,8 +307,10 @@ class EpisodeTracer(BaseCallbackHandler):
         the thread's episode for a conversation-long one; a continued episode that ends says it is no longer paused."""
         info, prior = episode.recorder.info, episode.continues
         paused = bool(episode.interrupts) and error is None
-        if paused:
-            interrupts = [*(prior.metadata.get("interrupts", []) if prior else []), *episode.interrupts]
+        calls = (prior.calls if prior else 0) + episode.recorder.n_chat
+        if paused:  # each interrupt says how many LLM calls came before it: what the person saw is the last of them
+            interrupts = [*(prior.metadata.get("interrupts", []) if prior else []),
+                          *({**i, "after_calls": calls} for i in episode.interrupts)]
             episode.recorder.add_metadata({"paused": True, "interrupts": interrupts})
         elif prior is not None and prior.paused:
             episode.recorder.add_metadata({"paused": False})
@@ -314,7 +318,8 @@ class EpisodeTracer(BaseCallbackHandler):
             return
         keep = paused or self.episodes == "conversation"
         entry = _Thread(info.episode_id, info.scenario_id, episode.route.seed, episode.options.get("versions"),
-                        dict(info.metadata), paused, list(episode.interrupts) if paused else [], time.monotonic())
+                        dict(info.metadata), paused, list(episode.interrupts) if paused else [], time.monotonic(),
+                        calls)
         with self._threads_lock:
             if not keep:
                 self._threads.pop(episode.thread_id, None)

@@ -114,7 +114,8 @@ def serve(
     threads: int | None = typer.Option(None, help="torch CPU threads (hf engine); 1 is fastest on a busy machine."),
     trace_dir: Path = typer.Option(Path("traces"), help="Where each answered request's record goes (rendered prompt "
                                    "token ids, completion ids, log-probs, adapter version), joined at mining to the "
-                                   "app's spans (OTLP/JSON lines, files served-*.jsonl)."),
+                                   "app's spans (OTLP/JSON lines, files served-*.jsonl); feedback posted to "
+                                   "/v1/feedback goes there too (feedback-*.jsonl)."),
     no_trace: bool = typer.Option(False, "--no-trace", help="Record nothing (apps on ChatOpenAI then train on "
                                   "re-rendered prompts)."),
     capture_messages: bool = typer.Option(True, help="Keep the requests' messages and the completions' text in "
@@ -165,7 +166,7 @@ def serve(
     _announce(team, host, sock.getsockname()[1], api_key, console)
     recorder = None if no_trace else _recorder(trace_dir, capture_messages, console)
     _run(team, sock, host, recorder, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
-         request_timeout_s=request_timeout, read_timeout_s=read_timeout)
+         request_timeout_s=request_timeout, read_timeout_s=read_timeout, feedback_dir=None if no_trace else trace_dir)
 
 
 def _serve_failed(message: str) -> typer.Exit:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +50,8 @@ from marft_lg.serving.served_spans import CallContext, ServedRecorder
 from marft_lg.serving.streaming import queue_listener, streams
 from marft_lg.serving.team import FRESH, SHARED
 from marft_lg.serving.types import ServedTeam
+from marft_lg.tracing import attributes as A
+from marft_lg.tracing.feedback import parse_feedback, write_feedback
 
 _LOAD_USAGE = ('body must be {"lora_name": str, "lora_path": "<registry>/<role>/v<k>"} or '
                '{"lora_name": str, "version": "init"}')
@@ -63,7 +66,8 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
                engine_for: Callable[[CallContext], Any] | None = None,
-               max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES) -> FastAPI:
+               max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES,
+               feedback_dir: str | Path | None = None) -> FastAPI:
     """The FastAPI app serving `team` (a `Team`, or a `MixedTeam` of several base models). With `api_key`,
     every path but /health (/docs, /redoc, /openapi.json too) needs ``Authorization: Bearer <key>``. `recorder`:
     every answered chat request is recorded as server spans (`served_spans`), joined to the caller's span through
@@ -79,6 +83,8 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
     episode instead of the team, or None (the loopback server of a wrapped app: a counterfactual replay's engine).
     `max_logprob_entries`: a request whose answer could hold more log-prob entries (n x max_tokens x
     (top_logprobs + 1)) is a 400; answers are built and encoded off the event loop.
+    `feedback_dir`: ``POST /v1/feedback`` (`tracing.feedback`: a user's verdict about an episode, by episode, thread
+    or trace id) is written there as feedback spans, joined to its episode at mining; without it the route is a 404.
     """
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
@@ -98,6 +104,7 @@ def create_app(team: ServedTeam, *, api_key: str | None = None, tool_format: str
     _health_routes(app)
     _chat_routes(app, team, tool_format, recorder, float(request_timeout_s), engine_for, int(max_logprob_entries))
     _adapter_routes(app, team)
+    _feedback_routes(app, feedback_dir)
     app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, api_key=api_key, read_timeout_s=read_timeout_s)  # added last: the outermost layer
     return app
 
@@ -268,6 +275,25 @@ class _Call:
         finally:
             if not task.done():
                 task.cancel()
+
+
+def _feedback_routes(app: FastAPI, feedback_dir: str | Path | None) -> None:
+    @app.post("/v1/feedback")
+    async def feedback(request: Request):
+        """A product posts what its user said about an episode: ``{"thread_id" | "episode_id" | "trace_id", "turn"?,
+        "name", "value", "comment"?, "metadata"?}``; written as a feedback span (joined to its episode at mining)."""
+        if feedback_dir is None:
+            return error_response(404, "this server records no feedback (started with --no-trace)")
+        try:
+            attrs = parse_feedback(await _json(request), "feedback")
+            await asyncio.to_thread(write_feedback, attrs, feedback_dir)
+        except ValueError as e:
+            return error_response(400, str(e))
+        target = next((k, attrs[a]) for k, a in (("episode_id", A.MARFT_EPISODE_ID),
+                                                 ("thread_id", A.MARFT_FEEDBACK_THREAD_ID),
+                                                 ("trace_id", A.MARFT_FEEDBACK_TRACE_ID)) if a in attrs)
+        return {"object": "marft.feedback", "status": "recorded", target[0]: target[1],
+                "name": attrs[A.MARFT_FEEDBACK_NAME]}
 
 
 def _adapter_routes(app: FastAPI, team: ServedTeam) -> None:

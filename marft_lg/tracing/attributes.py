@@ -78,6 +78,11 @@ MARFT_CALL_INDEX = "marft.call.index"  # n-th LLM call of this agent task (0-bas
 MARFT_FEEDBACK_COMMENT = "marft.feedback.comment"
 MARFT_FEEDBACK_METADATA = "marft.feedback.metadata"  # JSON object given to record_feedback(metadata=...)
 MARFT_FEEDBACK_TIME = "marft.feedback.time"  # ISO-8601 UTC time the feedback was given
+# what the feedback is about when the caller has no episode id: a LangGraph thread (and which of its episodes, by
+# start: 0 the first, -1 the last), or a trace of the episode
+MARFT_FEEDBACK_THREAD_ID = "marft.feedback.thread_id"
+MARFT_FEEDBACK_TURN = "marft.feedback.turn"
+MARFT_FEEDBACK_TRACE_ID = "marft.feedback.trace_id"
 MARFT_EPISODE_SIDE_STATUS = "marft.mirror.shadow_status"  # on shadow roots: "ok" | "error" | "timeout"
 # Server spans (serving/served_spans.py): what `marft-lg serve` sampled, joined to the app's LLM span by mining.
 MARFT_SERVED = "marft.served"  # true on a span a marft_lg server recorded for a request it answered

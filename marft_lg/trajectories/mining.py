@@ -29,6 +29,7 @@ from marft_lg.trajectories.pipeline import (
     UNJOINED_IN,
     RawSpans,
     assemble_batches,
+    episode_traces,
     feedback_index,
     flatten,
     gc_paused,
@@ -36,6 +37,8 @@ from marft_lg.trajectories.pipeline import (
     new_columns,
     quarantine_orphan_feedback,
     read_spans,
+    resolve_feedback,
+    targeted,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.raw_span import RawSpan
@@ -300,6 +303,8 @@ def _local_batches(source: Any, watermark: int | None, quarantine: str | Path | 
         kept = len(spans)
         episodes, feedback_spans = group_episodes(spans)
         del spans
+        if targeted(feedback_spans):
+            feedback_spans = resolve_feedback(feedback_spans, *episode_traces(episodes), q)
         fb_index = feedback_index(feedback_spans, q)
         seen: set[str] = set()
         for rows, cols in assemble_batches(episodes, q, stats, fb_index, watermark, seen, chunk_actions, agents,

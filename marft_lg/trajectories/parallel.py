@@ -38,6 +38,9 @@ from marft_lg.trajectories.pipeline import (
     assemble_batches,
     feedback_index,
     flatten,
+    resolve_feedback,
+    targeted,
+    trace_threads,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 from marft_lg.trajectories.range_worker import (
@@ -155,6 +158,13 @@ class ParallelRun:
                 self._local[owners.pop()][key] = tids
             else:
                 self._global[key] = tids
+        if targeted(self.feedback_spans):  # feedback by thread or trace: point it at its episode now
+            threads = trace_threads(self._parent_traces.items())
+            for w in self._workers:
+                w.send("threads")
+            for w in self._workers:
+                threads.update(w.recv())
+            self.feedback_spans = resolve_feedback(self.feedback_spans, trace_key, threads, self.q)
         wanted: list[list[str]] = [[] for _ in self._workers]
         for tids in self._global.values():
             for t in tids:

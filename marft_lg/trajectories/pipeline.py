@@ -212,6 +212,89 @@ def flatten(cols: dict[str, Any]) -> dict[str, Any]:
     return cols
 
 
+def targeted(spans: Iterable[SpanInfo]) -> bool:
+    """Whether any feedback span names its episode by thread or trace rather than by episode id."""
+    return any(fb.feedback_thread is not None or fb.feedback_trace is not None for fb in spans)
+
+
+def trace_threads(traces: Iterable[tuple[str, Iterable[SpanInfo]]]) -> dict[str, tuple[str | None, int]]:
+    """trace id -> (its conversation/thread id, the start of its earliest span): what `resolve_feedback` needs."""
+    out: dict[str, tuple[str | None, int]] = {}
+    for t, spans in traces:
+        spans = sorted(spans, key=_START_ID)
+        if spans:
+            out[t] = (next((s.session for s in spans if s.session), None), spans[0].start_ns)
+    return out
+
+
+def resolve_feedback(spans: list[SpanInfo], trace_key: dict[str, str], threads: dict[str, tuple[str | None, int]],
+                     q: Quarantine) -> list[SpanInfo]:
+    """Feedback about a thread or a trace pointed at its episode (``episode_id`` set); what names no episode is
+    quarantined (``feedback_without_episode``) and left out. A thread's episodes are ordered by start: `turn` picks
+    one (negative from the end), else the last that started before the feedback was given.
+
+    `trace_key`: trace id -> episode key; `threads`: trace id -> (thread, start) (`trace_threads`)."""
+    if not targeted(spans):
+        return spans
+    episodes: dict[str, tuple[str | None, int]] = {}  # episode key -> (thread, start)
+    for t, key in trace_key.items():
+        thread, start = threads.get(t, (None, 0))
+        have = episodes.get(key)
+        if have is None or start < have[1]:
+            episodes[key] = (thread or (have[0] if have else None), start)
+        elif thread and not have[0]:
+            episodes[key] = (thread, have[1])
+    by_thread: dict[str, list[tuple[int, str]]] = {}
+    for key, (thread, start) in episodes.items():
+        if thread:
+            by_thread.setdefault(thread, []).append((start, key))
+    for members in by_thread.values():
+        members.sort()
+    kept = []
+    for fb in spans:
+        if fb.episode_id or (fb.feedback_thread is None and fb.feedback_trace is None):
+            kept.append(fb)
+            continue
+        key, why = _feedback_target(fb, trace_key, by_thread)
+        if key is None:
+            q.add("feedback_without_episode", fb.source, trace_id=fb.trace_id, span_id=fb.span_id, detail=why)
+            continue
+        fb.episode_id = key
+        kept.append(fb)
+    return kept
+
+
+def _feedback_target(fb: SpanInfo, trace_key: dict[str, str],
+                     by_thread: dict[str, list[tuple[int, str]]]) -> tuple[str | None, str]:
+    if fb.feedback_trace is not None:
+        key = trace_key.get(fb.feedback_trace)
+        return key, f"trace {fb.feedback_trace!r} is not in the mined input"
+    members = by_thread.get(fb.feedback_thread or "", [])
+    if not members:
+        return None, f"thread {fb.feedback_thread!r} has no episode in the mined input"
+    if fb.feedback_turn is not None:
+        if -len(members) <= fb.feedback_turn < len(members):
+            return members[fb.feedback_turn][1], ""
+        return None, (f"thread {fb.feedback_thread!r} has {len(members)} episode(s) in the mined input; "
+                      f"turn {fb.feedback_turn} is not one of them")
+    before = [key for start, key in members if start <= fb.end_ns]
+    return (before or [members[-1][1]])[-1], ""
+
+
+_START_ID = attrgetter("start_ns", "span_id")
+
+
+def episode_traces(episodes: dict[str, list[SpanInfo]]) -> tuple[dict[str, str], dict[str, tuple[str | None, int]]]:
+    """(trace id -> episode key, `trace_threads`) of grouped episodes: `resolve_feedback`'s arguments."""
+    by_trace: dict[str, list[SpanInfo]] = {}
+    trace_key: dict[str, str] = {}
+    for key, spans in episodes.items():
+        for s in spans:
+            by_trace.setdefault(s.trace_id, []).append(s)
+            trace_key[s.trace_id] = key
+    return trace_key, trace_threads(by_trace.items())
+
+
 def feedback_index(spans: list[SpanInfo], q: Quarantine) -> dict[str, dict[str, Any]]:
     """episode id -> feedback name -> value, the latest span of a name winning; unusable ones are quarantined."""
     index: dict[str, dict[str, Any]] = {}

@@ -27,6 +27,7 @@ from marft_lg.trajectories.pipeline import (
     gc_paused,
     read_traces,
     table_columns,
+    trace_threads,
 )
 from marft_lg.trajectories.quarantine import Quarantine
 
@@ -85,6 +86,8 @@ class RangeWorker:
             yield self._parse()
         elif cmd == "ship":  # spans of these traces, in read order: the parent merges or assembles them
             yield [s for t in arg for s in (*self.by_trace.pop(t, ()), *self.feedback.pop(t, ()))]
+        elif cmd == "threads":  # each trace's thread and start: feedback about a thread finds its episode
+            yield trace_threads(self.by_trace.items())
         elif cmd == "assemble":
             yield from self._assemble(*arg)
         else:

@@ -3,6 +3,7 @@ and what did a human or an external check say (Feedback)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -140,6 +141,123 @@ class Feedback(RewardComponent):
             raise ValueError(f"feedback: episode {episode.episode_id!r} has no feedback {self.key!r} "
                              f"(has {sorted(fb)}); set a 'default' to score episodes without it")
         return float(self.default)
+
+
+@register_component("interrupt_feedback")
+@dataclass
+class InterruptFeedback(RewardComponent):
+    """What a person answered at an `interrupt()` (the ``Command(resume=...)`` value), credited to the action they
+    saw: the last LLM call before the interrupt (the draft), not the last agent to answer.
+
+    A resume value (or its `field`, when it is a dict) found in `values` scores that value (``{approved: 1,
+    rejected: 0}``); `call` (``fn(resume, interrupt_value, episode)`` or ``"pkg.mod:fn"``) scores anything else,
+    None meaning "no verdict"; with `edit`, a text the person sent back instead (or the dict's `edit_field`) is an
+    edit of the draft and scores how much of it was kept (difflib ratio: 1 untouched). The draft is the seen
+    action's completion, or the interrupt payload's `draft_key`. An episode answered several times scores the mean.
+    An episode with no usable verdict (never resumed, or an answer nothing maps) is an error: unscored, never 0.
+    """
+
+    name = "interrupt_feedback"
+
+    values: dict[str, float] | None = None
+    field: str | None = None
+    call: str | Callable[..., Any] | None = None
+    edit: bool = True
+    edit_field: str | None = None
+    draft_key: str | None = None
+    low: float = 0.0
+    high: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.values is not None and not isinstance(self.values, dict):
+            raise TypeError(f"interrupt_feedback: values must be a mapping of resume value -> reward, got "
+                            f"{type(self.values).__name__}")
+        if not self.low < self.high:
+            raise ValueError(f"interrupt_feedback: low must be < high, got {self.low}, {self.high}")
+        self._call = load_object(self.call, what="interrupt_feedback call") if isinstance(self.call, str) else self.call
+        if self.values is None and self._call is None and not self.edit:
+            raise ValueError("interrupt_feedback: give values, a call or edit: true; nothing maps a resume to a reward")
+
+    @property
+    def range(self) -> tuple[float, float]:  # type: ignore[override]
+        return (self.low, self.high)
+
+    def options(self) -> dict[str, Any]:
+        out = super().options()
+        if callable(self.call):
+            out["call"] = f"{self.call.__module__}:{self.call.__qualname__}"
+        return out
+
+    def __call__(self, episode: Episode) -> ComponentScore:
+        meta = episode.info.get("metadata") or {}
+        interrupts = [i for i in meta.get("interrupts") or [] if isinstance(i, dict)]
+        resumes = list(meta.get("resumes") or [])
+        if not interrupts or not resumes:
+            raise ValueError(f"interrupt_feedback: episode {episode.episode_id!r} has "
+                             f"{'no interrupt' if not interrupts else 'no resume (still paused)'}: no verdict to score")
+        scores: list[tuple[float, int | None]] = []
+        for interrupt, resume in _answered(interrupts, resumes):
+            seen = _seen_action(episode, interrupt)
+            score = self._verdict(resume, interrupt.get("value"), episode, seen)
+            if score is not None:
+                scores.append((score, seen))
+        if not scores:
+            raise ValueError(f"interrupt_feedback: no resume of episode {episode.episode_id!r} maps to a reward "
+                             f"(resumes {resumes!r}); add it to 'values', or give a 'call'")
+        share = 1.0 / len(scores)
+        per_action: dict[int, float] = {}
+        for score, order in scores:
+            if order is not None:
+                per_action[order] = per_action.get(order, 0.0) + score * share
+        return ComponentScore(sum(v for v, _ in scores) * share, per_action)
+
+    def _verdict(self, resume: Any, payload: Any, episode: Episode, seen: int | None) -> float | None:
+        key = resume.get(self.field) if isinstance(resume, dict) and self.field else resume
+        if self.values is not None and isinstance(key, str | int | float | bool) and str(key) in self.values:
+            return float(self.values[str(key)])
+        if self._call is not None:
+            out = self._call(resume, payload, episode)
+            if out is not None:
+                return float(out)
+        if self.edit:
+            edited = resume.get(self.edit_field) if isinstance(resume, dict) and self.edit_field else resume
+            if isinstance(edited, str):
+                draft = (payload.get(self.draft_key) if isinstance(payload, dict) and self.draft_key else None)
+                if draft is None and seen is not None:
+                    draft = next((a.get("completion") for a in episode.actions if a.get("order") == seen), None)
+                if isinstance(draft, str):
+                    ratio = difflib.SequenceMatcher(None, draft, edited, autojunk=False).ratio()
+                    return self.low + (self.high - self.low) * ratio
+        return None
+
+
+def _answered(interrupts: list[dict[str, Any]], resumes: list[Any]) -> list[tuple[dict[str, Any], Any]]:
+    """(interrupt, its answer) pairs: a resume keyed by interrupt ids answers those; else the i-th resume answers
+    the i-th interrupt still open."""
+    by_id = {str(i.get("id")): i for i in interrupts}
+    pairs, open_ = [], list(interrupts)
+    for resume in resumes:
+        if isinstance(resume, dict) and resume and all(str(k) in by_id for k in resume):
+            for k, v in resume.items():
+                pairs.append((by_id[str(k)], v))
+                if by_id[str(k)] in open_:
+                    open_.remove(by_id[str(k)])
+        elif open_:
+            pairs.append((open_.pop(0), resume))
+    return pairs
+
+
+def _seen_action(episode: Episode, interrupt: dict[str, Any]) -> int | None:
+    """`order` of the action a person saw at `interrupt`: the last of the calls made before it (``after_calls``,
+    recorded by `wrap`), else the last action."""
+    orders = sorted(int(a["order"]) for a in episode.actions if a.get("order") is not None)
+    if not orders:
+        return None
+    n = interrupt.get("after_calls")
+    if isinstance(n, int) and n > 0:
+        before = [o for o in orders if o < n]
+        return before[-1] if before else orders[0]
+    return orders[-1]
 
 
 def outcome_text(episode: Episode, key: str | None = None) -> str:

@@ -56,6 +56,9 @@ class SpanInfo:
     tool_call_id: str | None = None
     feedback_name: str | None = None
     feedback_value: Any = None
+    feedback_thread: str | None = None  # feedback about a thread's episode (`record_feedback(thread_id=...)`)
+    feedback_turn: int | None = None  # which of the thread's episodes, by start (None: the last before the feedback)
+    feedback_trace: str | None = None  # feedback about the episode holding this trace
     outcome: str | None = None
     metadata: dict[str, Any] | None = None
     raw_io: tuple[Any, Any, Any] | None = None  # (input, system, output) GenAI JSON, parsed only when assembled

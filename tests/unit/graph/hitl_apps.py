@@ -53,3 +53,9 @@ def reject_once(payload: Any) -> str:
     """A simulated reviewer: rejects every draft (so the reviser runs)."""
     assert isinstance(payload, dict) and "draft" in payload
     return "rejected"
+
+
+def approve_even(payload: Any) -> str:
+    """A simulated approver that judges the draft itself: approves drafts of even length (the tiny model's drafts
+    vary, so a group's verdicts do too)."""
+    return "approved" if len(str(payload.get("draft", ""))) % 2 == 0 else "rejected"

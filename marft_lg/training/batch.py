@@ -85,6 +85,9 @@ class TrainBatch:
     """Packed token masks of the constrained records (`constraint_masks`), by record index."""
     problems: Mapping[int, DataProblem] = field(default_factory=dict)
     """Records that failed a data check (`training.checks`), by index: never in `trained`."""
+    zero_advantage: frozenset[int] = frozenset()
+    """The `trained` records whose advantage was exactly 0 on every token before normalisation: no signal of their
+    own (e.g. their scenario group's returns were all equal); the metrics' `zero_advantage_share`."""
 
     def mask_bits(self, idx: Sequence[int], device: torch.device | None = None) -> torch.Tensor | None:
         return stacked_masks(self.masks, self.records, idx, device)
@@ -362,6 +365,7 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     trained = tuple(i for i in mine if i not in problems)
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
+    zero = frozenset(i for i in trained if not bool(advantages[i].any()))
     if cfg.normalize_advantages and cfg.credit_normalize == "per_agent":  # Dr. MAS: each agent on its own scale
         for agent in agents:
             unit_for(cfg).normalize(advantages, [i for i in trained if records[i].agent == agent])
@@ -371,5 +375,5 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),
                       values=tuple(values), returns=tuple(returns), features=tuple(features),
                       reference=tuple(ref.get(i) for i in range(len(records))), trained=trained, masks=masks,
-                      problems=problems)
+                      problems=problems, zero_advantage=zero)
 

@@ -80,6 +80,17 @@ class MARFTConfig:
     critic_base: str | None = None
     """A team on several bases: the base whose frozen features the one value head reads (action level only);
     null: one value head per base, each valuing its own agents' actions."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling. A scenario group whose scored episodes all got the same return (`gae.returns_equal`:
+    up to 1e-9, relative above 1) teaches the group baseline nothing (every advantage is 0); with this on such groups
+    stay out of the update, counted in the metrics row (`dynamic_sampling`). Online, a group with fewer than 2 scored episodes is
+    dropped too, and the iteration draws the next scenarios of the cycling list (`dynamic_sampling_max_draws` extra
+    collect rounds at most) until it has as many informative groups as scenarios per iteration; short of that it
+    trains on what it has and says so. Offline, each iteration's chunk loses its all-equal groups (episodes without
+    a scenario, groups of one, are kept). Needs `group_size >= 2`."""
+    dynamic_sampling_max_draws: int = 3
+    """`dynamic_sampling`: the most extra collect rounds one online iteration may run to refill its dropped groups
+    (0: drop them, never draw more)."""
 
     # --- credit (docs/training.md "Who gets the credit") -------------------------------------------
     credit: str = "group"
@@ -213,7 +224,8 @@ class MARFTConfig:
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, name, float(value))
-        for name in ("use_critic", "normalize_advantages", "tensorboard", "plots"):
+        check_int("dynamic_sampling_max_draws", self.dynamic_sampling_max_draws, low=0)
+        for name in ("use_critic", "normalize_advantages", "dynamic_sampling", "tensorboard", "plots"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"expected true or false, got {getattr(self, name)!r}", key=name)
         if not isinstance(self.agent_learning_rates, dict):
@@ -244,6 +256,9 @@ class MARFTConfig:
         for name in ("tracking_uri", "experiment"):
             if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
                 raise ConfigError(f"expected text or null, got {getattr(self, name)!r}", key=name)
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ConfigError("dynamic_sampling: true needs group_size >= 2 (it drops the scenario groups whose K "
+                              "episodes all got the same return; a group of one never differs)", key="group_size")
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
                               "compares K rollouts of one scenario)", key="group_size")

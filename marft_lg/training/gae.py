@@ -7,6 +7,8 @@ action from 0. Flattening the (step, agent) grid into one ordered sequence makes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -78,10 +80,24 @@ def token_gae(
     return discounted_gae(rewards, values, dones, discounts, lam, last_value)
 
 
+EQUAL_RETURNS_TOLERANCE = 1e-9
+"""Returns this close (relative to the largest magnitude, when above 1) are one return: float sums of equal rewards
+differ in the last bits (0.1 + 0.2 vs 0.3), and such a group has nothing to compare."""
+
+
+def returns_equal(returns: Sequence[float]) -> bool:
+    """Whether every return of a group is the same, up to `EQUAL_RETURNS_TOLERANCE` (True for none or one)."""
+    if len(returns) < 2:
+        return True
+    top, bottom = max(returns), min(returns)
+    return top - bottom <= EQUAL_RETURNS_TOLERANCE * max(1.0, abs(top), abs(bottom))
+
+
 def group_relative_advantages(returns: torch.Tensor, groups: list[str], eps: float = 1e-6) -> torch.Tensor:
     """Critic-free baseline (GRPO-like): each episode's return minus its scenario group's mean, over std.
 
-    A group of one gets advantage 0 (nothing to compare against).
+    A group of one gets advantage 0 (nothing to compare against), and so does a group whose returns are all equal
+    (`returns_equal`: exactly 0, not the rounding error of the mean over a tiny std).
     """
     returns = _as_1d(returns).double()
     out = torch.zeros_like(returns)
@@ -89,9 +105,9 @@ def group_relative_advantages(returns: torch.Tensor, groups: list[str], eps: flo
     for i, g in enumerate(groups):
         index.setdefault(g, []).append(i)
     for members in index.values():
-        if len(members) < 2:
-            continue
         r = returns[members]
+        if returns_equal(r.tolist()):
+            continue
         out[members] = (r - r.mean()) / (r.std(unbiased=False) + eps)
     return out.float()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from marft_lg.training.checks import SHOWN, DataProblem, problem_counts
+from marft_lg.training.sampling import ReturnGroups, return_groups
 
 if TYPE_CHECKING:
     from marft_lg.training.buffer import RolloutBuffer
@@ -24,10 +25,19 @@ _STANDARD_EPISODE_COLUMNS = {"episode_id", "reward", "scored", "error"}
 def metrics_row(*, iteration: int, phase: str, dataset: TrajectoryDataset, action_rewards: dict,
                 table: pd.DataFrame | None, buffer: RolloutBuffer, stats: UpdateStats | None, agents: list[str],
                 restored: list[str], elapsed: float, frozen_roles: list[str],
-                agent_bases: dict[str, str], problems: Sequence[DataProblem] = ()) -> dict[str, Any]:
+                agent_bases: dict[str, str], problems: Sequence[DataProblem] = (),
+                groups: ReturnGroups | None = None, trained: int | None = None, zero_advantage: int | None = None,
+                times: Mapping[str, float] | None = None, wall_s: float | None = None) -> dict[str, Any]:
     """One iteration's row of metrics.jsonl: rewards and reward components, what the buffer kept and left out, the
     actions the data checks left out (`data_check_failed`, by kind in `data_checks`, the first few named in
-    `data_problems`), and, after an update, each agent's stats, the critic's and the throughput."""
+    `data_problems`), and, after an update, each agent's stats, the critic's and the throughput.
+
+    The waste: `groups`, `equal_groups`, `single_groups` and `equal_groups_share` (the scenario groups of `dataset`
+    whose returns are all equal, `sampling.return_groups`; `groups` given: those instead, e.g. every draw of a
+    dynamic-sampling iteration), `trained_actions` and `zero_advantage_share` (the share of them whose advantage was
+    exactly 0 before normalisation). Time: `times` (`rollout_s`, `scoring_s`, `replay_s`, `update_s`) joined as they
+    are; `wall_s`, the whole iteration's wall time, is `iteration_s`, and `tokens_per_min` is tokens trained over it.
+    """
     rewards = episode_rewards(dataset, action_rewards, table)
     row: dict[str, Any] = {
         "iteration": iteration, "phase": phase, "episodes": len(dataset), "actions": len(buffer.records),
@@ -40,12 +50,21 @@ def metrics_row(*, iteration: int, phase: str, dataset: TrajectoryDataset, actio
         "recomputed_logprobs": buffer.n_recomputed, "retokenised": dict(buffer.retokenised), "time_s": elapsed,
         "data_check_failed": len(problems), "data_checks": problem_counts(problems),
         "data_problems": [str(p) for p in problems[:SHOWN]],
+        **(groups if groups is not None else return_groups(dataset, action_rewards)).counts(),
     }
+    if trained is not None:
+        row["trained_actions"] = trained
+        row["zero_advantage_share"] = (zero_advantage or 0) / trained if trained else None
+    row.update(times or {})
+    if wall_s is not None:
+        row["iteration_s"] = wall_s
     if stats is not None:
         row.update({"agents": {a: asdict(s) for a, s in stats.agents.items()}, "value_loss": stats.value_loss,
                     "critic_grad_norm": stats.critic_grad_norm, "explained_variance": stats.explained_variance,
                     "tokens": stats.tokens, "tokens_per_s": stats.tokens / elapsed if elapsed > 0 else None,
                     "nonfinite": stats.nonfinite})
+        if wall_s is not None:
+            row["tokens_per_min"] = stats.tokens / (wall_s / 60) if wall_s > 0 else None
     return row
 
 

@@ -44,6 +44,7 @@ from marft_lg.training.protocols import (
 from marft_lg.training.reporting import metrics_row, progress_bar
 from marft_lg.training.resume import ResumeReport, resume_trainer, trainer_state
 from marft_lg.training.rollout import GraphCollector
+from marft_lg.training.sampling import DynamicSample, ReturnGroups, Scored, draw_iteration
 from marft_lg.training.stability import AdapterSnapshot, CollapseDetector, adapter_finite
 from marft_lg.training.units import unit_for
 from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -130,6 +131,9 @@ class MARFTTrainer:
         self.update_count = 0
         self.offline_cursor = 0
         self.online_done = 0
+        self.extra_scenarios = 0
+        """Scenarios of the cycling list that dynamic sampling's extra draws took, over the run: the next iteration's
+        scenarios start after them (0 without dynamic sampling)."""
         self.unpublished: set[str] = set()
         """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.data_problems: Counter = Counter()
@@ -181,7 +185,9 @@ class MARFTTrainer:
         if resume:
             self.resume()
         self.tracker.context.setdefault("data_window", data_window(dataset))
+        t_score = time.perf_counter()
         episodes = self._scores(dataset, scenarios) if action_rewards is None else None
+        scoring_s = time.perf_counter() - t_score  # the whole dataset's, reported by this call's first iteration
         rewards_by_ep = action_rewards if action_rewards is not None else episodes[1]
         ep_table = episodes[0] if episodes is not None else None
         runner = self._replay_runner(replay_app, "offline")
@@ -191,11 +197,24 @@ class MARFTTrainer:
         rows = []
         with progress_bar(total - self.offline_cursor, "offline MARFT", self.progress) as advance:
             while self.offline_cursor < total:
+                t0 = time.perf_counter() - scoring_s
+                times, scoring_s = {"scoring_s": scoring_s}, 0.0
                 part = chunks[self.offline_cursor % len(chunks)]
                 sub = dataset.select(part)
                 table = None if ep_table is None else ep_table[ep_table["episode_id"].isin(set(part))]
-                credit = self._credit(runner, sub, rewards_by_ep, objects) if runner is not None else None
-                rows.append(self._iteration(sub, rewards_by_ep, table, phase="offline", credit=credit))
+                chunk = Scored(sub, table, rewards_by_ep)
+                train, extra, groups = chunk, None, None
+                if self.cfg.dynamic_sampling:  # the chunk's all-equal groups stay out (groups of one are kept)
+                    sample = DynamicSample(None, drop_single=False)
+                    sample.add(chunk)
+                    train, extra, groups = sample.kept(), {"dynamic_sampling": sample.report()}, sample.groups
+                    if not len(train.dataset):
+                        raise TrainingDataError(self._nothing_informative(sample, "offline"))
+                credit = (self._credit(runner, train.dataset, train.action_rewards, objects)
+                          if runner is not None else None)
+                rows.append(self._iteration(train.dataset, train.action_rewards, train.table, phase="offline",
+                                            credit=credit, extra=extra, report=chunk, groups=groups, started=t0,
+                                            times=times))
                 self.offline_cursor += 1
                 self._maybe_checkpoint()
                 advance()
@@ -252,17 +271,27 @@ class MARFTTrainer:
                 if deadline is not None and rows and time.perf_counter() + last_s > deadline:
                     break
                 t0 = time.perf_counter()
-                dataset = collector.collect(self._online_batch(items, it, scenarios_per_iteration), self.cfg.group_size,
-                                            self.iteration, self.cfg.seed)
-                if reporting and collector.async_ and it + 1 < iterations:  # the next rollouts overlap the update
-                    collector.prefetch(self._online_batch(items, it + 1, scenarios_per_iteration), self.cfg.group_size,
-                                       self.iteration + 1, self.cfg.seed)
-                rollout_s = time.perf_counter() - t0
-                table, action_rewards = self._scores(dataset, by_id)
-                extra = {"rollout_s": rollout_s, **(collector.last_stats if reporting else {})}  # e.g. per worker
-                credit = (self._credit(collector, dataset, action_rewards, objects)
+                sampling = self.cfg.dynamic_sampling
+                batch = self._online_batch(items, it, scenarios_per_iteration, self.extra_scenarios)
+                dataset = collector.collect(batch, self.cfg.group_size, self.iteration, self.cfg.seed)
+                prefetch = reporting and collector.async_ and it + 1 < iterations  # the next rollouts overlap the update
+                if prefetch and not sampling:
+                    self._prefetch(collector, items, it + 1, scenarios_per_iteration)
+                times = {"rollout_s": time.perf_counter() - t0, "scoring_s": 0.0}
+                collected = self._scored(dataset, by_id, times)
+                train, groups, extra = collected, None, {}
+                if sampling:
+                    sample = self._dynamic_sample(collector, collected, items, it, scenarios_per_iteration, by_id,
+                                                  times)
+                    if prefetch:  # after the draws: they move the next iteration's scenarios on
+                        self._prefetch(collector, items, it + 1, scenarios_per_iteration)
+                    collected, train, groups = sample.collected(), sample.kept(), sample.groups
+                    extra["dynamic_sampling"] = sample.report()
+                extra.update(collector.last_stats if reporting else {})  # e.g. episodes per rollout worker
+                credit = (self._credit(collector, train.dataset, train.action_rewards, objects)
                           if self.cfg.credit == "counterfactual" else None)
-                row = self._iteration(dataset, action_rewards, table, phase="online", extra=extra, credit=credit)
+                row = self._iteration(train.dataset, train.action_rewards, train.table, phase="online", extra=extra,
+                                      credit=credit, report=collected, groups=groups, started=t0, times=times)
                 self._publish(row)
                 self.online_done += 1
                 rows.append(row)
@@ -273,15 +302,72 @@ class MARFTTrainer:
         return rows
 
     @staticmethod
-    def _online_batch(items: list[Any], it: int, per_iteration: int | None) -> list[Any]:
-        """Iteration `it`'s scenarios: all of them, or the next `per_iteration` (cycling through the list)."""
+    def _online_batch(items: list[Any], it: int, per_iteration: int | None, offset: int = 0) -> list[Any]:
+        """Iteration `it`'s scenarios: all of them, or the next `per_iteration` (cycling through the list; `offset`:
+        the scenarios dynamic sampling's extra draws took before it, `extra_scenarios`)."""
         if per_iteration is None:
             return items
-        return [items[(it * per_iteration + j) % len(items)] for j in range(per_iteration)]
+        return [items[(it * per_iteration + offset + j) % len(items)] for j in range(per_iteration)]
+
+    def _prefetch(self, collector: Any, items: list[Any], it: int, per_iteration: int | None) -> None:
+        collector.prefetch(self._online_batch(items, it, per_iteration, self.extra_scenarios), self.cfg.group_size,
+                           self.iteration + 1, self.cfg.seed)
+
+    def _scored(self, dataset: TrajectoryDataset, scenarios: dict[str, Any], times: dict[str, float]) -> Scored:
+        """`dataset` scored, its scoring time added to `times["scoring_s"]`."""
+        t0 = time.perf_counter()
+        table, action_rewards = self._scores(dataset, scenarios)
+        times["scoring_s"] += time.perf_counter() - t0
+        return Scored(dataset, table, action_rewards)
+
+    def _dynamic_sample(self, collector: Any, first: Scored, items: list[Any], it: int, per_iteration: int | None,
+                        scenarios: dict[str, Any], times: dict[str, float]) -> DynamicSample:
+        """``dynamic_sampling``: the iteration's first draw less its uninformative groups, refilled from the next
+        scenarios of the cycling list (one scenario per missing group, `dynamic_sampling_max_draws` extra rounds at
+        most, each with episode ids and seeds of its own: `draw_iteration`). Short of informative groups it warns;
+        with none it stops (`TrainingDataError`)."""
+        size = per_iteration or len(items)
+        sample = DynamicSample(size, drop_single=True)
+        sample.add(first)
+        extra = 0
+        while sample.missing and extra < self.cfg.dynamic_sampling_max_draws:
+            extra += 1
+            start = it * size + self.extra_scenarios + size  # right after this iteration's earlier draws
+            more = [items[(start + j) % len(items)] for j in range(sample.missing)]
+            self.extra_scenarios += len(more)
+            t0 = time.perf_counter()
+            dataset = collector.collect(more, self.cfg.group_size, draw_iteration(self.iteration, extra), self.cfg.seed)
+            times["rollout_s"] += time.perf_counter() - t0
+            sample.add(self._scored(dataset, scenarios, times))
+        if not sample.informative:
+            raise TrainingDataError(self._nothing_informative(sample, "online"))
+        if sample.missing:
+            report = sample.report()
+            log.warning("iteration %d (online): dynamic sampling found %d of %d informative scenario groups in %d "
+                        "draw(s) (dynamic_sampling_max_draws: %d); training on those, %d episode(s) of %d group(s) "
+                        "whose returns were all equal or unscored left out", self.iteration, sample.informative,
+                        size, report["draws"], self.cfg.dynamic_sampling_max_draws, report["dropped_episodes"],
+                        report["dropped_groups"])
+        return sample
+
+    def _nothing_informative(self, sample: DynamicSample, phase: str) -> str:
+        report = sample.report()
+        drawn = (f"in {report['draws']} draw(s) (dynamic_sampling_max_draws: {self.cfg.dynamic_sampling_max_draws})"
+                 if phase == "online" else "in this iteration's chunk of the dataset")
+        return (f"iteration {self.iteration} ({phase}): nothing to train: dynamic sampling dropped every scenario "
+                f"group {drawn}: {report['dropped_equal']} group(s) whose episodes all got the same return, "
+                f"{report['dropped_single']} with fewer than 2 scored episodes ({report['dropped_episodes']} "
+                "episode(s) dropped). Check that the reward tells episodes apart, raise dynamic_sampling_max_draws, "
+                "or turn dynamic_sampling off")
 
     # ---- one iteration ---------------------------------------------------------------------------
     def _iteration(self, dataset: TrajectoryDataset, action_rewards: dict, table: pd.DataFrame | None, *,
-                   phase: str, extra: dict[str, Any] | None = None, credit: Replayed | None = None) -> dict[str, Any]:
+                   phase: str, extra: dict[str, Any] | None = None, credit: Replayed | None = None,
+                   report: Scored | None = None, groups: ReturnGroups | None = None, started: float | None = None,
+                   times: dict[str, float] | None = None) -> dict[str, Any]:
+        """Update on `dataset` (the episodes trained on) and log the row. `report`: the episodes the row's rewards and
+        waste describe, when more were collected than trained on (dynamic sampling); `groups` their return groups;
+        `started`: when the iteration began (its rollouts and scoring, `times`, come before this call)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         several = len(self.bases) > 1
@@ -331,11 +417,17 @@ class MARFTTrainer:
                     restored.append(reason)
                     log.warning("iteration %d: restored the last good adapter: %s", self.iteration, reason)
         self.update_count += 1
-        elapsed = time.perf_counter() - t0
-        row = metrics_row(iteration=self.iteration, phase=phase, dataset=dataset, action_rewards=action_rewards,
-                          table=table, buffer=buffer, stats=stats, agents=agents, restored=restored, elapsed=elapsed,
-                          frozen_roles=self.frozen_roles, agent_bases=self.base_of,
-                          problems=list(batch.problems.values()))
+        now = time.perf_counter()
+        elapsed = now - t0
+        shown = report or Scored(dataset, table, action_rewards)
+        replay_s = float(credit.stats.get("replay_s", 0.0)) if credit is not None else 0.0
+        row = metrics_row(iteration=self.iteration, phase=phase, dataset=shown.dataset,
+                          action_rewards=shown.action_rewards, table=shown.table, buffer=buffer, stats=stats,
+                          agents=agents, restored=restored, elapsed=elapsed, frozen_roles=self.frozen_roles,
+                          agent_bases=self.base_of, problems=list(batch.problems.values()), groups=groups,
+                          trained=len(batch.trained), zero_advantage=len(batch.zero_advantage),
+                          times={**(times or {}), "replay_s": replay_s, "update_s": elapsed},
+                          wall_s=now - (started if started is not None else t0))
         row["post_update"] = post
         row["updated_agents"] = updated
         row.update(extra or {})

@@ -31,6 +31,22 @@ def _outcome(value: Any) -> dict[str, Any] | None:
     return None
 
 
+_ANSWER_ROLES = frozenset({"ai", "assistant", "tool", "function"})
+
+
+def _opening(messages: Any) -> Any:
+    """A chat state's messages as the run was given them: those before the first answer (AI or tool message)."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for m in messages:
+        role = (m.get("type") or m.get("role")) if isinstance(m, dict) else None
+        if role in _ANSWER_ROLES:
+            break
+        out.append(m)
+    return out or messages
+
+
 def scenarios_from_dataset(
     dataset: TrajectoryDataset,
     input_keys: Sequence[str],
@@ -40,13 +56,19 @@ def scenarios_from_dataset(
     n: int | None = None,
     seed: int = 0,
     split: str = "eval",
+    heldout: float | None = None,
 ) -> ScenarioSet:
     """Distinct inputs of successful episodes as scenarios (a seeded sample of `n` when given).
 
-    `input_keys` pick the graph inputs out of each episode's final state; `reference_key` copies
-    a state key as the reference answer; `require_feedback` keeps only episodes whose feedback of
-    that name is positive. Episodes without a recorded outcome are skipped (and counted in the log).
+    `input_keys` pick the graph inputs out of each episode's final state (a chat state's `messages`: the user's
+    opening turn, up to the first answer); `reference_key` copies a state key as the reference answer;
+    `require_feedback` keeps only episodes whose feedback of that name is positive. Episodes without a recorded
+    outcome are skipped (and counted in the log). `heldout` (a share in (0, 1)): each input goes to split
+    ``eval`` or ``train`` by a hash of the input itself, so the split is stable as traffic grows and an input is
+    never on both sides; without it every scenario gets `split`.
     """
+    if heldout is not None and not 0.0 < float(heldout) < 1.0:
+        raise ValueError(f"heldout must be a share in (0, 1), got {heldout!r}")
     if not input_keys:
         raise ValueError("input_keys must name at least one key of the graph's input, e.g. ['question']")
     seen: dict[str, Scenario] = {}
@@ -67,12 +89,14 @@ def scenarios_from_dataset(
         if any(k not in state for k in input_keys):
             skipped["missing_keys"] += 1
             continue
-        inputs = {k: state[k] for k in input_keys}
+        inputs = {k: _opening(state[k]) if k == "messages" else state[k] for k in input_keys}
         key = json.dumps(inputs, sort_keys=True, ensure_ascii=False, default=str)
         if key in seen:
             continue
-        sid = "trace-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-        seen[key] = Scenario(sid, inputs, reference=state.get(reference_key) if reference_key else None, split=split,
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        sid = "trace-" + digest[:12]
+        side = split if heldout is None else ("eval" if int(digest[12:20], 16) / 2**32 < float(heldout) else "train")
+        seen[key] = Scenario(sid, inputs, reference=state.get(reference_key) if reference_key else None, split=side,
                              meta={"source_episode": row["episode_id"]})
     if any(skipped.values()):
         logger.info("scenarios from traces: skipped episodes %s", skipped)

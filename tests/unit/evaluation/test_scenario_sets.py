@@ -35,3 +35,28 @@ def test_feedback_filter_sampling_and_errors():
     assert len(scenarios_from_dataset(_ds(), ["nope"])) == 0
     with pytest.raises(ValueError, match="input_keys"):
         scenarios_from_dataset(_ds(), [])
+
+
+def test_a_hash_split_is_stable_as_traffic_grows_and_chat_inputs_are_the_opening_turn():
+    def ds_of(questions):
+        eps = [{"episode_id": f"e{i}", "status": "ok", "actions": [{"agent": "w", "completion": "x"}]}
+               for i in range(len(questions))]
+        ds = make_dataset(eps)
+        ds.episodes["outcome"] = [json.dumps({"question": q}) for q in questions]
+        return ds
+
+    small = scenarios_from_dataset(ds_of([f"q{i}" for i in range(40)]), ["question"], heldout=0.25)
+    big = scenarios_from_dataset(ds_of([f"q{i}" for i in range(200)]), ["question"], heldout=0.25)
+    side = {s.scenario_id: s.split for s in big}
+    assert all(side[s.scenario_id] == s.split for s in small)  # an input keeps its side as traffic grows
+    share = sum(s.split == "eval" for s in big) / len(big)
+    assert 0.15 < share < 0.35 and {s.split for s in big} == {"train", "eval"}
+    with pytest.raises(ValueError, match="heldout"):
+        scenarios_from_dataset(ds_of(["a"]), ["question"], heldout=1.0)
+
+    chat = make_dataset([{"episode_id": f"c{i}", "status": "ok", "actions": [{"agent": "w", "completion": "x"}]}
+                         for i in range(2)])
+    opening = [{"type": "system", "content": "be brief"}, {"type": "human", "content": "hi?"}]
+    chat.episodes["outcome"] = [json.dumps({"messages": [*opening, {"type": "ai", "content": a}]}) for a in "AB"]
+    [one] = scenarios_from_dataset(chat, ["messages"])  # two answers to one question: one scenario
+    assert one.inputs == {"messages": opening}

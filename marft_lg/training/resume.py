@@ -57,7 +57,7 @@ def load_trainer_state(tr: MARFTTrainer, state: dict[str, Any]) -> None:
     """Put `trainer_state`'s dict back (older checkpoints: one value head, no `unpublished` or `update_steps`)."""
     tr.iteration, tr.update_count = state["iteration"], state["update_count"]
     tr.offline_cursor, tr.online_done = state["offline_cursor"], state["online_done"]
-    tr.extra_scenarios = 0  # older checkpoints: no dynamic sampling
+    tr.extra_scenarios = int(state.get("extra_scenarios", 0))  # older checkpoints: no dynamic sampling
     tr.unpublished = set(state.get("unpublished", tr.roles))  # older checkpoints: assume every role changed
     tr.update_steps = {r: 0 for r in tr.roles} | dict(state.get("update_steps", {}))
     tr.run_id = state.get("run_id", tr.run_id)

@@ -181,6 +181,8 @@ class MARFTTrainer:
         episodes together) for `offline_passes` passes (or `iterations` iterations). Returns the metrics rows.
         With ``credit: counterfactual``, `replay_app` (the wrapped app, or a collector with `run(jobs)`) replays the
         recorded episodes' steps from their scenarios' inputs; without it the offline phase uses the group baseline.
+        With ``dynamic_sampling: true`` each chunk's scenario groups whose returns are all equal stay out of the update
+        (counted in the row's `dynamic_sampling`; groups of one are kept).
         """
         if resume:
             self.resume()
@@ -244,6 +246,8 @@ class MARFTTrainer:
         scenario, or with `scenarios_per_iteration=n` the next `n` of them (cycling through the list, so a long list
         is a stream of fresh problems). With `time_budget_s` no iteration starts that would, at the pace of the
         previous one, end past the budget. One progress bar shows the iterations, the live team reward and an ETA.
+        With ``dynamic_sampling: true`` the scenario groups whose returns are all equal stay out of the update and the
+        iteration draws the next scenarios to refill them (`_dynamic_sample`, docs/training.md "Dynamic sampling").
         """
         if resume:
             self.resume()

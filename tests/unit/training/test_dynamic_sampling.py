@@ -237,3 +237,17 @@ def test_resume_is_exact_with_dynamic_sampling(tiny_model_dir, tmp_path):
         assert _same(_weights(straight, role), _weights(resumed, role))
     strip = [{k: v for k, v in r.items() if k not in TIMES} for r in rows_a]
     assert strip == [{k: v for k, v in r.items() if k not in TIMES} for r in rows_b]
+
+
+def test_with_every_scenario_per_iteration_the_refill_starts_the_list_again(two_agent_policy, tmp_path, caplog):
+    """No `scenarios_per_iteration`: each iteration runs the whole list; a refill draws from its start, as new
+    episodes (another iteration number), and what it finds is what the iteration trains on."""
+    collector = Recording(two_agent_policy)
+    reward = by_plan({"s0": [1.0], "s1": [0.0, 1.0]})
+    trainer = MARFTTrainer(two_agent_policy, reward, _cfg(dynamic_sampling=True, dynamic_sampling_max_draws=1),
+                           tmp_path / "run", progress=False)
+    with caplog.at_level(logging.WARNING, logger="marft_lg.training"):
+        row = trainer.fit_online(collector, SCENARIOS[:2], iterations=1)[0]
+    assert collector.calls == [(["s0", "s1"], 0), (["s0"], DRAW_STRIDE)]
+    assert row["dynamic_sampling"]["draws"] == 2 and row["dynamic_sampling"]["short"] == 1
+    assert row["dynamic_sampling"]["dropped_episodes"] == 4 and row["episodes"] == 6

@@ -2,7 +2,8 @@
 
 Modules: `shadow` (replay / mirrored pairs), `comparison` (paired per-unit comparison),
 `agent_metrics`, `drift` (per-agent KL), `stats` (paired bootstrap), `gate` (YAML promotion gate),
-`promotion` (promote/rollback + server hot swap), `report` (Markdown/HTML/PNG), `scenario_sets`.
+`promotion` (promote/rollback + server hot swap), `report` (Markdown/HTML/PNG); `scenarios_from_dataset` lives in
+`trajectories.scenario_sets` (training takes scenarios from traces too).
 Names below are imported on first use so `import marft_lg.evaluation` stays cheap.
 """
 
@@ -17,7 +18,7 @@ _EXPORTS = {
     "promote": ".promotion", "rollback": ".promotion", "PromotionError": ".promotion",
     "write_report": ".report", "print_summary": ".report",
     "paired_bootstrap": ".stats", "bootstrap_ci": ".stats", "PairedCI": ".stats",
-    "policy_drift": ".drift", "scenarios_from_dataset": ".scenario_sets",
+    "policy_drift": ".drift", "scenarios_from_dataset": "marft_lg.trajectories.scenario_sets",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

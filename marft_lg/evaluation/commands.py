@@ -249,8 +249,8 @@ def _scenario_set(scenarios: Path | None, input_keys: str, n: int | None, seed: 
             return ScenarioSet.load(scenarios)
         except (ValueError, OSError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--scenarios") from None
-    from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
     from marft_lg.trajectories.mining import mine
+    from marft_lg.trajectories.scenario_sets import scenarios_from_dataset
 
     keys = [k.strip() for k in input_keys.split(",") if k.strip()]
     scenario_set = scenarios_from_dataset(mine(scenarios), keys, n=n, seed=seed)

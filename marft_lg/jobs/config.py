@@ -57,8 +57,10 @@ class RetrainJob:
     """MARFTConfig (path or inline mapping)."""
     online_iterations: int = 0
     """On-policy MARFT iterations after the offline phase (0 = offline only)."""
-    scenarios: str = "scenarios.jsonl"
-    """Frozen scenario set for the shadow comparison (and online training, split `train`)."""
+    scenarios: str | dict[str, Any] = "scenarios.jsonl"
+    """Frozen scenario set for the shadow comparison (and online training, split `train`), or the users' own inputs:
+    ``{from_traces: DIR, input_keys: [...], heldout: 0.2}`` (split by hash into `train` and `heldout`; no
+    references: score with a judge or the users' feedback)."""
     compare_split: str | None = "heldout"
     """Scenario split the shadow comparison uses (None = all scenarios)."""
     samples_per_scenario: int = 1
@@ -156,6 +158,12 @@ class RetrainJob:
         check_int("misfire_grace_s", self.misfire_grace_s, low=0)
         check_int("seed", self.seed, low=0)
         check_int("recursion_limit", self.recursion_limit, low=1, allow_none=True)
+        from marft_lg.trajectories.scenario_sets import check_scenario_source
+
+        try:
+            check_scenario_source(self.scenarios)
+        except ValueError as exc:
+            raise ConfigError(str(exc).partition(": ")[2], key="scenarios") from None
         if self.resume is not None:
             from marft_lg.graph.interrupts import ResumePolicy
 
@@ -232,6 +240,9 @@ class RetrainJob:
                 value = values.get(key, _default(key))
                 if value is not None:
                     values[key] = _resolve(value, Path(base_dir))
+            if isinstance(values.get("scenarios"), dict) and isinstance(values["scenarios"].get("from_traces"), str):
+                values["scenarios"] = {**values["scenarios"],
+                                       "from_traces": _resolve(values["scenarios"]["from_traces"], Path(base_dir))}
         try:
             return cls(**values)
         except ConfigError as exc:

@@ -33,6 +33,7 @@ class LibraryStages:
         self.job = job
         self.registry = AdapterRegistry(job.registry)
         self._reward = None
+        self._scenarios = None
         self._decision = None
         self._app_factory: Any = None
         if job.app is not None:
@@ -132,10 +133,17 @@ class LibraryStages:
             yield collector
 
     def scenarios(self, split: str | None):
-        from marft_lg.trajectories.scenarios import ScenarioSet
+        """The job's scenarios (a file, or the users' inputs mined from `from_traces` once per stage object)."""
+        from marft_lg.trajectories.scenario_sets import load_scenarios
 
-        scenarios = ScenarioSet.load(self.job.scenarios)
-        return scenarios.split(split) if split else scenarios
+        if self._scenarios is None:
+            self._scenarios = load_scenarios(self.job.scenarios, max_line_bytes=int(self.job.max_line_mb * 2**20))
+        return self._scenarios.split(split) if split else self._scenarios
+
+    def has_scenarios(self) -> bool:
+        """Whether the job's scenario source exists (a missing file: offline training scores without scenarios)."""
+        spec = self.job.scenarios
+        return Path(spec["from_traces"] if isinstance(spec, dict) else spec).exists()
 
     # --- stages -------------------------------------------------------------------------------
     def live_versions(self, ctx: RunContext) -> dict[str, str]:
@@ -178,7 +186,7 @@ class LibraryStages:
         from marft_lg.training.trainer import MARFTTrainer
 
         cfg = self.trainer_config()
-        scenarios = self.scenarios(None) if Path(self.job.scenarios).exists() else None
+        scenarios = self.scenarios(None) if self.has_scenarios() else None
         team = self.new_team(baseline)
         tracker = ctx.tracker.child("train", ctx.run_dir / "train", cfg.to_dict())
         status = "FAILED"

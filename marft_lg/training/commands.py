@@ -8,7 +8,9 @@ train.yaml:
     versions: live                          # starting adapters: an alias, {role: ref}, or null (fresh)
     run_dir: runs/train                     # metrics.jsonl, plots, checkpoints
     reward: reward.yaml                     # CompositeReward YAML (or the mapping inline)
-    scenarios: scenarios.jsonl              # references for the reward; the online phase runs them
+    scenarios: scenarios.jsonl              # references for the reward; the online phase runs them (split train)
+                                            # or users' inputs: {from_traces: traces, input_keys: [question],
+                                            # heldout: 0.2} (no references: a judge or feedback scores them)
     data: traces                            # offline data: a traces directory/glob or a parquet dataset dir
     phases: [offline, online]
     online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
@@ -60,7 +62,9 @@ class TrainFile:
     versions: Any = "live"
     run_dir: str = "runs/train"
     reward: Any = None
-    scenarios: str | None = None
+    scenarios: Any = None
+    """A scenario file, or ``{from_traces: DIR, input_keys: [...], heldout: 0.2, ...}``
+    (`trajectories.scenario_sets.check_scenario_source`)."""
     data: str | None = None
     phases: list[str] = field(default_factory=lambda: ["offline"])
     online: dict[str, Any] = field(default_factory=dict)
@@ -142,8 +146,10 @@ class TrainFile:
             raise doc.error("phase online needs scenarios: <jsonl or parquet>", ("phases",))
         if isinstance(self.reward, str) and not Path(self.reward).is_file():
             raise doc.not_found(f"reward file {self.reward} does not exist", ("reward",))
-        if self.scenarios and not Path(self.scenarios).exists():
+        if isinstance(self.scenarios, str) and not Path(self.scenarios).exists():
             raise doc.not_found(f"scenario file {self.scenarios} does not exist", ("scenarios",))
+        if isinstance(self.scenarios, dict) and not Path(self.scenarios["from_traces"]).exists():
+            raise doc.not_found(f"{self.scenarios['from_traces']} does not exist", ("scenarios", "from_traces"))
         if self.data and "offline" in self.phases and not glob.has_magic(self.data) and not Path(self.data).exists():
             raise doc.not_found(f"{self.data} does not exist (a traces dir/glob or a `marft-lg mine --out` dir)",
                                 ("data",))
@@ -152,14 +158,15 @@ class TrainFile:
     def load(cls, path: Path) -> TrainFile:
         doc = load_yaml(path, what="train config")
         data = doc.data if doc.data is not None else {}
-        checked = check_fields(cls, data, doc, what="train.yaml", skip=("versions", "reward", "ray"))
+        checked = check_fields(cls, data, doc, what="train.yaml", skip=("versions", "reward", "ray", "scenarios"))
         out = cls(**checked)
         out.path, out.doc = Path(path).resolve(), doc
         base = Path(path).parent
         for name in ("registry", "run_dir", "scenarios", "data"):
             value = getattr(out, name)
-            if value is not None and not Path(value).is_absolute():
+            if isinstance(value, str) and not Path(value).is_absolute():
                 setattr(out, name, str(base / value))
+        out._check_scenarios(doc, base)
         out._check_agents(doc)
         out._check_versions(doc)
         out._check_reward(doc, base)
@@ -183,6 +190,24 @@ class TrainFile:
 
             out.ray = RayConfig.from_doc(doc.at("ray"))
         return out
+
+    def _check_scenarios(self, doc: YamlDoc, base: Path) -> None:
+        from marft_lg.trajectories.scenario_sets import check_scenario_source
+
+        try:
+            self.scenarios = check_scenario_source(self.scenarios)
+        except ValueError as exc:
+            key = str(exc).partition(":")[0].split(".")
+            raise doc.error(str(exc).partition(": ")[2], tuple(key)) from None
+        if isinstance(self.scenarios, dict):
+            self.scenarios = {**self.scenarios, "from_traces": str(base / self.scenarios["from_traces"])}
+
+    def load_scenarios(self) -> Any:
+        """The `ScenarioSet` of `scenarios` (a file, or users' inputs from traces), None without any."""
+        from marft_lg.trajectories.scenario_sets import load_scenarios
+
+        return None if self.scenarios is None else load_scenarios(
+            self.scenarios, max_line_bytes=int(self.max_line_mb * 2**20))
 
     def _check_agents(self, doc: YamlDoc) -> None:
         try:
@@ -325,7 +350,6 @@ def train(
 
     from marft_lg.serving.errors import ServingError
     from marft_lg.training.run_files import check_fresh_run_dir, clear_run_files
-    from marft_lg.trajectories.scenarios import ScenarioSet
 
     console = Console(soft_wrap=True)
     errors = _input_errors()
@@ -342,7 +366,11 @@ def train(
             app.check_app()  # a bad online.app fails before any work
         spec.check_inputs()
         reward = spec.load_reward()
-        scenarios = ScenarioSet.load(spec.scenarios) if spec.scenarios else None
+        scenarios = spec.load_scenarios()
+        if isinstance(spec.scenarios, dict):
+            sides = {s: len(scenarios.split(s)) for s in ("train", "heldout")}
+            console.print(f"scenarios: {len(scenarios)} users' inputs from {spec.scenarios['from_traces']} "
+                          f"({sides['train']} train, {sides['heldout']} held out), no references")
         if not resume and not overwrite:
             check_fresh_run_dir(spec.run_dir)
         dataset = (_load_dataset(spec.data, spec.max_line_mb, spec.server_records_only)

@@ -11,12 +11,13 @@ import json
 import logging
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
-logger = logging.getLogger("marft_lg.evaluation")
+logger = logging.getLogger("marft_lg.trajectories")
 
 
 def _outcome(value: Any) -> dict[str, Any] | None:
@@ -64,7 +65,7 @@ def scenarios_from_dataset(
     opening turn, up to the first answer); `reference_key` copies a state key as the reference answer;
     `require_feedback` keeps only episodes whose feedback of that name is positive. Episodes without a recorded
     outcome are skipped (and counted in the log). `heldout` (a share in (0, 1)): each input goes to split
-    ``eval`` or ``train`` by a hash of the input itself, so the split is stable as traffic grows and an input is
+    ``heldout`` or ``train`` by a hash of the input itself, so the split is stable as traffic grows and an input is
     never on both sides; without it every scenario gets `split`.
     """
     if heldout is not None and not 0.0 < float(heldout) < 1.0:
@@ -95,7 +96,7 @@ def scenarios_from_dataset(
             continue
         digest = hashlib.sha256(key.encode()).hexdigest()
         sid = "trace-" + digest[:12]
-        side = split if heldout is None else ("eval" if int(digest[12:20], 16) / 2**32 < float(heldout) else "train")
+        side = split if heldout is None else ("heldout" if int(digest[12:20], 16) / 2**32 < float(heldout) else "train")
         seen[key] = Scenario(sid, inputs, reference=state.get(reference_key) if reference_key else None, split=side,
                              meta={"source_episode": row["episode_id"]})
     if any(skipped.values()):
@@ -104,3 +105,62 @@ def scenarios_from_dataset(
     if n is not None and n < len(items):
         items = sorted(random.Random(seed).sample(items, n), key=lambda s: s.scenario_id)
     return ScenarioSet(items)
+
+
+FROM_TRACES_KEYS = ("from_traces", "input_keys", "heldout", "n", "seed", "reference_key", "require_feedback")
+
+
+def check_scenario_source(spec: Any, where: str = "scenarios") -> Any:
+    """A scenario source as a config gives it: a scenario file (str), or ``{from_traces: DIR, input_keys: [...],
+    heldout: 0.2, n: null, seed: 0, reference_key: null, require_feedback: null}`` (users' inputs from mined
+    traces). Returns it checked; errors are ValueErrors naming `where` and the key."""
+    if spec is None or isinstance(spec, str):
+        return spec
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: a scenario file, or {{from_traces: DIR, input_keys: [...]}}; got "
+                         f"{type(spec).__name__}")
+    unknown = sorted(set(spec) - set(FROM_TRACES_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; from_traces takes {list(FROM_TRACES_KEYS)}")
+    if not isinstance(spec.get("from_traces"), str) or not spec["from_traces"]:
+        raise ValueError(f"{where}.from_traces: the trace folder (or `marft-lg mine --out` folder) whose users' "
+                         "inputs become the scenarios")
+    keys = spec.get("input_keys")
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"{where}.input_keys: the graph's input keys, e.g. [question] or [messages]")
+    heldout = spec.get("heldout", 0.2)
+    if heldout is not None and (isinstance(heldout, bool) or not isinstance(heldout, int | float)
+                                or not 0 < heldout < 1):
+        raise ValueError(f"{where}.heldout: a share in (0, 1) held out as split heldout, got {heldout!r}")
+    for key in ("n", "seed"):
+        v = spec.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "n" else 0)):
+            raise ValueError(f"{where}.{key}: an int >= {1 if key == 'n' else 0}, got {v!r}")
+    return spec
+
+
+def load_scenarios(spec: Any, *, base_dir: str | Path | None = None, max_line_bytes: int | None = None) -> ScenarioSet:
+    """The scenarios a `check_scenario_source` spec names: the file read, or the users' inputs of the traces'
+    successful episodes (no references: rewards that need none, a judge or the users' feedback, score them)."""
+    spec = check_scenario_source(spec)
+    if spec is None:
+        raise ValueError("no scenarios given")
+    base = Path(base_dir) if base_dir is not None else Path(".")
+    if isinstance(spec, str):
+        return ScenarioSet.load(base / spec)
+    source = base / spec["from_traces"]
+    if not source.exists():
+        raise ValueError(f"scenarios.from_traces: {source} does not exist")
+    if source.is_dir() and (source / "episodes.parquet").exists():
+        dataset = TrajectoryDataset.from_parquet(source)
+    else:
+        from marft_lg.trajectories.mining import mine
+
+        dataset = mine([source], **({} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}))
+    out = scenarios_from_dataset(dataset, spec["input_keys"], reference_key=spec.get("reference_key"),
+                                 require_feedback=spec.get("require_feedback"), n=spec.get("n"),
+                                 seed=spec.get("seed") or 0, heldout=spec.get("heldout", 0.2))
+    if not len(out):
+        raise ValueError(f"scenarios.from_traces: no successful episode under {source} has the inputs "
+                         f"{spec['input_keys']} in its final state ({len(dataset)} episode(s) read)")
+    return out

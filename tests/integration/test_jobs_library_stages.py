@@ -201,3 +201,28 @@ def test_a_role_no_update_reached_keeps_its_live_version_in_the_candidate(world)
     updated = [r for r, v in cand.items() if v != base[r]]
     assert len(updated) == 1, (base, cand)
     assert world["reg"].manifest(updated[0], cand[updated[0]])["run_id"] == result.record.run_id
+
+
+def test_a_job_with_no_reference_anywhere_trains_and_compares_on_the_users_inputs(world):
+    """`scenarios: {from_traces: ...}`: the mined production inputs (no reference) are the online phase's `train`
+    split and the comparison's `heldout` split, split by a hash of the input."""
+    import shutil
+
+    from marft_lg.jobs import store as st
+    from marft_lg.jobs.pipeline import run_once
+    from marft_lg.trajectories.scenario_sets import load_scenarios
+
+    root = world["root"]
+    shutil.copytree(root / "adapters", root / "adapters-noref")
+    source = {"from_traces": "traces", "input_keys": ["question"], "heldout": 0.5}
+    users = load_scenarios(source, base_dir=root)
+    assert all(s.reference is None for s in users) and len(users) == 6
+    heldout = len(users.split("heldout"))
+    assert 0 < heldout < 6
+    result = run_once(job_for(world, LENIENT, registry="adapters-noref", output_dir="runs-noref", name="noref",
+                              scenarios=source, online_iterations=1),
+                      now=world["first_batch_done"] + timedelta(seconds=1), log=lambda m: None)
+    assert result.status == st.PROMOTED, result.message
+    assert result.record.metrics["n_pairs"] == heldout
+    rows = [json.loads(x) for x in Path(result.record.run_dir, "train", "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["phase"] == "online" and rows[-1]["episodes"] > 0

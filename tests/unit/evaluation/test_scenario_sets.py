@@ -3,7 +3,7 @@ import json
 import pytest
 from eval_factory import make_dataset
 
-from marft_lg.evaluation.scenario_sets import scenarios_from_dataset
+from marft_lg.trajectories.scenario_sets import scenarios_from_dataset
 
 
 def _ds():
@@ -49,8 +49,8 @@ def test_a_hash_split_is_stable_as_traffic_grows_and_chat_inputs_are_the_opening
     big = scenarios_from_dataset(ds_of([f"q{i}" for i in range(200)]), ["question"], heldout=0.25)
     side = {s.scenario_id: s.split for s in big}
     assert all(side[s.scenario_id] == s.split for s in small)  # an input keeps its side as traffic grows
-    share = sum(s.split == "eval" for s in big) / len(big)
-    assert 0.15 < share < 0.35 and {s.split for s in big} == {"train", "eval"}
+    share = sum(s.split == "heldout" for s in big) / len(big)
+    assert 0.15 < share < 0.35 and {s.split for s in big} == {"train", "heldout"}
     with pytest.raises(ValueError, match="heldout"):
         scenarios_from_dataset(ds_of(["a"]), ["question"], heldout=1.0)
 

@@ -122,3 +122,49 @@ def test_the_offline_phase_replays_the_recorded_episodes_under_counterfactual_cr
     from marft_lg import mine
 
     assert len(mine(tmp_path / "runs" / "offline" / "traces")) == 0  # traced, never mined as production data
+
+
+def test_scenarios_from_traces_train_on_the_users_inputs_with_no_reference(tmp_path, tiny_model_dir):
+    """`scenarios: {from_traces: ...}`: the mined episodes' inputs, deduplicated and split by hash, are what the
+    online phase runs; a bad source is named with its train.yaml line before any work."""
+    from langgraph.graph import END, START, StateGraph
+
+    from marft_lg import TeamChatModel, wrap
+    from tests.unit.graph.graph_fakes import FakeEngine
+
+    from typing import TypedDict
+
+    class S(TypedDict, total=False):
+        question: str
+        answer: str
+
+    engine = FakeEngine(agents=("planner", "writer"))
+    llm = TeamChatModel(team=engine)
+    g = StateGraph(S)
+    g.add_node("write", lambda s: {"answer": llm.invoke(s["question"]).content})
+    g.add_edge(START, "write")
+    g.add_edge("write", END)
+    prod = wrap(g.compile(), team=engine, trace_dir=tmp_path / "prod", node_roles={"write": "writer"})
+    questions = [f"Question {i}?" for i in range(12)]
+    for q in [*questions, *questions[:4]]:  # users ask some things twice
+        prod.invoke({"question": q})
+    prod.close()
+
+    config = _project(tmp_path, tiny_model_dir, ["unused"])
+    spec = yaml.safe_load(config.read_text())
+    spec["scenarios"] = {"from_traces": "prod", "input_keys": ["question"], "heldout": 0.25}
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = flat(result.output)
+    assert result.exit_code == 0, result.output
+    saved = [ln for ln in text.splitlines() if "users' inputs from" in ln]
+    assert saved and "12 users' inputs" in saved[0] and "no references" in saved[0]
+    n_train = int(saved[0].split("(")[1].split(" train")[0])
+    assert 0 < n_train < 12
+    row = json.loads((tmp_path / "runs" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["episodes"] == 2 * n_train  # the train split only, group_size 2
+
+    spec["scenarios"] = {"from_traces": "prod", "input_keys": "question"}
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--overwrite"])
+    assert result.exit_code == 2 and "input_keys" in flat(result.output) and "train.yaml:" in flat(result.output)

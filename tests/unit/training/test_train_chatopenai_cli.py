@@ -127,12 +127,12 @@ def test_the_offline_phase_replays_the_recorded_episodes_under_counterfactual_cr
 def test_scenarios_from_traces_train_on_the_users_inputs_with_no_reference(tmp_path, tiny_model_dir):
     """`scenarios: {from_traces: ...}`: the mined episodes' inputs, deduplicated and split by hash, are what the
     online phase runs; a bad source is named with its train.yaml line before any work."""
+    from typing import TypedDict
+
     from langgraph.graph import END, START, StateGraph
 
     from marft_lg import TeamChatModel, wrap
     from tests.unit.graph.graph_fakes import FakeEngine
-
-    from typing import TypedDict
 
     class S(TypedDict, total=False):
         question: str

@@ -12,7 +12,8 @@ train.yaml:
                                             # or users' inputs: {from_traces: traces, input_keys: [question],
                                             # heldout: 0.2} (no references: a judge or feedback scores them)
     data: traces                            # offline data: a traces directory/glob or a parquet dataset dir
-    phases: [offline, online]
+    phases: [offline, online]               # [warm_start, offline, online]: first teach each agent its team's best
+    warm_start: {keep: best_of_group, epochs: 2}   # episodes (`data`, else K fresh rollouts per train scenario)
     online: {app: "marft_lg.examples.math_team.graph:build_graph", iterations: 10, max_tokens: 64, split: train}
     marft: {learning_rate: 5.0e-5, ...}     # MARFTConfig keys
     report_to: [mlflow]                     # trackers (tensorboard, mlflow, wandb, none); overrides marft.report_to
@@ -45,7 +46,7 @@ from marft_lg.tracking.settings import TrackingUnavailable, check_report_to, par
 DEFAULT_APP = "marft_lg.examples.math_team.graph:build_graph"
 ONLINE_KEYS = ("app", "node_roles", "split", "iterations", "max_tokens", "temperature", "recursion_limit",
                "resume")
-PHASES = ("offline", "online")
+PHASES = ("warm_start", "offline", "online")
 EXIT_BAD_INPUT = 2
 EXIT_ROLLOUTS = 1  # the online phase's episodes failed (or missed the versions under test): nothing published
 EXIT_NO_DATA = 1  # the data held no usable episode, or an iteration had no action to train: nothing published
@@ -68,6 +69,8 @@ class TrainFile:
     data: str | None = None
     phases: list[str] = field(default_factory=lambda: ["offline"])
     online: dict[str, Any] = field(default_factory=dict)
+    warm_start: dict[str, Any] = field(default_factory=dict)
+    """`training.warm_start.WarmStartConfig` keys, for the phase ``warm_start``."""
     marft: dict[str, Any] = field(default_factory=dict)
     ray: Any = None
     report_to: list[str] | None = None
@@ -142,6 +145,9 @@ class TrainFile:
         doc = self._doc()
         if "offline" in self.phases and not self.data:
             raise doc.error("phase offline needs data: <traces dir or parquet dataset dir>", ("phases",))
+        if "warm_start" in self.phases and not self.data and not self.scenarios:
+            raise doc.error("phase warm_start needs data (mined episodes) or scenarios (K fresh rollouts each)",
+                            ("phases",))
         if "online" in self.phases and not self.scenarios:
             raise doc.error("phase online needs scenarios: <jsonl or parquet>", ("phases",))
         if isinstance(self.reward, str) and not Path(self.reward).is_file():
@@ -150,7 +156,7 @@ class TrainFile:
             raise doc.not_found(f"scenario file {self.scenarios} does not exist", ("scenarios",))
         if isinstance(self.scenarios, dict) and not Path(self.scenarios["from_traces"]).exists():
             raise doc.not_found(f"{self.scenarios['from_traces']} does not exist", ("scenarios", "from_traces"))
-        if self.data and "offline" in self.phases and not glob.has_magic(self.data) and not Path(self.data).exists():
+        if self.data and self.reads_data and not glob.has_magic(self.data) and not Path(self.data).exists():
             raise doc.not_found(f"{self.data} does not exist (a traces dir/glob or a `marft-lg mine --out` dir)",
                                 ("data",))
 
@@ -178,8 +184,13 @@ class TrainFile:
             raise doc.error("phases is empty; use offline and/or online", ("phases",))
         if not out.max_line_mb > 0:
             raise doc.error(f"must be > 0, got {out.max_line_mb}", ("max_line_mb",))
-        out.phases = list(dict.fromkeys(out.phases))
+        out.phases = [p for p in PHASES if p in out.phases]  # always warm start, then offline, then online
         out._check_online(doc)
+        try:
+            out.warm_start_config()
+        except ValueError as exc:
+            key = str(exc).partition(":")[0].split(".")[-1].split(" ")[0]
+            raise doc.error(str(exc), ("warm_start", key) if key in (out.warm_start or {}) else ("warm_start",)) from None
         cfg = out.config()  # the marft section, checked now (line numbers) rather than when training starts
         unknown = [r for r in cfg.train_agents or [] if r not in out.agents]
         if unknown:
@@ -201,6 +212,17 @@ class TrainFile:
             raise doc.error(str(exc).partition(": ")[2], tuple(key)) from None
         if isinstance(self.scenarios, dict):
             self.scenarios = {**self.scenarios, "from_traces": str(base / self.scenarios["from_traces"])}
+
+    @property
+    def reads_data(self) -> bool:
+        """Whether a phase reads `data`: offline, or a warm start given data."""
+        return bool(self.data) and ("offline" in self.phases or "warm_start" in self.phases)
+
+    def warm_start_config(self) -> Any:
+        """The `warm_start` section as a `WarmStartConfig` (a ValueError names a bad key)."""
+        from marft_lg.training.warm_start import WarmStartConfig
+
+        return WarmStartConfig.from_dict(self.warm_start)
 
     def load_scenarios(self) -> Any:
         """The `ScenarioSet` of `scenarios` (a file, or users' inputs from traces), None without any."""
@@ -362,7 +384,7 @@ def train(
             cfg.report_to = parse_report_to(report_to)
         require_all(cfg.trackers())  # a missing tracker package stops here, one line naming its extra
         app = spec.app_spec(cfg)
-        if "online" in spec.phases:
+        if "online" in spec.phases or ("warm_start" in spec.phases and not spec.data):
             app.check_app()  # a bad online.app fails before any work
         spec.check_inputs()
         reward = spec.load_reward()
@@ -374,7 +396,7 @@ def train(
         if not resume and not overwrite:
             check_fresh_run_dir(spec.run_dir)
         dataset = (_load_dataset(spec.data, spec.max_line_mb, spec.server_records_only)
-                   if "offline" in spec.phases else None)
+                   if spec.reads_data else None)
     except errors as exc:
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read
@@ -433,8 +455,11 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
     try:
         try:
             if dataset is not None:
-                console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
                 trainer.tracker.context["data_window"] = data_window(dataset, spec.data)
+            if "warm_start" in spec.phases:
+                _warm_start(spec, cfg, app, team, trainer, dataset, scenarios, console)
+            if dataset is not None and "offline" in spec.phases:
+                console.print(f"offline: {len(dataset)} episodes, {len(dataset.actions)} actions from {spec.data}")
                 _offline(spec, cfg, app, team, trainer, dataset, scenarios)
             if "online" in spec.phases:
                 try:
@@ -448,6 +473,31 @@ def _train(spec: TrainFile, cfg: Any, app: Any, team: Any, reward: Any, scenario
         status = "FINISHED"
     finally:
         trainer.close(status)
+
+
+def _warm_start(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, dataset: Any, scenarios: Any,
+                console: Any) -> None:
+    """The warm start on `data`, else on `group_size` fresh rollouts of each train scenario through `online.app`
+    (skipped when a resumed run already did it)."""
+    if trainer.warm_started:
+        console.print("warm start: done before this resume")
+        return
+    if dataset is None:
+        from marft_lg.graph.collect import GraphCollector
+
+        chosen = list(scenarios.split(spec.online.get("split", "train")) or scenarios)
+        with _traced_app(spec, app, team) as wrapped:
+            collector = GraphCollector(wrapped, concurrency=cfg.rollout_concurrency, run_id=trainer.run_id)
+            dataset = collector.collect(chosen, cfg.group_size, trainer.iteration, cfg.seed)
+        where = f"{cfg.group_size} fresh rollouts of each of {len(chosen)} scenarios"
+    else:
+        where = str(spec.data)
+    row = trainer.fit_warm_start(dataset, scenarios, spec.warm_start_config())
+    if row is not None:
+        trained = ", ".join(f"{a} ({v['actions']} actions, NLL {v['nll_first']:.3f} -> {v['nll_last']:.3f})"
+                            for a, v in row["agents"].items() if v["steps"])
+        console.print(f"warm start: kept {row['kept_episodes']} of {row['episodes']} episodes from {where} "
+                      f"(keep: {row['keep']}); trained {trained}", markup=False, highlight=False)
 
 
 def _offline(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, dataset: Any, scenarios: Any) -> None:

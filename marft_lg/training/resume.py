@@ -44,7 +44,7 @@ class ResumeReport:
 def trainer_state(tr: MARFTTrainer) -> dict[str, Any]:
     """The trainer's state beside its adapters, as a checkpoint stores it."""
     return {"iteration": tr.iteration, "update_count": tr.update_count, "offline_cursor": tr.offline_cursor,
-            "online_done": tr.online_done, "extra_scenarios": tr.extra_scenarios, "config": tr.cfg.to_dict(), "run_id": tr.run_id,
+            "online_done": tr.online_done, "extra_scenarios": tr.extra_scenarios, "warm_started": tr.warm_started, "config": tr.cfg.to_dict(), "run_id": tr.run_id,
             "unpublished": sorted(tr.unpublished),
             "update_steps": dict(tr.update_steps),
             "value_heads": {b: h.state_dict() for b, h in (tr.critic.heads.items() if tr.critic else ())},
@@ -58,6 +58,7 @@ def load_trainer_state(tr: MARFTTrainer, state: dict[str, Any]) -> None:
     tr.iteration, tr.update_count = state["iteration"], state["update_count"]
     tr.offline_cursor, tr.online_done = state["offline_cursor"], state["online_done"]
     tr.extra_scenarios = int(state.get("extra_scenarios", 0))  # older checkpoints: no dynamic sampling
+    tr.warm_started = bool(state.get("warm_started", False))  # older checkpoints: no warm start
     tr.unpublished = set(state.get("unpublished", tr.roles))  # older checkpoints: assume every role changed
     tr.update_steps = {r: 0 for r in tr.roles} | dict(state.get("update_steps", {}))
     tr.run_id = state.get("run_id", tr.run_id)

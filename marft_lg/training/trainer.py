@@ -134,6 +134,8 @@ class MARFTTrainer:
         self.extra_scenarios = 0
         """Scenarios of the cycling list that dynamic sampling's extra draws took, over the run: the next iteration's
         scenarios start after them (0 without dynamic sampling)."""
+        self.warm_started = False
+        """Whether this run's warm start (`fit_warm_start`) is done: a resumed run does not repeat it."""
         self.unpublished: set[str] = set()
         """Roles whose adapter weights changed since their last registry version (saved by `_publish` or the caller)."""
         self.data_problems: Counter = Counter()
@@ -173,6 +175,21 @@ class MARFTTrainer:
         return None if self.critic is None else next(iter(self.critic.heads.values()))
 
     # ---- public phases ---------------------------------------------------------------------------
+    def fit_warm_start(self, dataset: TrajectoryDataset, scenarios: Any = None, config: Any = None, *,
+                       resume: bool = False) -> dict[str, Any] | None:
+        """The warm start (`training.warm_start`: each agent fine-tuned on its own actions in the team's best
+        episodes of `dataset`) before MARFT; checkpointed when done, so a resumed run skips it (returns None then)."""
+        from marft_lg.training.warm_start import warm_start
+
+        if resume:
+            self.resume()
+        if self.warm_started:
+            return None
+        row = warm_start(self, dataset, scenarios, config)
+        self.warm_started = True
+        self.save_checkpoint()
+        return row
+
     def fit_offline(self, dataset: TrajectoryDataset, scenarios: Any = None, *, action_rewards: dict | None = None,
                     iterations: int | None = None, resume: bool = False, replay_app: Any = None) -> list[dict[str, Any]]:
         """MARFT on recorded episodes; ratios are taken against the traces' behaviour log-probs.

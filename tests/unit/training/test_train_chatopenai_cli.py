@@ -168,3 +168,24 @@ def test_scenarios_from_traces_train_on_the_users_inputs_with_no_reference(tmp_p
     config.write_text(yaml.safe_dump(spec))
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--overwrite"])
     assert result.exit_code == 2 and "input_keys" in flat(result.output) and "train.yaml:" in flat(result.output)
+
+
+def test_a_warm_start_phase_teaches_from_fresh_rollouts_before_on_policy_training(tmp_path, tiny_model_dir):
+    config = _project(tmp_path, tiny_model_dir, ["What is 2+2?", "Name a color."], update_scheme="simultaneous")
+    spec = yaml.safe_load(config.read_text())
+    spec["phases"] = ["online", "warm_start"]  # run in their order whatever the list's
+    spec["warm_start"] = {"keep": "threshold", "threshold": -100.0, "epochs": 1}
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = flat(result.output)
+    assert result.exit_code == 0, result.output
+    assert "warm start: kept 4 of 4 episodes from 2 fresh rollouts of each of 2 scenarios" in text
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["warm_start", "online"]
+    assert set(rows[0]["updated_agents"]) == {"planner", "writer"}
+
+    spec["warm_start"] = {"keep": "threshold", "epochs": 1}
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--overwrite"])
+    assert result.exit_code == 2 and "needs warm_start.threshold" in flat(result.output)
+    assert "train.yaml:" in flat(result.output)

@@ -96,3 +96,29 @@ def test_nothing_to_learn_from_is_an_error_naming_why(chain_dataset, two_agent_p
     with pytest.raises(TrainingDataError, match="no episode kept"):
         warm_start(trainer, ds, scenarios, WarmStartConfig(keep="threshold", threshold=2.0))
     assert np.isclose(trainer.iteration, 0)
+
+
+def test_a_resumed_run_skips_the_done_warm_start_and_ends_equal_to_an_uninterrupted_one(chain_dataset,
+                                                                                       tiny_model_dir, tmp_path):
+    ds, scenarios = chain_dataset
+    cfg = WarmStartConfig(epochs=2, learning_rate=1e-2)
+
+    def trainer_at(run_dir):
+        policy = LocalPolicy(tiny_model_dir, ["reasoner", "actor"], seed=0)
+        return MARFTTrainer(policy, hashed_reward, _cfg(offline_episodes_per_iteration=2), run_dir, progress=False)
+
+    straight = trainer_at(tmp_path / "a")
+    assert straight.fit_warm_start(ds, scenarios, cfg)["phase"] == "warm_start"
+    straight.fit_offline(ds, scenarios, iterations=2)
+
+    first = trainer_at(tmp_path / "b")
+    first.fit_warm_start(ds, scenarios, cfg)  # then the process dies
+    resumed = trainer_at(tmp_path / "b")
+    assert resumed.fit_warm_start(ds, scenarios, cfg, resume=True) is None and resumed.warm_started
+    resumed.fit_offline(ds, scenarios, iterations=2, resume=True)
+    for role in ("reasoner", "actor"):
+        for x, y in zip(adapter_parameters(straight.model, straight.adapter_names[role]),
+                        adapter_parameters(resumed.model, resumed.adapter_names[role]), strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    rows = [__import__("json").loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in rows] == ["warm_start", "offline", "offline"]

@@ -133,15 +133,18 @@ class _Log:
 
 def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
              console: Any = None, node_roles: dict[str, str] | str | None = None,
-             report_to: list[str] | None = None, credit: dict[str, Any] | None = None) -> dict[str, Any]:
+             report_to: list[str] | None = None, credit: dict[str, Any] | None = None,
+             warm_start: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
 
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
     both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``); `report_to`: trackers;
-    `credit`: MARFT credit settings over the math team's (``{"credit": "counterfactual", "replays_per_action": 1}``).
+    `credit`: MARFT settings over the math team's (``{"credit": "counterfactual", "replays_per_action": 1}``,
+    ``{"dynamic_sampling": True}``); `warm_start`: `WarmStartConfig` keys: the traced episodes' best teach each agent
+    before offline MARFT (None: no warm start).
     """
     run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
-                  node_roles=node_roles, report_to=report_to, credit=credit)
+                  node_roles=node_roles, report_to=report_to, credit=credit, warm_start=warm_start)
     try:
         for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
             stage()
@@ -156,7 +159,7 @@ class DemoRun:
 
     def __init__(self, budget: DemoBudget, run_dir: Path, *, model: str, seed: int, trace_root: Path, console: Any,
                  node_roles: dict[str, str] | str | None, report_to: list[str] | None = None,
-                 credit: dict[str, Any] | None = None):
+                 credit: dict[str, Any] | None = None, warm_start: dict[str, Any] | None = None):
         import torch
         from rich.console import Console
 
@@ -172,6 +175,7 @@ class DemoRun:
         self.budget, self.run_dir, self.model, self.seed, self.roles = budget, run_dir, model, seed, roles
         self.report_to, self.trainer = list(report_to or []), None
         self.credit = dict(credit or {})
+        self.warm_start = None if warm_start is None else dict(warm_start)
         self.trace_dir = trace_root / f"demo-{run_dir.name}"
         if self.trace_dir.exists() and any(self.trace_dir.iterdir()):  # mining it would mix an earlier run in
             raise typer.BadParameter(f"{self.trace_dir} already holds the traces of an earlier run named "
@@ -183,7 +187,7 @@ class DemoRun:
 
         self.code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
         self.log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=self.node_roles,
-                        code=self.code, credit=self.credit)
+                        code=self.code, credit=self.credit, warm_start=self.warm_start)
         torch.manual_seed(seed)
         self.problems = demo_problems(budget, seed)
         self.reward = self.math_team.reward.math_reward()
@@ -256,9 +260,28 @@ class DemoRun:
                           checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size,
                           report_to=self.report_to)
         self.trainer = MARFTTrainer(self.team, self.reward, cfg, self.run_dir / "train", run_id="demo")
+        if self.warm_start is not None:
+            self._warm_start()
         replays = {"replay_app": self.sampling} if cfg.credit == "counterfactual" else {}  # the traced episodes again
         rows = self.trainer.fit_offline(self.dataset, self.problems.traced, **replays)
         self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
+
+    def _warm_start(self) -> None:
+        """The traced episodes' best teach each agent first (`training.warm_start`); nothing kept is logged, not
+        fatal (the untuned team may solve no problem better than its other tries)."""
+        from marft_lg.training.checks import TrainingDataError
+        from marft_lg.training.warm_start import WarmStartConfig
+
+        try:
+            row = self.trainer.fit_warm_start(self.dataset, self.problems.traced, WarmStartConfig(**self.warm_start))
+        except TrainingDataError as exc:
+            self.log.record("warm_start", kept_episodes=0, why=str(exc))
+            self.console.print(f"warm start skipped: {exc}", markup=False, highlight=False)
+            return
+        self.log.record("warm_start", kept_episodes=row["kept_episodes"], selection=row["selection"],
+                        agents=row["agents"])
+        self.console.print(f"warm start: kept {row['kept_episodes']} of {row['episodes']} traced episodes "
+                           f"({row['keep']})", markup=False, highlight=False)
 
     def train_online(self) -> None:
         """5: on-policy MARFT on a stream of fresh problems; the tuned versions become `candidate`."""
@@ -480,6 +503,10 @@ def demo(
     node_roles: str | None = typer.Option(None, "--node-roles",
                                           help="node=role,... mapping the math team's nodes to roles (default: same names)."),
     report_to: str | None = typer.Option(None, "--report-to", help="Trackers: tensorboard, mlflow, wandb (offline) or none."),
+    warm_start: bool = typer.Option(False, "--warm-start", help="Before offline MARFT, fine-tune each agent on its "
+                                    "own actions in the best traced episode of each problem (docs/training.md)."),
+    dynamic_sampling: bool = typer.Option(False, "--dynamic-sampling", help="On-policy groups whose K returns are "
+                                          "all equal are replaced by fresh problems (docs/training.md)."),
 ) -> None:
     """The main job: serve, trace, mine, train offline then on-policy, compare, promote, report."""
     from rich.console import Console
@@ -496,4 +523,5 @@ def demo(
     from marft_lg.tracking.commands import report_to_option
 
     run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console, node_roles=node_roles,
-             report_to=report_to_option(report_to))
+             report_to=report_to_option(report_to), credit={"dynamic_sampling": True} if dynamic_sampling else None,
+             warm_start={} if warm_start else None)

@@ -69,3 +69,14 @@ def test_demo_refuses_a_trace_folder_an_earlier_run_of_the_same_name_left(tmp_pa
     text = " ".join(re.sub("[│╭╮╰╯─]", " ", out.output).split())
     assert "already holds the traces of an earlier run named 'run'" in text
     assert not run_dir.exists()
+
+
+def test_the_warm_start_and_dynamic_sampling_flags_reach_the_run(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr("marft_lg.demo.run_demo", lambda *a, **kw: seen.update(kw))
+    out = CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(tmp_path / "r"), "--warm-start",
+                                   "--dynamic-sampling"])
+    assert out.exit_code == 0, out.output
+    assert seen["warm_start"] == {} and seen["credit"] == {"dynamic_sampling": True}
+    CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(tmp_path / "r2")])
+    assert seen["warm_start"] is None and seen["credit"] is None

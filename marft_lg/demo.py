@@ -279,7 +279,7 @@ class DemoRun:
             self.console.print(f"warm start skipped: {exc}", markup=False, highlight=False)
             return
         self.log.record("warm_start", kept_episodes=row["kept_episodes"], selection=row["selection"],
-                        agents=row["agents"])
+                        agents=row["warm_start_agents"])
         self.console.print(f"warm start: kept {row['kept_episodes']} of {row['episodes']} traced episodes "
                            f"({row['keep']})", markup=False, highlight=False)
 

@@ -123,6 +123,12 @@ def shadow_compare(
     scenario_list = list(scenarios)
     if not scenario_list:
         raise ValueError("no scenarios to compare on; give a scenario file with at least one scenario")
+    from marft_lg.rewards.requirements import uncomputable
+
+    problems = uncomputable(reward, scenarios=scenario_list, fresh=True,
+                            resumes=None if runner is not None else getattr(app, "resume", None) is not None)
+    if problems:
+        raise ValueError("the reward can never be computed on the comparison's new episodes: " + "; ".join(problems))
     team = _team_of(app)
     registry = team.registry if isinstance(team, ServedTeam) else None
     roles = team.agents() if team is not None else None

@@ -401,6 +401,15 @@ def train(
         raise _fail(str(exc)) from None
     except ValueError as exc:  # a scenario or dataset file that cannot be read
         raise _fail(str(exc)) from None
+    if "online" in spec.phases or ("warm_start" in spec.phases and not spec.data):
+        from marft_lg.rewards.requirements import uncomputable
+
+        split = spec.online.get("split", "train")
+        problems = uncomputable(reward, scenarios=list(scenarios.split(split) if split else scenarios), fresh=True,
+                                resumes=app.resume_policy() is not None)
+        if problems:
+            raise _fail(f"{config}: reward: it can never be computed on the online phase's new episodes: "
+                        + "; ".join(problems))
     empty = _no_usable_data(spec.data, dataset) if dataset is not None else None
     if empty:
         raise _fail(empty, code=EXIT_NO_DATA)
@@ -495,7 +504,7 @@ def _warm_start(spec: TrainFile, cfg: Any, app: Any, team: Any, trainer: Any, da
     row = trainer.fit_warm_start(dataset, scenarios, spec.warm_start_config())
     if row is not None:
         trained = ", ".join(f"{a} ({v['actions']} actions, NLL {v['nll_first']:.3f} -> {v['nll_last']:.3f})"
-                            for a, v in row["agents"].items() if v["steps"])
+                            for a, v in row["warm_start_agents"].items() if v["steps"])
         console.print(f"warm start: kept {row['kept_episodes']} of {row['episodes']} episodes from {where} "
                       f"(keep: {row['keep']}); trained {trained}", markup=False, highlight=False)
 

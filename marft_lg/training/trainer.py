@@ -275,6 +275,13 @@ class MARFTTrainer:
         items = list(scenarios)
         if not items:
             raise ValueError("fit_online needs at least one scenario")
+        from marft_lg.rewards.requirements import uncomputable
+
+        app_of = getattr(collector, "app", None)
+        problems = uncomputable(self.reward, scenarios=items, fresh=True,
+                                resumes=None if app_of is None else getattr(app_of, "resume", None) is not None)
+        if problems:
+            raise ValueError("the reward can never be computed on on-policy episodes: " + "; ".join(problems))
         by_id = {s.scenario_id: s.to_dict() for s in items}
         objects = {s.scenario_id: s for s in items}
         if self.cfg.credit == "counterfactual" and not callable(getattr(collector, "run", None)):

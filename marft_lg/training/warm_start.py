@@ -216,7 +216,7 @@ def warm_start(trainer: Any, dataset: TrajectoryDataset, scenarios: Any = None,
     elapsed = time.perf_counter() - t0
     row = {"iteration": trainer.iteration, "phase": "warm_start", "keep": cfg.keep, "episodes": len(dataset),
            "kept_episodes": len(kept), "selection": stats, "actions": sum(int(a["actions"]) for a in per_agent.values()),
-           "agents": per_agent, "updated_agents": [a for a, v in per_agent.items() if v["steps"]],
+           "warm_start_agents": per_agent, "updated_agents": [a for a, v in per_agent.items() if v["steps"]],
            "data_check_failed": len(problems), "tokens": tokens, "elapsed_s": elapsed,
            "tokens_per_min": tokens / elapsed * 60 if elapsed > 0 else 0.0,
            "kept_reward_mean": (float(np.mean([float(table.set_index("episode_id").loc[e, "reward"]) for e in kept]))

@@ -47,6 +47,10 @@ class TaskCompletion(RewardComponent):
             raise ValueError(f"task_completion: source must be 'action' or 'outcome', got {self.source!r}")
         self._check = load_object(self.check) if isinstance(self.check, str) else self.check
 
+    def needs(self) -> set[str]:
+        """A reference answer, unless a `check` judges the answer (`rewards.requirements`)."""
+        return set() if self._check is not None else {"reference"}
+
     def __call__(self, episode: Episode) -> ComponentScore:
         order = answer_order(episode, self.answer_agents)
         if self.source == "outcome":
@@ -133,6 +137,10 @@ class Feedback(RewardComponent):
     def range(self) -> tuple[float, float]:  # type: ignore[override]
         return (self.low, self.high)
 
+    def needs(self) -> set[str]:
+        """Users' feedback recorded after the run, unless a `default` scores episodes without it."""
+        return {"feedback"} if self.default is None else set()
+
     def __call__(self, episode: Episode) -> float:
         fb = episode.info.get("feedback") or {}
         if self.key in fb and fb[self.key] is not None:
@@ -181,6 +189,10 @@ class InterruptFeedback(RewardComponent):
     @property
     def range(self) -> tuple[float, float]:  # type: ignore[override]
         return (self.low, self.high)
+
+    def needs(self) -> set[str]:
+        """A person's (or a stand-in's) answer at the interrupt."""
+        return {"resume"}
 
     def options(self) -> dict[str, Any]:
         out = super().options()

@@ -189,3 +189,15 @@ def test_a_warm_start_phase_teaches_from_fresh_rollouts_before_on_policy_trainin
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--overwrite"])
     assert result.exit_code == 2 and "needs warm_start.threshold" in flat(result.output)
     assert "train.yaml:" in flat(result.output)
+
+
+def test_a_reward_the_online_phase_can_never_compute_is_refused_before_any_work(tmp_path, tiny_model_dir):
+    config = _project(tmp_path, tiny_model_dir, ["What is 2+2?"])
+    spec = yaml.safe_load(config.read_text())
+    spec["reward"] = {"weights": {"task_completion": 1.0}}  # the scenarios carry no reference
+    config.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["train", "--config", str(config)])
+    text = flat(result.output)
+    assert result.exit_code == 2, result.output
+    assert "can never be computed on the online phase's new episodes: task_completion needs a reference" in text
+    assert not (tmp_path / "runs" / "train" / "metrics.jsonl").exists()

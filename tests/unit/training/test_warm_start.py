@@ -76,8 +76,8 @@ def test_only_the_kept_actions_of_the_trained_agents_are_learned_and_become_like
 
     policy, trainer, row, actor_before = trained(ds, "all")
     assert row["phase"] == "warm_start" and row["kept_episodes"] == len(kept)
-    assert row["updated_agents"] == ["reasoner"] and row["agents"]["reasoner"]["steps"] == 3
-    assert row["agents"]["reasoner"]["nll_last"] < row["agents"]["reasoner"]["nll_first"]
+    assert row["updated_agents"] == ["reasoner"] and row["warm_start_agents"]["reasoner"]["steps"] == 3
+    assert row["warm_start_agents"]["reasoner"]["nll_last"] < row["warm_start_agents"]["reasoner"]["nll_first"]
     actor_name = trainer.bases[trainer.base_of["reasoner"]].policy.adapter_name("actor")
     assert all(torch.equal(x, y) for x, y in zip(actor_before, _weights(policy, actor_name), strict=True))
     # the same kept episodes alone give the very same weights: the other episodes taught nothing
@@ -105,7 +105,8 @@ def test_a_resumed_run_skips_the_done_warm_start_and_ends_equal_to_an_uninterrup
 
     def trainer_at(run_dir):
         policy = LocalPolicy(tiny_model_dir, ["reasoner", "actor"], seed=0)
-        return MARFTTrainer(policy, hashed_reward, _cfg(offline_episodes_per_iteration=2), run_dir, progress=False)
+        return MARFTTrainer(policy, hashed_reward, _cfg(offline_episodes_per_iteration=2, plots=True), run_dir,
+                            progress=False)
 
     straight = trainer_at(tmp_path / "a")
     assert straight.fit_warm_start(ds, scenarios, cfg)["phase"] == "warm_start"
@@ -122,3 +123,4 @@ def test_a_resumed_run_skips_the_done_warm_start_and_ends_equal_to_an_uninterrup
             torch.testing.assert_close(x, y, rtol=0, atol=0)
     rows = [__import__("json").loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows] == ["warm_start", "offline", "offline"]
+    assert (tmp_path / "b" / "agents.png").stat().st_size > 1000  # the plots read the warm start's row too

@@ -402,7 +402,7 @@ def train(
     except ValueError as exc:  # a scenario or dataset file that cannot be read
         raise _fail(str(exc)) from None
     if "online" in spec.phases or ("warm_start" in spec.phases and not spec.data):
-        from marft_lg.rewards.requirements import uncomputable
+        from marft_lg.rewards.requirements import reward_needs, uncomputable
 
         split = spec.online.get("split", "train")
         problems = uncomputable(reward, scenarios=list(scenarios.split(split) if split else scenarios), fresh=True,
@@ -410,6 +410,13 @@ def train(
         if problems:
             raise _fail(f"{config}: reward: it can never be computed on the online phase's new episodes: "
                         + "; ".join(problems))
+        policy = app.resume_policy()
+        stand_in = [name for name, needs in reward_needs(reward).items() if "resume" in needs]
+        if policy is not None and stand_in:
+            who = (f"call {policy.call if isinstance(policy.call, str) else getattr(policy.call, '__name__', policy.call)}"
+                   if policy.call is not None else f"the fixed value {policy.value!r}")
+            console.print(f"online: {', '.join(stand_in)} scores what the resume policy answers at each interrupt "
+                          f"({who}): a stand-in for the user, not a user", markup=False, highlight=False)
     empty = _no_usable_data(spec.data, dataset) if dataset is not None else None
     if empty:
         raise _fail(empty, code=EXIT_NO_DATA)

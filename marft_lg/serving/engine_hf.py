@@ -120,15 +120,26 @@ class HFEngine:
     `exclusive()` pauses serving so a trainer can update that same model in-process. `device`:
     ``"auto"`` (a CUDA GPU when present), ``"cpu"``, ``"cuda:1"``...; `dtype` of the base weights:
     ``"auto"`` (float32 on CPU, bfloat16 on a GPU; adapters stay float32) or a name.
+    `decode`: ``"eager"`` (the default: a growing `DynamicCache`), ``"static"`` (keys and values preallocated per
+    batch slot, one step function per batch/width bucket, `static_decode.py`) or ``"compiled"`` (that step through
+    ``torch.compile``, `compile_mode` its mode: ``"reduce-overhead"`` (CUDA graphs) on a GPU by default). In the
+    static modes the cache holds `max_batch_size` rows of `static_max_len` tokens (default: the context length),
+    allocated on the first request, and the context length is at most `static_max_len`.
     """
 
     def __init__(self, model_dir: str | Path, *, model_name: str | None = None, max_batch_size: int = 32,
                  batch_wait_s: float = 0.005, max_context: int | None = None, seed: int = 0,
-                 min_shared_prefix: int = 16, device: str | None = "auto", dtype: str | None = "auto"):
+                 min_shared_prefix: int = 16, device: str | None = "auto", dtype: str | None = "auto",
+                 decode: str = "eager", compile_mode: str | None = None, static_max_len: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from marft_lg.serving.device import resolve_device, resolve_dtype
+        from marft_lg.serving.static_decode import DECODE_MODES
 
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {list(DECODE_MODES)}, got {decode!r}")
+        self.decode = decode
+        self.compile_mode = compile_mode
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
         self.device = resolve_device(device)
@@ -139,6 +150,8 @@ class HFEngine:
         self.module_shapes = base_shapes_from_model(self.model)  # what a loaded adapter must fit
         self.max_token_chars = max_token_chars(self.tokenizer)
         self._max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
+        if decode != "eager" and static_max_len:  # the static cache's columns bound prompt + completion
+            self._max_context = min(self._max_context, int(static_max_len))
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_token_ids = {int(t) for t in [*eos, self.tokenizer.eos_token_id] if t is not None}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from marft_lg.serving.mixed_forward import BASE, RowAdapters, mixed_adapter_forward
 from marft_lg.serving.prefix import PrefixStore, common_prefix_length
 from marft_lg.serving.sampling import sample, stop_index, top_logprobs
+from marft_lg.serving.static_decode import StaticDecoder
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class _Running:
     mask: Any  # [rows, cached columns]
     positions: Any  # [rows]
     last: Any  # [rows], None right after the prefill
+    slots: list[int] | None = None  # static decode: each row's slot in the `StaticDecoder` (cache, mask unused)
 
 
 class Scheduler:
@@ -97,6 +99,14 @@ class Scheduler:
         self._prefixes = PrefixStore()
         # rows join a running batch by left-padding caches: plain growing layers only (not sliding windows)
         self._joinable = all(type(layer) is DynamicLayer for layer in DynamicCache(config=engine.config).layers)
+        self._static: StaticDecoder | None = None
+        mode = getattr(engine, "decode", "eager")
+        if mode != "eager":
+            if self._joinable:
+                self._static = StaticDecoder(engine, mode=mode, step_lock=self.step_lock,
+                                             compile_mode=getattr(engine, "compile_mode", None))
+            else:
+                log.warning("decode=%r needs plain growing cache layers (no sliding window): decoding eagerly", mode)
 
     # ---- the engine's side -----------------------------------------------------------------------
     def put(self, items: list[Item]) -> None:
@@ -127,6 +137,9 @@ class Scheduler:
         self._pausing += 1
         try:
             with self.lock:
+                if self._static is not None:  # the model is the caller's now: no serving hooks on it
+                    with self.step_lock:
+                        self._static.drop_hooks()
                 yield
         finally:
             self._pausing -= 1
@@ -175,6 +188,8 @@ class Scheduler:
         eng.model.eval()
         running: _Running | None = None
         self._plans = {}
+        if self._static is not None:
+            self._static.begin()
         eng.stats["batches"] += 1  # counted as it starts: its first answers may be read before it ends
         try:
             with torch.inference_mode():
@@ -217,7 +232,9 @@ class Scheduler:
         for group in groups.values():
             part, logits = self._prefill(group)
             part = self._step(part, logits)
-            if running is None or not running.rows:
+            if self._static is not None:
+                running = self._join_static(running, part)
+            elif running is None or not running.rows:
                 running = part
             elif part.rows:
                 running = self._merge(running, part)
@@ -352,6 +369,10 @@ class Scheduler:
             running = self._select(running, [j for j, r in enumerate(running.rows) if not self._dropped(r.item)])
             if not running.rows:
                 return running
+        if running.slots is not None:
+            names = [r.name for r in running.rows]
+            logits = self._static.step(running.slots, running.last, names, self._epoch, self._static_forward)
+            return self._step(running, logits)
         mask = torch.cat([running.mask, running.mask.new_ones((len(running.rows), 1))], dim=1)
         positions = running.positions + 1
         out = self._forward([r.name for r in running.rows], input_ids=running.last[:, None], attention_mask=mask,
@@ -429,6 +450,13 @@ class Scheduler:
         import torch
 
         rows = [running.rows[j] for j in keep]
+        if running.slots is not None:
+            kept = set(keep)
+            self._static.leave([s for j, s in enumerate(running.slots) if j not in kept])
+            if not rows:
+                return _Running([], None, None, None, None, slots=[])
+            idx = torch.tensor(keep, device=running.last.device)
+            return _Running(rows, None, None, None, running.last[idx], slots=[running.slots[j] for j in keep])
         if not rows:
             return _Running([], None, None, None, None)
         idx = torch.tensor(keep, device=self.engine.device)
@@ -440,6 +468,25 @@ class Scheduler:
             for layer in running.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
         return _Running(rows, running.cache, mask, positions, last)
+
+    def _join_static(self, running: _Running | None, part: _Running) -> _Running:
+        """The running rows plus a prefilled group's, whose keys and values move into free slots."""
+        import torch
+
+        slots = self._static.join(part.rows, part.cache, part.mask, self._epoch) if part.rows else []
+        if running is None or running.slots is None or not running.rows:
+            return _Running(part.rows, None, None, None, part.last, slots=slots)
+        if not part.rows:
+            return running
+        return _Running(running.rows + part.rows, None, None, None, torch.cat([running.last, part.last]),
+                        slots=running.slots + slots)
+
+    def _static_forward(self, names: list[str], view: Any, mask: Any) -> Any:
+        """A static step through `_forward` (peft's per-row path, for adapters `StaticDecoder` cannot stack)."""
+        st = self._static
+        out = self._forward(names, input_ids=st.ids[:view.batch, None], attention_mask=mask,
+                            position_ids=st.pos[:view.batch, None], past_key_values=view, use_cache=True)
+        return out.logits[:, -1, :]
 
     def _merge(self, a: _Running, b: _Running) -> _Running:
         """One batch of two: the shorter cache is left-padded (masked) to the other's length."""

@@ -316,18 +316,42 @@ class MARFTTrainer:
                     collected, train, groups = sample.collected(), sample.kept(), sample.groups
                     extra["dynamic_sampling"] = sample.report()
                 extra.update(collector.last_stats if reporting else {})  # e.g. episodes per rollout worker
-                credit = (self._credit(collector, train.dataset, train.action_rewards, objects)
-                          if self.cfg.credit == "counterfactual" else None)
-                row = self._iteration(train.dataset, train.action_rewards, train.table, phase="online", extra=extra,
-                                      credit=credit, report=collected, groups=groups, started=t0, times=times)
+                if sampling and not sample.informative:
+                    row = self._skipped_iteration(self._nothing_informative(sample, "online"), collected, extra, t0,
+                                                  times)
+                else:
+                    credit = (self._credit(collector, train.dataset, train.action_rewards, objects)
+                              if self.cfg.credit == "counterfactual" else None)
+                    row = self._iteration(train.dataset, train.action_rewards, train.table, phase="online",
+                                          extra=extra, credit=credit, report=collected, groups=groups, started=t0,
+                                          times=times)
                 self._publish(row)
                 self.online_done += 1
                 rows.append(row)
                 self._maybe_checkpoint()
                 last_s = time.perf_counter() - t0
                 advance(row.get("reward_mean"))
+        if rows and all(r.get("skipped_update") for r in rows):
+            raise TrainingDataError(f"no on-policy iteration of this call had anything to train: {rows[-1]['skipped_update']}")
         self._finish()
         return rows
+
+    def _skipped_iteration(self, why: str, collected: Scored, extra: dict[str, Any], started: float,
+                           times: dict[str, float]) -> dict[str, Any]:
+        """The row of an on-policy iteration whose update is skipped (dynamic sampling found no informative group in
+        its draws): its rewards and why, no update; the run goes on (every iteration skipped is an error)."""
+        log.warning("%s; this iteration's update is skipped", why)
+        table = collected.table
+        scored = table[table["scored"].astype(bool)] if table is not None and len(table) else None
+        rewards = scored["reward"].astype(float) if scored is not None and len(scored) else None
+        row = {"iteration": self.iteration, "phase": "online", "episodes": len(collected.dataset),
+               "reward_mean": float(rewards.mean()) if rewards is not None else None,
+               "reward_std": float(rewards.std(ddof=0)) if rewards is not None else None,
+               "actions": 0, "trained_agents": [], "updated_agents": [], "agents": {}, "skipped_update": why,
+               "iteration_s": time.perf_counter() - started, **times, **extra}
+        self.metrics.log(row)
+        self.iteration += 1
+        return row
 
     @staticmethod
     def _online_batch(items: list[Any], it: int, per_iteration: int | None, offset: int = 0) -> list[Any]:
@@ -353,7 +377,7 @@ class MARFTTrainer:
         """``dynamic_sampling``: the iteration's first draw less its uninformative groups, refilled from the next
         scenarios of the cycling list (one scenario per missing group, `dynamic_sampling_max_draws` extra rounds at
         most, each with episode ids and seeds of its own: `draw_iteration`). Short of informative groups it warns;
-        with none it stops (`TrainingDataError`)."""
+        with none the caller skips the iteration's update (`_skipped_iteration`)."""
         size = per_iteration or len(items)
         sample = DynamicSample(size, drop_single=True)
         sample.add(first)
@@ -367,9 +391,7 @@ class MARFTTrainer:
             dataset = collector.collect(more, self.cfg.group_size, draw_iteration(self.iteration, extra), self.cfg.seed)
             times["rollout_s"] += time.perf_counter() - t0
             sample.add(self._scored(dataset, scenarios, times))
-        if not sample.informative:
-            raise TrainingDataError(self._nothing_informative(sample, "online"))
-        if sample.missing:
+        if sample.missing and sample.informative:
             report = sample.report()
             log.warning("iteration %d (online): dynamic sampling found %d of %d informative scenario groups in %d "
                         "draw(s) (dynamic_sampling_max_draws: %d); training on those, %d episode(s) of %d group(s) "

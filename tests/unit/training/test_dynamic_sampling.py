@@ -207,10 +207,27 @@ def test_no_informative_group_in_the_budget_stops_with_a_message_naming_dynamic_
     collector = Recording(two_agent_policy)
     trainer = MARFTTrainer(two_agent_policy, lambda ep: 1.0, _cfg(dynamic_sampling=True, dynamic_sampling_max_draws=2),
                            tmp_path / "run", progress=False)
-    with pytest.raises(TrainingDataError, match=r"dynamic sampling dropped every scenario group in 3 draw\(s\)"):
+    with pytest.raises(TrainingDataError, match=r"no on-policy iteration of this call had anything to train: .*"
+                                                r"dynamic sampling dropped every scenario group in 3 draw\(s\)"):
         trainer.fit_online(collector, SCENARIOS, iterations=1, scenarios_per_iteration=2)
     assert [c[1] for c in collector.calls] == [0, DRAW_STRIDE, 2 * DRAW_STRIDE]
-    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+    [row] = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["updated_agents"] == [] and "dynamic sampling dropped every scenario group" in row["skipped_update"]
+    assert row["dynamic_sampling"]["informative"] == 0 and row["reward_mean"] == 1.0
+
+
+def test_an_iteration_with_nothing_informative_is_skipped_and_the_run_goes_on(two_agent_policy, tmp_path, caplog):
+    """s0 and s1 always score alike (iteration 0 skips its update, said in its row and a warning); s2 and s3 do not
+    (iteration 1 trains): one uninformative iteration does not stop a long run."""
+    reward = by_plan({"s0": [1.0], "s1": [0.0], "s2": [0.0, 1.0], "s3": [1.0, 0.0]})
+    collector = Recording(two_agent_policy)
+    trainer = MARFTTrainer(two_agent_policy, reward, _cfg(dynamic_sampling=True, dynamic_sampling_max_draws=0),
+                           tmp_path / "run", progress=False)
+    with caplog.at_level(logging.WARNING, logger="marft_lg.training"):
+        rows = trainer.fit_online(collector, SCENARIOS, iterations=2, scenarios_per_iteration=2)
+    assert [bool(r.get("skipped_update")) for r in rows] == [True, False]
+    assert rows[0]["updated_agents"] == [] and rows[1]["updated_agents"]
+    assert "this iteration's update is skipped" in caplog.text
 
 
 def test_resume_is_exact_with_dynamic_sampling(tiny_model_dir, tmp_path):

@@ -288,9 +288,15 @@ class DemoRun:
         b = self.budget
         self.log.stage(f"5/8 on-policy MARFT, {b.scenarios_per_iteration} fresh problems per iteration (up to "
                        f"{b.online_iterations} iterations / {b.online_minutes:g} min)")
-        rows = self.trainer.fit_online(self.sampling, self.problems.stream, b.online_iterations,
-                                       scenarios_per_iteration=b.scenarios_per_iteration,
-                                       time_budget_s=b.online_minutes * 60)
+        from marft_lg.training.checks import TrainingDataError
+
+        try:
+            rows = self.trainer.fit_online(self.sampling, self.problems.stream, b.online_iterations,
+                                           scenarios_per_iteration=b.scenarios_per_iteration,
+                                           time_budget_s=b.online_minutes * 60)
+        except TrainingDataError as exc:  # e.g. dynamic sampling found nothing informative: compare what there is
+            self.console.print(f"on-policy MARFT trained nothing: {exc}", markup=False, highlight=False)
+            rows = [r for r in self.trainer.metrics.rows() if r.get("phase") == "online"]
         self.online_seen = min(len(rows) * b.scenarios_per_iteration, len(self.problems.stream))
         self.tuned = self.team.versions()
         self.team.registry.set_alias("candidate", self.tuned, reason="demo: tuned by MARFT")

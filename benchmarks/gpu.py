@@ -1,16 +1,24 @@
 """The embedded engine against plain HF `generate`, and the MARFT PPO update against a plain step, on a CUDA GPU.
 
     python benchmarks/gpu.py [--tokenizer DIR] [--shapes 135m,1b] [--dtypes bfloat16] [--batch 32,128]
-                             [--commit SHA]
+                             [--decode eager,static,compiled] [--generate default,static] [--commit SHA]
 
 Models are random-initialised from a shape (`135m`: SmolLM2-135M's config; `1b`: a 1.1B Llama, TinyLlama's shape;
 `tiny`: a 2-layer toy for a CPU smoke run) with the embedded tokenizer (`--tokenizer DIR`: its files, e.g. carried to
 a machine without the embedded model package), so no weights travel; speed does not depend on the weights.
 Generation forces every completion to `--max-tokens` (``ignore_eos`` / ``min_new_tokens``). One row per
 shape x dtype x batch:
-- engine: `HFEngine.generate` tokens/s on `batch` chat requests, half the rows on each of two adapters;
+- engine: `HFEngine.generate` tokens/s on `batch` chat requests, half the rows on each of two adapters, for each
+  `--decode` mode (`HFEngine(decode=...)`: ``eager``, the default engine; ``static``, keys and values preallocated
+  per batch slot; ``compiled``, that step through torch.compile with CUDA graphs): `engine_tokens_per_s` is eager's,
+  `engine_static_tokens_per_s` / `engine_compiled_tokens_per_s` the others', `static_over_eager` /
+  `compiled_over_eager` their ratios; a static engine first answers the whole batch once untimed (`warmup_s`: the
+  compilation of its buckets, for ``compiled``);
 - generate: plain `PeftModel.generate` in the same run on the same requests (one adapter, the whole batch left-padded
-  in one call, sampled): `engine_over_generate` = engine tokens/s / generate tokens/s;
+  in one call, sampled): `engine_over_generate` = engine tokens/s / generate tokens/s; with ``static`` in
+  `--generate`, also `generate(cache_implementation="static")` (transformers compiles its decode step on a GPU):
+  `generate_static_tokens_per_s`, and `best_engine_over_generate_static` (the fastest engine mode against it, the
+  goal of issue #49);
 - each also as a fraction of the memory-bandwidth limit: a decode step reads every weight once, so `batch` tokens
   per (weight bytes / the copy bandwidth measured on this device in this run); KV-cache reads are left out, so the
   limit is an upper bound;
@@ -74,17 +82,26 @@ def _requests(batch: int, max_tokens: int) -> list:
                         max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True) for i in range(batch)]
 
 
-def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int, device: str = "cuda") -> dict:
+def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int, device: str = "cuda",
+                 decode: str = "eager", static_max_len: int = 512) -> dict:
     from marft_lg.serving.engine_hf import HFEngine
     from marft_lg.serving.lora import LoraSettings
 
-    engine = HFEngine(model_dir, device=device, dtype=dtype, max_batch_size=batch)
+    static = {"static_max_len": static_max_len} if decode != "eager" else {}
+    engine = HFEngine(model_dir, device=device, dtype=dtype, max_batch_size=batch, decode=decode, **static)
     try:
         for name in ("first", "second"):
             engine.add_adapter(name, LoraSettings())
         reqs = _requests(batch, max_tokens)
         names = ["first" if i % 2 else "second" for i in range(batch)]
         engine.generate(reqs[:2], names[:2])  # warm-up: kernels, allocator
+        warmup = None
+        if decode != "eager":  # the buckets of the timed runs: traced (compiled) here, not in the timing
+            _sync()
+            t = time.perf_counter()
+            engine.generate(reqs, names)
+            _sync()
+            warmup = time.perf_counter() - t
         times = []
         for _ in range(repeats):
             _sync()
@@ -93,16 +110,21 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
             _sync()
             times.append(time.perf_counter() - t)
         tokens = sum(len(c.completion_token_ids) for c in out)
+        dec = engine._scheduler._static
         return {"batch": batch, "max_tokens": max_tokens, "tokens": tokens, "seconds": min(times),
-                "tokens_per_s": tokens / min(times), "split_batches": engine.stats.get("split_batches", 0)}
+                "tokens_per_s": tokens / min(times), "split_batches": engine.stats.get("split_batches", 0),
+                "decode": decode, "warmup_s": warmup,
+                "buckets": sorted(dec.traced) if dec is not None else None}
     finally:
         engine.close()
 
 
 def bench_generate(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int,
-                   device: str = "cuda") -> dict:
+                   device: str = "cuda", cache: str = "default") -> dict:
     """Plain `PeftModel.generate` on the engine's requests: the base model in `dtype` with one fresh adapter (the
-    engine's `LoraSettings`), all rows left-padded into one call, sampled (temperature 1), `max_tokens` forced."""
+    engine's `LoraSettings`), all rows left-padded into one call, sampled (temperature 1), `max_tokens` forced.
+    `cache` ``"static"``: ``cache_implementation="static"`` (transformers compiles the decode step on a GPU; the
+    warm-up runs the whole batch, so the compilation is not timed)."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -123,15 +145,17 @@ def bench_generate(model_dir: Path, dtype: str, batch: int, max_tokens: int, rep
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=dev)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
 
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+
     def run(rows: int) -> int:
         with torch.inference_mode():
             out = model.generate(input_ids=ids[:rows], attention_mask=mask[:rows], do_sample=True, temperature=1.0,
                                  top_p=1.0, top_k=0, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 pad_token_id=pad)
+                                 pad_token_id=pad, **extra)
         return int(out.shape[1] - width) * rows
 
     torch.manual_seed(0)
-    run(2)  # warm-up, as for the engine
+    run(batch if cache == "static" else 2)  # warm-up, as for the engine (a static cache: its compiled shapes)
     times, tokens = [], 0
     for _ in range(repeats):
         _sync()
@@ -142,7 +166,8 @@ def bench_generate(model_dir: Path, dtype: str, batch: int, max_tokens: int, rep
     weight_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     return {"batch": batch, "max_tokens": max_tokens, "tokens": tokens, "seconds": min(times),
             "tokens_per_s": tokens / min(times), "weight_bytes": weight_bytes,
-            "mode": "PeftModel.generate, one adapter, whole batch left-padded in one call"}
+            "mode": "PeftModel.generate, one adapter, whole batch left-padded in one call"
+                    + (", cache_implementation='static'" if cache == "static" else "")}
 
 
 def copy_bandwidth(device: str) -> float | None:
@@ -216,9 +241,23 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
             "ppo_peak_gpu_mb": peak_ppo}
 
 
-def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwidth: float | None) -> dict:
-    """One shape x dtype x batch row: the figures the issue's "done when" names at the top, the measurements below."""
+def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwidth: float | None,
+        engines: dict | None = None, generate_static: dict | None = None) -> dict:
+    """One shape x dtype x batch row: the figures the issue's "done when" names at the top, the measurements below.
+    `engines`: the other decode modes' measurements (``static``, ``compiled``); `generate_static`: generate with a
+    static cache."""
     limit = engine["batch"] * bandwidth / generate["weight_bytes"] if bandwidth else None
+    engines = engines or {}
+    modes = {}
+    for mode, m in engines.items():
+        modes[f"engine_{mode}_tokens_per_s"] = m["tokens_per_s"]
+        modes[f"{mode}_over_eager"] = m["tokens_per_s"] / engine["tokens_per_s"]
+        modes[f"engine_{mode}"] = m
+    if generate_static is not None:
+        best = max([engine["tokens_per_s"], *(m["tokens_per_s"] for m in engines.values())])
+        modes.update({"generate_static_tokens_per_s": generate_static["tokens_per_s"],
+                      "best_engine_over_generate_static": best / generate_static["tokens_per_s"],
+                      "generate_static": generate_static})
     return {"shape": shape, "dtype": dtype, "batch": engine["batch"],
             "engine_tokens_per_s": engine["tokens_per_s"], "generate_tokens_per_s": generate["tokens_per_s"],
             "engine_over_generate": engine["tokens_per_s"] / generate["tokens_per_s"],
@@ -226,7 +265,7 @@ def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwid
             "bandwidth_limit_tokens_per_s": limit,
             "engine_fraction_of_bandwidth_limit": engine["tokens_per_s"] / limit if limit else None,
             "generate_fraction_of_bandwidth_limit": generate["tokens_per_s"] / limit if limit else None,
-            "engine": engine, "generate": generate, "ppo": ppo}
+            "engine": engine, "generate": generate, "ppo": ppo, **modes}
 
 
 def provenance(commit: str | None) -> dict:
@@ -248,6 +287,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float32")
     ap.add_argument("--batch", default="32,128", help="comma-separated batch sizes of the engine and generate rows")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--decode", default="auto", help="engine decode modes, comma-separated, eager first (default: "
+                    "eager,static,compiled on a GPU, eager,static on the CPU)")
+    ap.add_argument("--generate", default="auto", help="generate caches: default[,static] (default: default,static "
+                    "on a GPU, default on the CPU)")
+    ap.add_argument("--static-max-len", type=int, default=512, help="the static engines' cache length per row")
     ap.add_argument("--per-role", type=int, default=64, help="math-team episodes in the PPO batch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu, for a like-for-like CPU row")
@@ -263,6 +307,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.tokenizer = str(embedded_tokenizer_dir())
     if args.device != "cpu" and not torch.cuda.is_available():
         raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (torch sees none); --device cpu runs it on the CPU")
+    gpu = args.device != "cpu"
+    decodes = (["eager", "static", "compiled"] if gpu else ["eager", "static"]) if args.decode == "auto" \
+        else args.decode.split(",")
+    caches = (["default", "static"] if gpu else ["default"]) if args.generate == "auto" else args.generate.split(",")
+    if decodes[0] != "eager" or caches[0] != "default":
+        raise SystemExit("--decode must start with eager and --generate with default (the rows' reference)")
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.device)
     batches = [int(b) for b in args.batch.split(",")]
@@ -276,9 +326,19 @@ def main(argv: list[str] | None = None) -> dict:
                 for batch in batches:
                     engine = bench_engine(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
                     _free(args.device)
+                    engines = {}
+                    for mode in decodes[1:]:
+                        engines[mode] = bench_engine(model_dir, dtype, batch, args.max_tokens, args.repeats,
+                                                     args.device, decode=mode, static_max_len=args.static_max_len)
+                        _free(args.device)
                     generate = bench_generate(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
                     _free(args.device)
-                    runs.append(row(shape, dtype, engine, generate, ppo, bandwidth))
+                    generate_static = None
+                    if "static" in caches:
+                        generate_static = bench_generate(model_dir, dtype, batch, args.max_tokens, args.repeats,
+                                                         args.device, cache="static")
+                        _free(args.device)
+                    runs.append(row(shape, dtype, engine, generate, ppo, bandwidth, engines, generate_static))
                     print(json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)}), flush=True)
     name = torch.cuda.get_device_name(0) if args.device != "cpu" else f"cpu ({torch.get_num_threads()} threads)"
     result = {**provenance(args.commit), "benchmark": "gpu", "device": name, "torch": torch.__version__,
@@ -293,6 +353,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{r['shape']:>5} {r['dtype']:>9} batch {r['batch']:>4}: engine {r['engine_tokens_per_s']:8.0f} tok/s, "
               f"generate {r['generate_tokens_per_s']:8.0f} tok/s, engine/generate {r['engine_over_generate']:.2f}"
               f"{frac}; PPO/plain {r['ppo_over_plain']:.2f}")
+        others = [f"{m} {r[f'engine_{m}_tokens_per_s']:8.0f} tok/s ({r[f'{m}_over_eager']:.2f}x eager)"
+                  for m in decodes[1:]]
+        if "generate_static_tokens_per_s" in r:
+            others.append(f"generate static {r['generate_static_tokens_per_s']:8.0f} tok/s "
+                          f"(best engine {r['best_engine_over_generate_static']:.2f}x)")
+        if others:
+            print(f"{'':>5} {'':>9} {'':>10}  " + ", ".join(others))
     return result
 
 

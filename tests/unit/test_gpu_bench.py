@@ -33,7 +33,11 @@ def test_gpu_benchmark_writes_its_rows_on_a_bare_machine(tmp_path):
         assert r["engine_over_generate"] == r["engine_tokens_per_s"] / r["generate_tokens_per_s"] > 0
         assert r["ppo_over_plain"] == r["ppo"]["ratio_ppo_to_plain"] > 0
         assert r["bandwidth_limit_tokens_per_s"] is None  # measured on a GPU only
-    assert "engine/generate" in proc.stdout and "PPO/plain" in proc.stdout
+        # the static decode step (issue #49) in the same run; compiled and generate's static cache: GPU defaults only
+        assert r["engine_static"]["tokens"] == 3 * r["batch"] and r["engine_static"]["decode"] == "static"
+        assert r["static_over_eager"] == r["engine_static_tokens_per_s"] / r["engine_tokens_per_s"] > 0
+        assert "engine_compiled" not in r and "generate_static" not in r
+    assert "engine/generate" in proc.stdout and "PPO/plain" in proc.stdout and "x eager" in proc.stdout
 
 
 def test_commit_comes_from_the_flag_where_there_is_no_git(monkeypatch):

@@ -34,6 +34,7 @@ class LibraryStages:
         self.registry = AdapterRegistry(job.registry)
         self._reward = None
         self._scenarios = None
+        self._signals: dict[str, Any] | None = None
         self._decision = None
         self._app_factory: Any = None
         if job.app is not None:
@@ -181,12 +182,16 @@ class LibraryStages:
         return dataset
 
     def train(self, ctx: RunContext, dataset: TrajectoryDataset, baseline: dict[str, str]) -> dict[str, str]:
+        from marft_lg.rewards.requirements import signal_counts
         from marft_lg.serving.team import FRESH
         from marft_lg.tracking.lineage import record_published
         from marft_lg.training.trainer import MARFTTrainer
 
         cfg = self.trainer_config()
         scenarios = self.scenarios(None) if self.has_scenarios() else None
+        self._signals = signal_counts(self.reward(), self.reward().score(dataset, scenarios).episodes)
+        ctx.log(f"[{ctx.run_id}] reward signals on the mined episodes: " + ", ".join(
+            f"{name} scored {c['scored']} of {c['episodes']}" for name, c in self._signals.items()))
         team = self.new_team(baseline)
         tracker = ctx.tracker.child("train", ctx.run_dir / "train", cfg.to_dict())
         status = "FAILED"
@@ -245,6 +250,8 @@ class LibraryStages:
                    "baseline_reward_mean": result.side_mean("baseline", "reward"),
                    "candidate_reward_mean": result.side_mean("candidate", "reward"),
                    "cost_ratio_tokens": result.cost_ratio("tokens")}
+        if self._signals is not None:
+            metrics["signals"] = self._signals
         return Comparison(passed=decision.promote, reasons=list(decision.reasons), metrics=metrics,
                           report_path=str(report["markdown"]))
 

@@ -54,3 +54,18 @@ def uncomputable(reward: Any, *, scenarios: Iterable[Any] | None = None, fresh: 
                             "runs: give a resume policy (train.yaml online.resume, job.yaml resume, "
                             "wrap(..., resume=)) that stands in for the user")
     return problems
+
+
+def signal_counts(reward: Any, table: Any) -> dict[str, dict[str, int]]:
+    """``{component: {"scored": n, "episodes": N}}``: how many episodes each weighted component of `reward` scored
+    in a `RewardResult.episodes` table (a failed or missing signal is NaN there), so a report can say which signals
+    the reward really rested on."""
+    weights = getattr(reward, "weights", None) or {}
+    total = len(table)
+    out = {}
+    for name, w in weights.items():
+        if float(w) == 0.0:
+            continue
+        scored = int(table[name].notna().sum()) if name in getattr(table, "columns", ()) else 0
+        out[name] = {"scored": scored, "episodes": total}
+    return out

@@ -224,5 +224,6 @@ def test_a_job_with_no_reference_anywhere_trains_and_compares_on_the_users_input
                       now=world["first_batch_done"] + timedelta(seconds=1), log=lambda m: None)
     assert result.status == st.PROMOTED, result.message
     assert result.record.metrics["n_pairs"] == heldout
+    assert result.record.metrics["signals"] == {"format_compliance": {"scored": 6, "episodes": 6}}
     rows = [json.loads(x) for x in Path(result.record.run_dir, "train", "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["phase"] == "online" and rows[-1]["episodes"] > 0

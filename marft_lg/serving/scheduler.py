@@ -189,7 +189,8 @@ class Scheduler:
         running: _Running | None = None
         self._plans = {}
         if self._static is not None:
-            self._static.begin()
+            with self.step_lock:
+                self._static.begin(tuple(self._weights_version(n) for n in eng.loaded_adapters()))
         eng.stats["batches"] += 1  # counted as it starts: its first answers may be read before it ends
         try:
             with torch.inference_mode():

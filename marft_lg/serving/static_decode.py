@@ -73,6 +73,9 @@ class SlotCache:
                      for k, _ in like]
         self.values = [torch.zeros((self.capacity, v.shape[1], self.max_len, v.shape[3]), dtype=v.dtype,
                                    device=v.device) for _, v in like]
+        _static_addresses(*self.keys, *self.values)
+        size = sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        log.info("static decode cache: %d slots x %d columns, %.2f GiB", self.capacity, self.max_len, size / 2**30)
 
     def reset(self) -> None:
         self._free = set(range(self.capacity))
@@ -87,6 +90,18 @@ class SlotCache:
     def release(self, slot: int) -> None:
         self._free.add(slot)
         self.lengths[slot] = 0
+
+
+def _static_addresses(*tensors: Any) -> None:
+    """Tell torch.compile these tensors keep their address (mutated in place: CUDA graphs may capture them),
+    as transformers' `StaticCache` does."""
+    import torch
+
+    for t in tensors:
+        try:
+            torch._dynamo.mark_static_address(t)
+        except Exception:  # noqa: BLE001 - an older torch: compiled steps still work, without CUDA graphs maybe
+            return
 
 
 class _SlotView:
@@ -124,6 +139,7 @@ class SlotAdapters:
         self.plan = RowAdapters(model, adapters)
         self.column = {name: i for i, name in enumerate(self.plan.adapters)}
         self.index = torch.full((capacity,), len(self.plan.adapters), dtype=torch.long, device=device)
+        _static_addresses(self.index)
         self.on = False
         self.handles = [module.register_forward_hook(functools.partial(self._delta, a_all, b_all, ind))
                         for (module, a_all, b_all, _), ind in zip(self.plan.layers, self.plan._indicators, strict=True)]
@@ -182,9 +198,11 @@ class StaticDecoder:
         self.ids = torch.zeros((self.capacity,), dtype=torch.long, device=device)
         self.pos = torch.zeros((self.capacity,), dtype=torch.long, device=device)
         self.cols = torch.arange(self.slots.max_len, device=device)
+        _static_addresses(self.ids, self.pos, self.cols)
         self._views: dict[tuple[int, int], _SlotView] = {}
         self._adapters: SlotAdapters | None = None
         self._adapters_key: Any = None
+        self._weights: Any = None  # the adapters' weight versions at the session's start
         self._fallback = False  # adapters RowAdapters cannot stack (DoRA...): peft's per-row path, not compiled
         self._compiled: Any = None
         self.compile_mode = compile_mode or ("reduce-overhead" if str(device).startswith("cuda") else "default")
@@ -192,9 +210,11 @@ class StaticDecoder:
         self.traced: set[tuple[int, int]] = set()  # the (batch, width) buckets a step ran in
 
     # ---- sessions ----------------------------------------------------------------------------------
-    def begin(self) -> None:
-        """A new session: every slot is free."""
+    def begin(self, weights: Any = None) -> None:
+        """A new session: every slot is free; `weights` (the adapters' weight versions) changing since the last
+        session makes the stacked adapter matrices anew (an optimizer step outside `exclusive()`)."""
         self.slots.reset()
+        self._weights = weights
 
     def drop_hooks(self) -> None:
         """Take the adapter hooks off the model (before a trainer or an adapter change uses it)."""
@@ -208,7 +228,7 @@ class StaticDecoder:
             self._fallback = False
             return None
         loaded = list(self.engine.loaded_adapters())
-        key = (epoch, id(model), tuple(loaded))
+        key = (epoch, id(model), tuple(loaded), self._weights)
         if key != self._adapters_key:
             self.drop_hooks()
             self._adapters_key = key

@@ -177,14 +177,52 @@ def test_exclusive_takes_the_hooks_off_and_new_weights_are_decoded(engines):
     req = [ChatRequest(MSG, max_tokens=6, temperature=0, ignore_eos=True)]
     static.generate(req, ["ad1"])
     assert static._scheduler._static._adapters is not None
-    for eng in (eager, static):
-        with eng.exclusive() as model:
-            assert eng is eager or eng._scheduler._static._adapters is None  # no serving hooks while training
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    if ".ad1." in n and "lora_B" in n:
-                        p.add_(0.5)
-    _same(eager.generate(req * 2, ["ad1", "ad2"]), static.generate(req * 2, ["ad1", "ad2"]))
+
+    def scale(factor):
+        for eng in (eager, static):
+            with eng.exclusive() as model:
+                assert eng is eager or eng._scheduler._static._adapters is None  # no serving hooks while training
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        if ".ad1." in n and "lora_B" in n:
+                            p.mul_(4.0 * factor)
+
+    scale(1.0)
+    try:
+        _same(eager.generate(req * 2, ["ad1", "ad2"]), static.generate(req * 2, ["ad1", "ad2"]))
+    finally:
+        scale(1 / 16)  # exactly the weights before (powers of two), for the other tests
+
+
+def test_weights_updated_in_place_outside_exclusive_are_decoded_at_the_next_batch(engines):
+    eager, static = engines
+    req = [ChatRequest(MSG, max_tokens=6, temperature=0, ignore_eos=True)] * 2
+    static.generate(req, ["ad2", "ad1"])
+
+    def scale(factor):
+        for eng in (eager, static):
+            with torch.no_grad():  # an optimizer step on the live model, between two batches
+                for n, p in eng.model.named_parameters():
+                    if ".ad2." in n and "lora_B" in n:
+                        p.mul_(factor)
+
+    scale(-2.0)
+    try:
+        changed = static.generate(req, ["ad2", "ad1"])
+        _same(eager.generate(req, ["ad2", "ad1"]), changed)
+    finally:
+        scale(-0.5)  # exactly the weights before (powers of two), for the other tests
+    assert static.generate(req, ["ad2", "ad1"])[0].logprobs != changed[0].logprobs
+
+
+def test_a_team_takes_the_decode_mode_from_its_engine_options(tiny_model_dir):
+    from marft_lg.serving.team import Team
+
+    with Team(tiny_model_dir, ["planner"], lora=LoraSettings(r=4), versions=None, model_name="tiny",
+              engine_options={"decode": "static", "max_batch_size": 4, "static_max_len": 512}) as team:
+        out = team.chat([ChatRequest(MSG, agent="planner", max_tokens=4, seed=1, ignore_eos=True)])[0]
+        assert len(out.completion_token_ids) == 4 and team.engine.decode == "static"
+        assert team.engine._scheduler._static.steps == 3 and team.engine.max_context() == 512
 
 
 def test_static_max_len_bounds_the_context(tiny_model_dir):

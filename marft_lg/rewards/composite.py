@@ -11,6 +11,7 @@ interrupt is unscored, one whose run failed follows `errored` (unscored by defau
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from marft_lg.rewards.base import ComponentScore, RewardComponent, answer_order,
 from marft_lg.rewards.loading import ERRORED_MODES, build_component, component_spec, parse_config
 from marft_lg.rewards.placement import CREDIT_MODES, place_rewards
 from marft_lg.rewards.registry import relative_to
-from marft_lg.trajectories.dataset import Episode, TrajectoryDataset
+from marft_lg.trajectories.dataset import Episode, TrajectoryDataset, scenario_key
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
 BASE_COLUMNS: tuple[str, ...] = ("episode_id", "reward", "scored", "error", "vetoed")
@@ -269,6 +270,9 @@ class CompositeReward:
         """Score every episode of `dataset` (joined to `scenarios` by `scenario_id`)."""
         by_id = _scenario_dicts(scenarios)
         episodes: Iterable[Episode] = dataset.iter_episodes(by_id)
+        if self._grouped():
+            episodes = list(episodes)
+            self.prepare(episodes)
         if progress:
             from rich.progress import track
 
@@ -285,6 +289,26 @@ class CompositeReward:
         frame["scored"] = frame["scored"].astype(bool)
         frame["vetoed"] = frame["vetoed"].astype(bool)
         return RewardResult(frame, action_rewards, list(self.components), dict(self.weights), self.credit)
+
+    def prepare(self, episodes: Iterable[Episode]) -> None:
+        """Call each component's group hook (`RewardComponent.prepare`) with `episodes` grouped by scenario, the
+        unfinished ones left out (they are never scored). `score` does this itself; call it before `score_episode`
+        when scoring episode by episode with a component that judges groups."""
+        groups: dict[str, list[Episode]] = {}
+        for ep in episodes:
+            if self._unfinished(ep) is None:
+                groups.setdefault(scenario_key(ep.episode_id, ep.info.get("scenario_id")), []).append(ep)
+        for name, comp in self.components.items():
+            if type(comp).prepare is RewardComponent.prepare:
+                continue
+            try:
+                comp.prepare(list(groups.values()))
+            except Exception as exc:  # the hook must not raise; if it does, its episodes are scored by __call__
+                logging.getLogger(__name__).warning("reward component %r: prepare failed: %s: %s", name,
+                                                    type(exc).__name__, exc)
+
+    def _grouped(self) -> bool:
+        return any(type(c).prepare is not RewardComponent.prepare for c in self.components.values())
 
     def _unfinished(self, episode: Episode) -> str | None:
         """Why `episode` is left unscored as unfinished (its `status`), or None to score it."""

@@ -3,6 +3,7 @@
 from marft_lg.rewards.components.coordination import HandoffLoopRate
 from marft_lg.rewards.components.efficiency import Cost, StepCount, StepEfficiency
 from marft_lg.rewards.components.format import FormatCompliance
+from marft_lg.rewards.components.group_judge import GroupJudge
 from marft_lg.rewards.components.judge import LLMJudge
 from marft_lg.rewards.components.outcome import Feedback, GoalProgress, TaskCompletion
 from marft_lg.rewards.components.safety import ContentSafety, PromptInjection
@@ -15,6 +16,7 @@ __all__ = [
     "Feedback",
     "FormatCompliance",
     "GoalProgress",
+    "GroupJudge",
     "HandoffLoopRate",
     "LLMJudge",
     "PromptInjection",

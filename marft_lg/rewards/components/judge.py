@@ -62,18 +62,7 @@ class LLMJudge:
     max_chars: int = 2000
 
     def __post_init__(self) -> None:
-        if isinstance(self.engine, str):
-            target = load_object(self.engine)
-            self.engine = target() if callable(target) and not hasattr(target, "chat") else target
-        if self.engine is None and self.base_url:
-            from marft_lg.serving.client import OpenAIEngineClient
-
-            self.engine = OpenAIEngineClient(self.base_url)
-        if _is_http_client(self.engine):
-            self.engine = ClientEngine(self.engine, self.model)
-        if self.engine is None or not callable(getattr(self.engine, "chat", None)):
-            raise ValueError("LLM judge needs an engine with chat(list[ChatRequest]) -> list[Completion]: "
-                             "pass engine=<Team or client>, or base_url='http://127.0.0.1:PORT/v1' in YAML")
+        self.engine = judge_engine(self.engine, self.base_url, self.model, what="LLM judge")
         if self.on_unparsable != "error" and not isinstance(self.on_unparsable, int | float):
             raise ValueError(f"LLM judge: on_unparsable must be 'error' or a number, got {self.on_unparsable!r}")
 
@@ -120,8 +109,32 @@ class LLMJudge:
         return float(self.on_unparsable)
 
 
+def judge_engine(engine: Any = None, base_url: str | None = None, model: str | None = None, *,
+                 api_key: str | None = None, timeout_s: float | None = None, what: str = "LLM judge") -> Any:
+    """The engine a judge asks: `engine` itself (a `Team`, anything with ``chat(list[ChatRequest])``), an import
+    path to one (or to a factory of one), or an `OpenAIEngineClient` on `base_url` (`marft-lg serve`, vLLM, any
+    OpenAI-compatible server) answering as `model` (None: the first model the server lists, its base model)."""
+    if isinstance(engine, str):
+        target = load_object(engine)
+        engine = target() if callable(target) and not hasattr(target, "chat") else target
+    if engine is None and base_url:
+        from marft_lg.serving.client import DEFAULT_TIMEOUT_S, OpenAIEngineClient
+
+        engine = OpenAIEngineClient(base_url, api_key=api_key,
+                                    timeout=DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
+    if _is_http_client(engine):
+        engine = ClientEngine(engine, model)
+    if engine is None or not callable(getattr(engine, "chat", None)):
+        raise ValueError(f"{what} needs an engine with chat(list[ChatRequest]) -> list[Completion]: "
+                         "pass engine=<Team or client>, or base_url='http://127.0.0.1:PORT/v1' in YAML")
+    return engine
+
+
 class ClientEngine:
-    """`chat(list[ChatRequest])` over an `OpenAIEngineClient`, whose `chat` takes one request and a model name."""
+    """`chat(list[ChatRequest])` over an `OpenAIEngineClient`, whose `chat` takes one request and a model name.
+
+    A judge needs the reply's text only: a server that answers without token ids or log-probs (an OpenAI-compatible
+    endpoint other than vLLM and `marft-lg serve`) still gives its text."""
 
     def __init__(self, client: Any, model: str | None = None):
         self.client = client
@@ -133,7 +146,26 @@ class ClientEngine:
             if not served:
                 raise JudgeError(f"LLM judge: the server at {self.client.base_url} serves no model")
             self.model = served[0]
-        return [self.client.chat(r, r.agent if r.agent is not None else self.model) for r in requests]
+        return [self._one(r, r.agent if r.agent is not None else self.model) for r in requests]
+
+    def _one(self, request: ChatRequest, model: str) -> Completion:
+        from marft_lg.serving.client import MalformedResponseError
+
+        try:
+            return self.client.chat(request, model)
+        except MalformedResponseError as exc:
+            text = _reply_text(exc.body)
+            if text is None:
+                raise
+            return Completion(text=text, prompt_token_ids=[], completion_token_ids=[], logprobs=[], model=model)
+
+
+def _reply_text(body: Any) -> str | None:
+    try:
+        content = body["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return content if isinstance(content, str) else None
 
 
 def _is_http_client(engine: Any) -> bool:

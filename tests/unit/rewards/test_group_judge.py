@@ -250,3 +250,25 @@ def test_http_sends_response_format_json_schema_and_the_key(monkeypatch):
     assert body["model"] == "base-model" and seen[0]["auth"] == "Bearer sekret"
     fmt = body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == judge_schema(2)
+
+
+@pytest.fixture(scope="module")
+def team(tiny_model_dir):
+    import torch
+
+    from marft_lg.serving.team import Team
+
+    torch.set_num_threads(1)
+    with Team(tiny_model_dir, ["planner"], versions=None, model_name="tiny") as t:
+        yield t
+
+
+def test_real_marft_serve_decodes_the_judgement_under_the_json_schema(http_url):
+    """`marft-lg serve` with the tiny random model: its scores are noise, but the grammar makes the reply parse."""
+    judge = GroupJudge(base_url=http_url, retries=0, max_chars=80, max_tokens=400)
+    result = _reward(judge).score(make_dataset(_episodes("s1", [0.2, 0.9])))
+    assert judge._engine.model == "tiny"  # model: null took the served base model
+    eps = result.episodes
+    assert eps["scored"].all(), eps["error"].tolist()
+    assert all(0.0 <= r <= 1.0 for r in eps["reward"])
+    assert judge.calls == 1

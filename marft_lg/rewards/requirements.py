@@ -9,7 +9,7 @@ from traces) give `task_completion` nothing to match, and an app's interrupts ar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 REFERENCE, FEEDBACK, RESUME = "reference", "feedback", "resume"
@@ -20,8 +20,11 @@ _STAND_INS = ("a judge (group_judge, trajectory_score with judge:), interrupt_fe
 
 def reward_needs(reward: Any) -> dict[str, set[str]]:
     """``{component name: what it needs}`` of `reward`'s weighted components that declare needs."""
-    components = getattr(reward, "components", None) or {}
-    weights = getattr(reward, "weights", None) or {}
+    components = getattr(reward, "components", None)
+    weights = getattr(reward, "weights", None)
+    if not isinstance(components, Mapping):  # a plain callable or another Scorer: nothing declared
+        return {}
+    weights = weights if isinstance(weights, Mapping) else {}
     out: dict[str, set[str]] = {}
     for name, comp in components.items():
         needs = getattr(comp, "needs", None)
@@ -60,7 +63,8 @@ def signal_counts(reward: Any, table: Any) -> dict[str, dict[str, int]]:
     """``{component: {"scored": n, "episodes": N}}``: how many episodes each weighted component of `reward` scored
     in a `RewardResult.episodes` table (a failed or missing signal is NaN there), so a report can say which signals
     the reward really rested on."""
-    weights = getattr(reward, "weights", None) or {}
+    weights = getattr(reward, "weights", None)
+    weights = weights if isinstance(weights, Mapping) else {}
     total = len(table)
     out = {}
     for name, w in weights.items():

@@ -33,7 +33,7 @@ from typing import Any
 
 from marft_lg._durable import write_atomic
 from marft_lg.rewards.base import ComponentScore, RewardComponent, action_list
-from marft_lg.rewards.components.judge import JudgeError, _task_text, judge_engine
+from marft_lg.rewards.components.judge import ClientEngine, JudgeError, _task_text, judge_engine
 from marft_lg.rewards.registry import register_component
 from marft_lg.serving.types import ChatRequest
 from marft_lg.trajectories.dataset import Episode
@@ -223,6 +223,13 @@ class GroupJudge(RewardComponent):
 
     # ---- the cache -----------------------------------------------------------------------------
     def _model_label(self) -> str:
+        if isinstance(self._engine, ClientEngine) and self._engine.model is None:
+            with self._lock:  # the served model's name is part of the cache key: resolve it before the first key
+                if self._engine.model is None:
+                    served = self._engine.client.models()
+                    if not served:
+                        raise GroupJudgeError(f"group_judge: the server at {self.base_url} serves no model")
+                    self._engine.model = served[0]
         return str(self.model or getattr(self._engine, "model", None) or getattr(self._engine, "model_name", None)
                    or self.base_url or "engine")
 

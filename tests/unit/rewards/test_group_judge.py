@@ -227,7 +227,7 @@ def test_yaml_round_trip_and_options(tmp_path):
         GroupJudge(base_url="http://127.0.0.1:9/v1", api_key_env="NO_SUCH_KEY_VAR")
 
 
-def test_http_sends_response_format_json_schema_and_the_key(monkeypatch):
+def test_http_sends_response_format_json_schema_and_the_key(monkeypatch, tmp_path):
     seen: list[dict] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -241,15 +241,26 @@ def test_http_sends_response_format_json_schema_and_the_key(monkeypatch):
         return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": content}}]})
 
     monkeypatch.setenv("JUDGE_KEY", "sekret")
-    judge = GroupJudge(base_url="http://judge.test/v1", api_key_env="JUDGE_KEY")
-    judge._engine.client = OpenAIEngineClient("http://judge.test/v1", api_key="sekret",
-                                              transport=httpx.MockTransport(handler))
-    result = _reward(judge).score(make_dataset(_episodes("s1", [0.1, 0.9])))
-    assert result.episodes["reward"].tolist() == [0.5, 0.5]
+
+    def judge() -> GroupJudge:
+        out = GroupJudge(base_url="http://judge.test/v1", api_key_env="JUDGE_KEY", cache_dir=str(tmp_path),
+                         max_concurrency=3)
+        assert out._engine.client.api_key == "sekret"
+        out._engine.client = OpenAIEngineClient("http://judge.test/v1", api_key="sekret",
+                                                transport=httpx.MockTransport(handler))
+        return out
+
+    ds = make_dataset(_episodes("s1", [0.1, 0.9]) + _episodes("s2", [0.3]) + _episodes("s3", [0.3, 0.4, 0.5]))
+    result = _reward(judge()).score(ds)
+    assert result.episodes["reward"].tolist() == [0.5] * 6
     body = seen[0]["body"]
     assert body["model"] == "base-model" and seen[0]["auth"] == "Bearer sekret"
     fmt = body["response_format"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == judge_schema(2)
+    n = len(re.findall(r"### Attempt \d", body["messages"][-1]["content"]))
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == judge_schema(n)
+    assert len(seen) == 3
+    _reward(judge()).score(ds)  # a resumed run: the model is resolved before the cache keys, every group hits
+    assert len(seen) == 3
 
 
 @pytest.fixture(scope="module")

@@ -141,13 +141,15 @@ def score_side(
     scenarios: Mapping[str, Mapping[str, Any]] | None = None,
     formats: Mapping[str, str] | None = None,
     agents: list[str] | None = None,
+    prepared: bool = False,
 ) -> SideScores:
     """Score one side: reward + components per episode, episode metrics and per-agent metrics.
 
     `units` maps episode id -> unit id (default: the episode's scenario id). An episode the reward
     could not score keeps NaN reward/components (it is left out of the paired means, and counted).
+    `prepared`: the reward's group step already ran over both sides (`judge_pairs`).
     """
-    result = reward.score(dataset, scenarios)
+    result = reward.score(dataset, scenarios, prepared=True) if prepared else reward.score(dataset, scenarios)
     table, components, action_rewards = _reward_table(result)
     weights = {k: float(v) for k, v in (getattr(result, "weights", None) or {}).items()}
     table = table.copy()
@@ -222,6 +224,28 @@ def compare_scores(
                             baseline=baseline, candidate=candidate, unmatched=unmatched, meta=dict(meta or {}))
 
 
+def judge_pairs(reward: Scorer, baseline: TrajectoryDataset, candidate: TrajectoryDataset, *,
+                scenarios: Mapping[str, Mapping[str, Any]] | None = None,
+                baseline_units: Mapping[str, str] | None = None,
+                candidate_units: Mapping[str, str] | None = None) -> bool:
+    """Run a grouped reward's group step (a relative judge) over both sides at once, one group per paired unit: the
+    judge sees the live and the candidate episodes of the same input side by side (in a shuffled order, both orders
+    with `judge_twice`). Returns whether it ran (False: the reward judges episode by episode)."""
+    if not getattr(reward, "grouped", False) or not callable(getattr(reward, "prepare", None)):
+        return False
+    unit_of: dict[str, Any] = {}
+    for data, units in ((baseline, baseline_units), (candidate, candidate_units)):
+        ids = data.episodes["episode_id"]
+        unit_of.update(units if units is not None else dict(zip(ids, data.episodes["scenario_id"], strict=True)))
+    episodes = [*baseline.iter_episodes(scenarios), *candidate.iter_episodes(scenarios)]
+    def unit(ep: Any) -> Any:
+        u = unit_of.get(ep.episode_id)
+        return ep.episode_id if u is None or (isinstance(u, float) and math.isnan(u)) else u
+
+    reward.prepare(episodes, key=unit)
+    return True
+
+
 def compare_datasets(
     baseline: TrajectoryDataset,
     candidate: TrajectoryDataset,
@@ -236,8 +260,13 @@ def compare_datasets(
     seed: int = 0,
     meta: Mapping[str, Any] | None = None,
 ) -> ComparisonResult:
-    """Score both datasets with the same reward and compare them unit by unit (see module doc)."""
+    """Score both datasets with the same reward and compare them unit by unit (see module doc). A reward that judges
+    groups (`group_judge`) judges each unit's baseline and candidate episodes together (`judge_pairs`)."""
     roles = sorted(set(baseline.actions["agent"].dropna()) | set(candidate.actions["agent"].dropna()))
-    b = score_side(baseline, reward, units=baseline_units, scenarios=scenarios, formats=formats, agents=roles)
-    c = score_side(candidate, reward, units=candidate_units, scenarios=scenarios, formats=formats, agents=roles)
+    joint = judge_pairs(reward, baseline, candidate, scenarios=scenarios, baseline_units=baseline_units,
+                        candidate_units=candidate_units)
+    b = score_side(baseline, reward, units=baseline_units, scenarios=scenarios, formats=formats, agents=roles,
+                   prepared=joint)
+    c = score_side(candidate, reward, units=candidate_units, scenarios=scenarios, formats=formats, agents=roles,
+                   prepared=joint)
     return compare_scores(b, c, confidence=confidence, n_resamples=n_resamples, seed=seed, meta=meta)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,11 +266,13 @@ class CompositeReward:
         return EpisodeReward(episode.episode_id, float(reward), True, None, values, placed, veto is not None)
 
     def score(self, dataset: TrajectoryDataset, scenarios: ScenarioSet | Mapping[str, Any] | Iterable[Scenario] | None = None,
-              *, progress: bool = False) -> RewardResult:
-        """Score every episode of `dataset` (joined to `scenarios` by `scenario_id`)."""
+              *, progress: bool = False, prepared: bool = False) -> RewardResult:
+        """Score every episode of `dataset` (joined to `scenarios` by `scenario_id`). `prepared`: the caller already
+        ran the group step (`prepare`) over these episodes with groups of its own (a comparison judges the two sides
+        of each paired unit together)."""
         by_id = _scenario_dicts(scenarios)
         episodes: Iterable[Episode] = dataset.iter_episodes(by_id)
-        if self._grouped():
+        if self.grouped and not prepared:
             episodes = list(episodes)
             self.prepare(episodes)
         if progress:
@@ -290,14 +292,15 @@ class CompositeReward:
         frame["vetoed"] = frame["vetoed"].astype(bool)
         return RewardResult(frame, action_rewards, list(self.components), dict(self.weights), self.credit)
 
-    def prepare(self, episodes: Iterable[Episode]) -> None:
-        """Call each component's group hook (`RewardComponent.prepare`) with `episodes` grouped by scenario, the
-        unfinished ones left out (they are never scored). `score` does this itself; call it before `score_episode`
-        when scoring episode by episode with a component that judges groups."""
-        groups: dict[str, list[Episode]] = {}
+    def prepare(self, episodes: Iterable[Episode], key: Callable[[Episode], Any] | None = None) -> None:
+        """Call each component's group hook (`RewardComponent.prepare`) with `episodes` grouped by scenario (or by
+        `key(episode)`), the unfinished ones left out (they are never scored). `score` does this itself; call it
+        before `score_episode` when scoring episode by episode with a component that judges groups."""
+        groups: dict[Any, list[Episode]] = {}
         for ep in episodes:
             if self._unfinished(ep) is None:
-                groups.setdefault(scenario_key(ep.episode_id, ep.info.get("scenario_id")), []).append(ep)
+                group = key(ep) if key is not None else scenario_key(ep.episode_id, ep.info.get("scenario_id"))
+                groups.setdefault(group, []).append(ep)
         for name, comp in self.components.items():
             if type(comp).prepare is RewardComponent.prepare:
                 continue
@@ -307,7 +310,9 @@ class CompositeReward:
                 logging.getLogger(__name__).warning("reward component %r: prepare failed: %s: %s", name,
                                                     type(exc).__name__, exc)
 
-    def _grouped(self) -> bool:
+    @property
+    def grouped(self) -> bool:
+        """Whether a component judges episodes in groups (`RewardComponent.prepare`)."""
         return any(type(c).prepare is not RewardComponent.prepare for c in self.components.values())
 
     def _unfinished(self, episode: Episode) -> str | None:

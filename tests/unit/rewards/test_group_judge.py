@@ -283,3 +283,23 @@ def test_real_marft_serve_decodes_the_judgement_under_the_json_schema(http_url):
     assert eps["scored"].all(), eps["error"].tolist()
     assert all(0.0 <= r <= 1.0 for r in eps["reward"])
     assert judge.calls == 1
+
+
+def test_a_comparison_judges_each_units_live_and_candidate_episodes_in_one_call():
+    """`compare_datasets` with a relative judge: one call per paired unit sees the baseline and the candidate
+    episodes of the same input side by side; the paired delta is the judge's, in both positions (judge_twice)."""
+    from marft_lg.evaluation.comparison import compare_datasets
+
+    base = make_dataset([{**e, "episode_id": f"b-{e['episode_id']}"} for sid in ("s1", "s2", "s3")
+                         for e in _episodes(sid, [0.25])])
+    cand = make_dataset([{**e, "episode_id": f"c-{e['episode_id']}"} for sid in ("s1", "s2", "s3")
+                         for e in _episodes(sid, [0.75])])
+    judge = FakeJudge(bias=0.1)
+    reward = CompositeReward({"group_judge": 1.0}, {"group_judge": GroupJudge(engine=judge, judge_twice=True)})
+    result = compare_datasets(base, cand, reward, n_resamples=200)
+    assert judge.calls == 6  # one group per unit holding both sides, judged in both orders
+    for request in judge.requests:
+        prompt = request.messages[-1]["content"]
+        assert prompt.count("### Attempt") == 2 and "quality=0.25" in prompt and "quality=0.75" in prompt
+    assert result.n_pairs == 3
+    assert result.team.mean == pytest.approx(0.5)  # the first-position bias cancels out over both orders

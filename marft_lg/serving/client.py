@@ -46,6 +46,22 @@ _CTX_PATTERNS = (
 )
 
 
+def _text_completion(data: Any, where: str, model: str, latency_s: float) -> Completion:
+    """A reply's text as a `Completion` without token ids or log-probs (`OpenAIEngineClient(text_only=True)`)."""
+    try:
+        choice = data["choices"][0]
+        text = (choice.get("message") or {}).get("content")
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        raise MalformedResponseError(f"{where}: response has no choices[0] ({e!r}); got {str(data)[:300]}",
+                                     body=data) from e
+    if not isinstance(text, str):
+        raise MalformedResponseError(f"{where}: choices[0].message.content is not text; got {str(data)[:300]}",
+                                     body=data)
+    return Completion(text=text, prompt_token_ids=[], completion_token_ids=[], logprobs=[],
+                      finish_reason=choice.get("finish_reason") or "stop", model=str(data.get("model") or model),
+                      latency_s=latency_s)
+
+
 def _error_reason(response: httpx.Response) -> tuple[str, Any]:
     """The server's own words: vLLM/OpenAI `{"error": {"message"}}`, FastAPI `{"detail"}`, or raw text."""
     try:
@@ -138,12 +154,15 @@ class OpenAIEngineClient:
     """Talk to an OpenAI-compatible engine (vLLM or `marft-lg serve`) at `base_url` (with or without /v1).
 
     `model` in every call is a served name: the base model's, an agent role, or an adapter ``role@vK``.
-    Pass `transport` (e.g. `httpx.MockTransport`) to test without a server.
+    Pass `transport` (e.g. `httpx.MockTransport`) to test without a server. `text_only`: ask for and return the
+    reply's text only (no `logprobs` or `return_token_ids` in the request, the fields a strict hosted endpoint
+    refuses): what a judge needs, never what the trainer needs.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
                  *, transport: httpx.BaseTransport | None = None,
-                 async_transport: httpx.AsyncBaseTransport | None = None):
+                 async_transport: httpx.AsyncBaseTransport | None = None, text_only: bool = False):
+        self.text_only = bool(text_only)
         url = base_url.rstrip("/")
         if url.endswith("/v1"):
             url = url[: -len("/v1")]
@@ -176,9 +195,9 @@ class OpenAIEngineClient:
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
-            "logprobs": True,
-            "return_token_ids": True,
         }
+        if not self.text_only:
+            body["logprobs"], body["return_token_ids"] = True, True
         if request.stop:
             body["stop"] = list(request.stop)
         if request.seed is not None:
@@ -193,6 +212,8 @@ class OpenAIEngineClient:
 
     def _to_completion(self, data: Any, request: ChatRequest, model: str, latency_s: float) -> Completion:
         where = f"POST {self.base_url}/v1/chat/completions model={model!r}"
+        if self.text_only:
+            return _text_completion(data, where, model, latency_s)
         try:
             choice = data["choices"][0]
             prompt_ids = data.get("prompt_token_ids")

@@ -120,7 +120,7 @@ def judge_engine(engine: Any = None, base_url: str | None = None, model: str | N
     if engine is None and base_url:
         from marft_lg.serving.client import DEFAULT_TIMEOUT_S, OpenAIEngineClient
 
-        engine = OpenAIEngineClient(base_url, api_key=api_key,
+        engine = OpenAIEngineClient(base_url, api_key=api_key, text_only=True,  # a judge reads text: any endpoint
                                     timeout=DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
     if _is_http_client(engine):
         engine = ClientEngine(engine, model)

@@ -235,6 +235,9 @@ def test_http_sends_response_format_json_schema_and_the_key(monkeypatch, tmp_pat
             return httpx.Response(200, json={"data": [{"id": "base-model"}]})
         body = json.loads(request.content)
         seen.append({"body": body, "auth": request.headers.get("authorization")})
+        extra = sorted({"logprobs", "return_token_ids"} & set(body))
+        if extra:  # a strict hosted endpoint refuses fields it does not know
+            return httpx.Response(400, json={"error": {"message": f"Unrecognized request arguments: {extra}"}})
         n = len(re.findall(r"### Attempt \d", body["messages"][-1]["content"]))
         content = json.dumps({"scores": [{"attempt": i + 1, "score": 0.5, "blame": ""} for i in range(n)]})
         # an OpenAI-compatible server that returns neither token ids nor logprobs: the judge needs the text only
@@ -245,8 +248,8 @@ def test_http_sends_response_format_json_schema_and_the_key(monkeypatch, tmp_pat
     def judge() -> GroupJudge:
         out = GroupJudge(base_url="http://judge.test/v1", api_key_env="JUDGE_KEY", cache_dir=str(tmp_path),
                          max_concurrency=3)
-        assert out._engine.client.api_key == "sekret"
-        out._engine.client = OpenAIEngineClient("http://judge.test/v1", api_key="sekret",
+        assert out._engine.client.api_key == "sekret" and out._engine.client.text_only  # a judge reads text only
+        out._engine.client = OpenAIEngineClient("http://judge.test/v1", api_key="sekret", text_only=True,
                                                 transport=httpx.MockTransport(handler))
         return out
 

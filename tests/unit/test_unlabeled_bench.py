@@ -1,0 +1,170 @@
+"""benchmarks/unlabeled.py: its pure parts (the simulated judge and user, agreement, the results file) with no model;
+a smoke run of the whole script on the tiny random model is marked slow."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from marft_lg.rewards import CompositeReward, GroupJudge
+from marft_lg.rewards.components.group_judge import render_episode
+from marft_lg.serving.types import ChatRequest
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in the module looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+ub = _load("unlabeled_bench", _ROOT / "benchmarks" / "unlabeled.py")
+factory = _load("unlabeled_rewards_factory", _ROOT / "tests" / "unit" / "rewards" / "rewards_factory.py")
+
+QUESTION = "Sam has 3 apples and gets 4 more. How many apples does Sam have now?"
+SCENARIO = factory.scenario(scenario_id="math-train-0000", inputs={"question": QUESTION})
+
+
+def _episodes(answers: list[str], sid: str = "math-train-0000") -> list[dict]:
+    return [{"episode_id": f"{sid}-{i}", "scenario_id": sid,
+             "actions": [{"agent": "reasoner", "completion": "3 + 4 = 7, so the answer is 7"},
+                         {"agent": "actor", "completion": a}]} for i, a in enumerate(answers)]
+
+
+ANSWERS = ["The answer is \\boxed{7}", "\\boxed{8}", "Sam has 7 apples", "I think\nit is \\boxed{7}\nthanks",
+           "\\boxed{6} not 7"]
+RIGHT = [True, False, True, True, False]
+
+
+def test_final_answer_and_correctness_follow_the_reference_rule():
+    ep = factory.make_episode(_episodes(["first line\n\\boxed{7}"])[0]["actions"], SCENARIO, episode_id="e")
+    block = render_episode(ep)
+    assert ub.final_answer(block) == "first line\n\\boxed{7}"  # a reply over several lines is kept whole
+    assert ub.final_answer(block, "reasoner") == "3 + 4 = 7, so the answer is 7"
+    assert ub.final_answer("step 0 [reasoner]: 7", "actor") == ""
+    for text, right in zip(ANSWERS, RIGHT, strict=True):
+        assert ub.answer_correct(text, "7") is right, text
+    assert not ub.answer_correct(None, "7")
+    assert ub.answer_correct("\\boxed{7.0}", 7)
+
+
+def test_the_simulated_judge_reads_a_real_group_judge_prompt_and_answers_valid_json():
+    ds = factory.make_dataset(_episodes(ANSWERS))
+    eps = list(ds.iter_episodes({"math-train-0000": SCENARIO}))
+    sim = ub.SimulatedJudge({QUESTION: "7"}, error=0.0)
+    judge = GroupJudge(engine=sim, seed=5)
+    prompt = judge.prompt(json.dumps(SCENARIO["inputs"]), [render_episode(e) for e in eps])
+    task, blocks = ub.parse_prompt(prompt)
+    assert QUESTION in task and len(blocks) == len(ANSWERS)
+    reply = sim.chat([ChatRequest(messages=[{"role": "user", "content": prompt}], agent=None)])
+    parsed = json.loads(reply[0].text)
+    assert [e["attempt"] for e in parsed["scores"]] == [1, 2, 3, 4, 5]
+    assert [e["score"] for e in parsed["scores"]] == [float(r) for r in RIGHT]
+    # through group_judge itself: shuffled order, the scores land on the right episodes
+    scores = judge.score_group(eps)
+    assert [scores[e.episode_id].value for e in eps] == [float(r) for r in RIGHT]
+    assert sim.calls == 2 and sim.flips == 0
+
+
+def test_the_simulated_judge_inside_a_composite_reward_and_record_agreement():
+    ds = factory.make_dataset(_episodes(ANSWERS))
+    sim = ub.SimulatedJudge({QUESTION: "7"}, error=0.0)
+    reward = CompositeReward({"group_judge": 1.0}, {"group_judge": GroupJudge(engine=sim)})
+    pairs: list = []
+    ub.record_agreement(reward, "group_judge", {"math-train-0000": "7"}, pairs)
+    no_ref = {**SCENARIO, "reference": None}
+    result = reward.score(ds, {"math-train-0000": no_ref})
+    assert result.episodes["scored"].all()
+    assert pairs == [(float(r), r) for r in RIGHT]
+    assert ub.agreement(pairs) == {"n": 5, "agree": 5, "rate": 1.0}
+
+
+def test_an_unknown_question_leaves_the_group_unscored_never_zero():
+    ds = factory.make_dataset(_episodes(ANSWERS[:2]))
+    sim = ub.SimulatedJudge({"another question": "7"}, error=0.0)
+    reward = CompositeReward({"group_judge": 1.0}, {"group_judge": GroupJudge(engine=sim, retries=0)})
+    result = reward.score(ds, {"math-train-0000": SCENARIO})
+    assert not result.episodes["scored"].any()
+
+
+@pytest.mark.parametrize("error", [0.1, 0.3])
+def test_the_simulated_judge_flips_about_e_of_its_verdicts(error):
+    blocks = [f"step 0 [actor]: \\boxed{{{i % 9}}}" for i in range(20)]
+    prompt = GroupJudge(engine=ub.SimulatedJudge({}, 0.0)).prompt(json.dumps({"question": QUESTION}), blocks)
+    truth = [ub.answer_correct(ub.final_answer(b), "7") for b in blocks]
+    wrong = total = 0
+    for seed in range(150):
+        sim = ub.SimulatedJudge({QUESTION: "7"}, error=error, seed=seed)
+        scores = sim.judge(prompt)
+        assert sim.flips == sum((s >= 0.5) != t for s, t in zip(scores, truth, strict=True))
+        wrong += sim.flips
+        total += len(blocks)
+    assert wrong / total == pytest.approx(error, abs=0.03)
+    again = ub.SimulatedJudge({QUESTION: "7"}, error=error, seed=3)
+    assert again.judge(prompt) == ub.SimulatedJudge({QUESTION: "7"}, error=error, seed=3).judge(prompt)  # seeded
+
+
+def test_agreement_skips_unscored_and_counts_the_threshold():
+    pairs = [(1.0, True), (0.5, True), (0.49, True), (0.0, False), (0.7, False), (None, True), (float("nan"), False)]
+    assert ub.agreement(pairs) == {"n": 5, "agree": 3, "rate": 0.6}
+    assert ub.agreement([]) == {"n": 0, "agree": 0, "rate": None}
+
+
+def test_the_simulated_user_approves_right_answers_90_percent_and_wrong_ones_10():
+    user = ub.SimulatedUser(seed=1)
+    verdicts = [(c, user.approves(c, f"thread-{i}")) for i in range(4000) for c in (True, False)]
+    rates = ub.approval_rates(verdicts)
+    assert rates["right"]["n"] == rates["wrong"]["n"] == 4000
+    assert rates["right"]["rate"] == pytest.approx(0.9, abs=0.02)
+    assert rates["wrong"]["rate"] == pytest.approx(0.1, abs=0.02)
+    assert user.approves(True, "t") == ub.SimulatedUser(seed=1).approves(True, "t")
+    assert ub.approval_rates([]) == {"right": {"n": 0, "approved": 0, "rate": None},
+                                     "wrong": {"n": 0, "approved": 0, "rate": None}}
+
+
+def _run(arm: str, seed: int, gain: float, low: float, rate: float | None = None) -> dict:
+    return {"arm": arm, "seed": seed, "training_minutes": 8.0, "judge_calls": 3,
+            "agreement": None if rate is None else {"n": 10, "agree": int(rate * 10), "rate": rate},
+            "heldout": {"n": 128, "gain": {"mean": gain, "low": low, "high": gain + 0.1, "n": 128},
+                        "strict": {"untuned": 0.1, "tuned": 0.2}}}
+
+
+def test_the_results_file_shape_and_append_merge():
+    runs = [_run("judge_sim_e10", 0, 0.05, 0.01, 0.9), _run("reference", 0, 0.1, 0.02),
+            _run("judge_sim_e10", 1, 0.03, -0.02, 0.8)]
+    doc = ub.results_doc(runs, ub.BUDGETS["smoke"], code={"commit": "abc123", "dirty": False},
+                         machine={"cpus": 2}, model="tiny")
+    assert doc["commit"] == "abc123" and doc["machine"] == {"cpus": 2} and doc["budget"]["name"] == "smoke"
+    assert "SIMULATED" in doc["notes"]["simulated"]
+    assert [(r["arm"], r["seed"]) for r in doc["runs"]] == [("reference", 0), ("judge_sim_e10", 0),
+                                                            ("judge_sim_e10", 1)]
+    s = doc["summary"]["judge_sim_e10"]
+    assert s["seeds"] == [0, 1] and s["gain_mean"] == pytest.approx(0.04)
+    assert s["seeds_ci_above_zero"] == 1 and s["agreement_mean"] == pytest.approx(0.85) and s["simulated_judge"]
+    assert doc["summary"]["reference"]["agreement_mean"] is None
+    json.dumps(doc)  # serialisable
+    assert "SIMULATED judge" in ub.table(doc)
+    merged = ub.merge_runs(runs, [_run("reference", 0, 0.2, 0.1)])
+    assert len(merged) == 3 and [r for r in merged if r["arm"] == "reference"][0]["heldout"]["gain"]["mean"] == 0.2
+
+
+def test_strip_labels_drops_reference_and_checkpoints():
+    from marft_lg.examples.math_team.problems import make_problems
+
+    train = make_problems(3, 1, 0).split("train")
+    stripped = ub.strip_labels(train)
+    assert len(stripped) == 3
+    assert all(s.reference is None and not s.checkpoints for s in stripped)
+    assert [s.inputs for s in stripped] == [s.inputs for s in train]
+
+
+def test_unknown_arm_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        ub.main(["--arms", "nope", "--out", str(tmp_path / "u.json")])

@@ -130,6 +130,9 @@ def shadow_compare(
     if problems:
         raise ValueError("the reward can never be computed on the comparison's new episodes: " + "; ".join(problems))
     team = _team_of(app)
+    bind = getattr(reward, "bind_default_engine", None)
+    if callable(bind) and team is not None:  # a judge given no endpoint asks the served base model (adapters off)
+        bind(team)
     registry = team.registry if isinstance(team, ServedTeam) else None
     roles = team.agents() if team is not None else None
     base_map = resolve_versions(baseline, registry, roles)

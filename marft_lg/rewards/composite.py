@@ -310,6 +310,14 @@ class CompositeReward:
                 logging.getLogger(__name__).warning("reward component %r: prepare failed: %s: %s", name,
                                                     type(exc).__name__, exc)
 
+    def bind_default_engine(self, team: Any) -> None:
+        """Give the components that judge with a model and were given none (`group_judge` without `base_url`) the
+        served `team`'s base model; the trainer and the comparison call this with the team they run."""
+        for comp in self.components.values():
+            bind = getattr(comp, "bind_default_engine", None)
+            if callable(bind):
+                bind(team)
+
     @property
     def grouped(self) -> bool:
         """Whether a component judges episodes in groups (`RewardComponent.prepare`)."""

@@ -87,6 +87,9 @@ class MARFTTrainer:
             raise TypeError(f"MARFTTrainer needs a team with `bases` and `agents()` (Team, MixedTeam, LocalPolicy); "
                             f"got {type(team).__name__}")
         self.team, self.reward = team, reward
+        bind = getattr(reward, "bind_default_engine", None)
+        if callable(bind):  # a judge given no endpoint asks the served base model (adapters off)
+            bind(team)
         self.cfg = config or MARFTConfig()
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -95,8 +95,10 @@ class GroupJudge(RewardComponent):
             api_key = os.environ.get(self.api_key_env)
             if api_key is None:
                 raise ValueError(f"group_judge: api_key_env names {self.api_key_env!r}, which is not set")
-        self._engine = judge_engine(self.engine, self.base_url, self.model, api_key=api_key,
-                                    timeout_s=self.timeout_s, what="group_judge")
+        # with neither an engine nor a base_url: the served base model, bound by whoever runs the reward with a team
+        # (the trainer, a comparison: `bind_default_engine`)
+        self._engine = None if self.engine is None and not self.base_url else judge_engine(
+            self.engine, self.base_url, self.model, api_key=api_key, timeout_s=self.timeout_s, what="group_judge")
         if int(self.retries) < 0 or int(self.max_concurrency) < 1 or int(self.max_chars) < 40:
             raise ValueError("group_judge: retries must be >= 0, max_concurrency >= 1 and max_chars >= 40")
         self._results: dict[str, ComponentScore | Exception] = {}
@@ -110,6 +112,11 @@ class GroupJudge(RewardComponent):
             raise ValueError("a group_judge built from an engine object cannot be written to YAML; build it with "
                              "base_url= (or engine='pkg.mod:factory') to make it serialisable")
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def bind_default_engine(self, team: Any) -> None:
+        """Judge with `team`'s base model without adapters (``agent: None``) when no engine or base_url was given."""
+        if self._engine is None and callable(getattr(team, "chat", None)):
+            self._engine = team
 
     # ---- the component -------------------------------------------------------------------------
     def prepare(self, groups: Sequence[Sequence[Episode]]) -> None:
@@ -192,6 +199,9 @@ class GroupJudge(RewardComponent):
             try:
                 with self._lock:
                     self.calls += 1
+                if self._engine is None:
+                    raise GroupJudgeError("group_judge has no engine: give base_url (or engine), or score where a "
+                                          "served team is bound (training, compare, a retraining job)")
                 replies = self._engine.chat([request])
                 if len(replies) != 1:
                     raise GroupJudgeError(f"the engine answered {len(replies)} replies to 1 request")

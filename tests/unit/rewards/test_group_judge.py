@@ -306,3 +306,21 @@ def test_a_comparison_judges_each_units_live_and_candidate_episodes_in_one_call(
         assert prompt.count("### Attempt") == 2 and "quality=0.25" in prompt and "quality=0.75" in prompt
     assert result.n_pairs == 3
     assert result.team.mean == pytest.approx(0.5)  # the first-position bias cancels out over both orders
+
+
+def test_with_no_endpoint_the_judge_is_the_served_base_model_bound_by_the_trainer(team, tmp_path):
+    """`group_judge` given neither engine nor base_url: unscored (saying so) until a trainer or a comparison binds
+    the team it runs; then the team's base model without adapters judges."""
+    from marft_lg.training.config import MARFTConfig
+    from marft_lg.training.trainer import MARFTTrainer
+
+    ds = make_dataset(_episodes("s1", [0.2, 0.9]))
+    reward = _reward(GroupJudge(retries=0, max_chars=80, max_tokens=400))
+    alone = reward.score(ds)
+    assert not alone.episodes["scored"].any() and "has no engine" in alone.episodes["error"].iloc[0]
+    MARFTTrainer(team, reward, MARFTConfig(plots=False), tmp_path / "run", progress=False)
+    judge = reward.components["group_judge"]
+    assert judge._engine is team
+    scored = reward.score(ds)
+    assert scored.episodes["scored"].all() and scored.episodes["reward"].between(0, 1).all()
+    assert judge.calls == 2  # one failed try before the binding, one call after

@@ -404,7 +404,8 @@ class ArmRun:
             row = self.train_loop() if self.arm == "production_loop" else self.train_online()
             row.update(self.compare())
             row.update({"arm": self.arm, "seed": self.seed, "minutes": round((time.perf_counter() - t0) / 60, 2),
-                        "simulated_judge": self.arm in SIM_ERROR, "code": code_state()})
+                        "simulated_judge": self.arm in SIM_ERROR, "code": code_state(),
+                        "budget": self.budget.name, "budget_minutes": self.budget.minutes})
             return row
         finally:
             for app in self.apps:

@@ -168,3 +168,25 @@ def test_strip_labels_drops_reference_and_checkpoints():
 def test_unknown_arm_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         ub.main(["--arms", "nope", "--out", str(tmp_path / "u.json")])
+
+
+@pytest.mark.slow
+def test_smoke_run_on_the_tiny_model(tiny_model_dir, tmp_path):
+    """The script end to end (a simulated-judge arm and the production loop; ~25 s on 2 cores): the results file
+    has its commit, the run's figures, the traffic's feedback joined by thread id."""
+    out = tmp_path / "unlabeled.json"
+    doc = ub.main(["--budget", "smoke", "--seeds", "0", "--arms", "judge_sim_e10,production_loop", "--model",
+                   tiny_model_dir, "--out", str(out), "--work", str(tmp_path / "work")])
+    saved = json.loads(out.read_text())
+    assert saved["commit"] and saved["commit"] == doc["commit"]
+    runs = {r["arm"]: r for r in saved["runs"]}
+    assert set(runs) == {"judge_sim_e10", "production_loop"}
+    sim = runs["judge_sim_e10"]
+    assert sim["simulated_judge"] and sim["judge_calls"] >= 1 and sim["agreement"]["n"] >= 1
+    assert sim["heldout"]["n"] == ub.BUDGETS["smoke"].n_heldout and "strict" in sim["heldout"]
+    loop = runs["production_loop"]["traffic"]
+    assert loop["with_feedback"] == loop["answered"] == loop["conversations"]  # thumbs joined by thread id
+    # --append keeps what is there and skips a pair it holds
+    again = ub.main(["--budget", "smoke", "--seeds", "0", "--arms", "judge_sim_e10", "--model", tiny_model_dir,
+                     "--out", str(out), "--work", str(tmp_path / "work2"), "--append"])
+    assert len(again["runs"]) == 2

@@ -64,7 +64,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from marft_lg.demo import BUDGETS as DEMO_BUDGETS
+
 ROOT = Path(__file__).resolve().parents[1]
+DEMO_FULL = DEMO_BUDGETS["full"]
 RESULTS = ROOT / "benchmarks" / "results" / "unlabeled.json"
 ARMS = ("reference", "judge_base", "judge_sim_e10", "judge_sim_e30", "production_loop")
 SIM_ERROR = {"judge_sim_e10": 0.1, "judge_sim_e30": 0.3}
@@ -99,8 +102,11 @@ class Budget:
 
 
 BUDGETS = {
-    "full": Budget("full", minutes=8.0, n_heldout=128, online_iterations=40, scenarios_per_iteration=4,
-                   group_size=4, max_tokens=32, n_traffic=32, traffic_repeats=4, judge_max_tokens=256),
+    # the demo's full budget: its on-policy minutes, held-out set, iterations, problems per iteration, K, reply cap
+    "full": Budget("full", minutes=DEMO_FULL.online_minutes, n_heldout=DEMO_FULL.n_heldout,
+                   online_iterations=DEMO_FULL.online_iterations,
+                   scenarios_per_iteration=DEMO_FULL.scenarios_per_iteration, group_size=DEMO_FULL.group_size,
+                   max_tokens=DEMO_FULL.max_tokens, n_traffic=32, traffic_repeats=4, judge_max_tokens=256),
     "smoke": Budget("smoke", minutes=0.1, n_heldout=3, online_iterations=1, scenarios_per_iteration=1,
                     group_size=2, max_tokens=8, n_traffic=2, traffic_repeats=2, judge_max_tokens=96),
 }

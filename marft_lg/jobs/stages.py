@@ -189,10 +189,12 @@ class LibraryStages:
 
         cfg = self.trainer_config()
         scenarios = self.scenarios(None) if self.has_scenarios() else None
-        self._signals = signal_counts(self.reward(), self.reward().score(dataset, scenarios).episodes)
+        team = self.new_team(baseline)
+        reward = self.reward()
+        reward.bind_default_engine(team)  # a judge given no endpoint asks this team's base model
+        self._signals = signal_counts(reward, reward.score(dataset, scenarios).episodes)
         ctx.log(f"[{ctx.run_id}] reward signals on the mined episodes: " + ", ".join(
             f"{name} scored {c['scored']} of {c['episodes']}" for name, c in self._signals.items()))
-        team = self.new_team(baseline)
         tracker = ctx.tracker.child("train", ctx.run_dir / "train", cfg.to_dict())
         status = "FAILED"
         try:

@@ -219,11 +219,16 @@ def test_a_job_with_no_reference_anywhere_trains_and_compares_on_the_users_input
     assert all(s.reference is None for s in users) and len(users) == 6
     heldout = len(users.split("heldout"))
     assert 0 < heldout < 6
+    judged = {"weights": {"group_judge": 1.0, "format_compliance": 0.5},  # the served base model judges
+              "components": {"group_judge": {"max_chars": 80, "max_tokens": 200, "retries": 0},
+                             "format_compliance": REWARD["components"]["format_compliance"]}}
     result = run_once(job_for(world, LENIENT, registry="adapters-noref", output_dir="runs-noref", name="noref",
-                              scenarios=source, online_iterations=1),
+                              scenarios=source, online_iterations=1, reward=judged),
                       now=world["first_batch_done"] + timedelta(seconds=1), log=lambda m: None)
     assert result.status == st.PROMOTED, result.message
     assert result.record.metrics["n_pairs"] == heldout
-    assert result.record.metrics["signals"] == {"format_compliance": {"scored": 6, "episodes": 6}}
+    signals = result.record.metrics["signals"]
+    assert signals["format_compliance"] == {"scored": 6, "episodes": 6} and signals["group_judge"]["episodes"] == 6
+    assert signals["group_judge"]["scored"] == 6  # the grammar makes even the tiny model's verdict parse
     rows = [json.loads(x) for x in Path(result.record.run_dir, "train", "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["phase"] == "online" and rows[-1]["episodes"] > 0

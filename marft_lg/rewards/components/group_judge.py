@@ -114,8 +114,9 @@ class GroupJudge(RewardComponent):
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     def bind_default_engine(self, team: Any) -> None:
-        """Judge with `team`'s base model without adapters (``agent: None``) when no engine or base_url was given."""
-        if self._engine is None and callable(getattr(team, "chat", None)):
+        """Judge with `team`'s base model without adapters (``agent: None``) when no engine or base_url was given
+        (the latest team bound wins: a retraining job trains and compares on two teams)."""
+        if self.engine is None and not self.base_url and callable(getattr(team, "chat", None)):
             self._engine = team
 
     # ---- the component -------------------------------------------------------------------------

@@ -265,6 +265,18 @@ def _components(run_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def equal_share(row: dict[str, Any]) -> float | None:
+    """A row's share of comparable groups whose returns were all equal: its `equal_groups_share`, else (the row of an
+    iteration whose update dynamic sampling skipped carries no group counts) from its `dynamic_sampling` report."""
+    if row.get("equal_groups_share") is not None:
+        return float(row["equal_groups_share"])
+    ds = row.get("dynamic_sampling")
+    if isinstance(ds, dict) and ds.get("dropped_equal") is not None:
+        comparable = int(ds.get("informative") or 0) + int(ds["dropped_equal"])
+        return int(ds["dropped_equal"]) / comparable if comparable else None
+    return None
+
+
 def waste(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The waste and throughput of a run's MARFT iterations (offline and on-policy rows; the warm start apart)."""
     train = [r for r in rows if r.get("phase") in ("offline", "online")]
@@ -276,8 +288,8 @@ def waste(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return round(sum(float(r.get(key) or 0) for r in train) / 60, 2)
 
     return {
-        "equal_groups_share": _mean([r.get("equal_groups_share") for r in train]),
-        "equal_groups_share_online": _mean([r.get("equal_groups_share") for r in online]),
+        "equal_groups_share": _mean([equal_share(r) for r in train]),
+        "equal_groups_share_online": _mean([equal_share(r) for r in online]),
         "zero_advantage_share": _mean([r.get("zero_advantage_share") for r in train]),
         "tokens_per_min": _mean([r.get("tokens_per_min") for r in train]),
         "tokens_trained": sum(int(r.get("tokens") or 0) for r in train),

@@ -181,7 +181,8 @@ def fake_run(root: Path, seed: int = 0, *, gain=(0.2, 0.1, 0.3), tc=(0.06, 0.01,
     rows.append(_row(len(rows), "offline", scoring_s=1.0, update_s=29.0, iteration_s=30.0, tokens_per_min=1200.0))
     ds1 = {"dynamic_sampling": {"draws": 2, "wanted": 4, "informative": 4, "dropped_groups": 2, "short": 0}} \
         if dynamic else {}
-    ds2 = {"dynamic_sampling": {"draws": 4, "wanted": 4, "informative": 0, "dropped_groups": 4, "short": 4}} \
+    ds2 = {"dynamic_sampling": {"draws": 4, "wanted": 4, "informative": 0, "dropped_groups": 4, "dropped_equal": 4,
+                                "dropped_single": 0, "short": 4}} \
         if dynamic else {}
     rows.append(_row(len(rows), "online", rollout_s=14.0, scoring_s=1.0, update_s=27.0, iteration_s=42.0,
                      tokens_per_min=800.0, equal_groups_share=0.5, zero_advantage_share=0.5, **ds1))
@@ -224,7 +225,16 @@ def test_collect_counts_dynamic_sampling_draws_and_skipped_iterations(tmp_path):
                                      "short_iterations": 1}
     assert w["skipped_updates"] == 1
     assert w["warm_start"] == {"kept_episodes": 6, "actions": 12, "minutes": 0.2}
+    # the skipped row has no group counts: its draws' groups were all equal (4 of 4)
+    assert w["equal_groups_share_online"] == pytest.approx((0.5 + 1.0) / 2)
     assert w["tokens_per_min"] == pytest.approx(1000.0)  # the warm start's own throughput stays apart
+
+
+def test_equal_share_from_the_row_else_from_its_dynamic_sampling_report():
+    assert learn.equal_share({"equal_groups_share": 0.25}) == 0.25
+    assert learn.equal_share({"dynamic_sampling": {"informative": 1, "dropped_equal": 3}}) == 0.75
+    assert learn.equal_share({"dynamic_sampling": {"informative": 0, "dropped_equal": 0}}) is None
+    assert learn.equal_share({"equal_groups_share": None}) is None
 
 
 def test_collect_falls_back_to_comparison_json_for_the_components(tmp_path):

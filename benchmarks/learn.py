@@ -58,7 +58,8 @@ BUDGET_KEYS = ("group_size", "scenarios_per_iteration", "online_iterations", "on
 DEMO_OWNED = {"group_size": "a budget key here", "max_new_tokens": "set from the budget's max_tokens",
               "max_context": "fixed by the demo", "seed": "use --seeds", "offline_passes": "a budget key here",
               "offline_episodes_per_iteration": "fixed by the demo", "checkpoint_every": "fixed by the demo",
-              "rollout_concurrency": "fixed by the demo", "report_to": "not a setting"}
+              "rollout_concurrency": "fixed by the demo", "report_to": "not a setting",
+              "dynamic_sampling": "it is an arm: --arms dynamic_sampling,both"}
 # settings #46 asks about that run_demo cannot take today (a library change each)
 NOT_PASSABLE = {
     "temperature": "the demo's sampler is built at math_team.settings.ROLLOUT_TEMPERATURE; MARFTConfig.temperature "

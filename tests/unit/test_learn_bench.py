@@ -43,6 +43,7 @@ def test_parse_grid_values_are_typed():
     ("n_heldout=64", "yardstick"),
     ("max_new_tokens=64", "not a credit override.*max_tokens"),
     ("seed=3", "use --seeds"),
+    ("dynamic_sampling=true", "it is an arm"),
     ("warm_start.nope=1", "unknown warm start key.*warm_start.epochs"),
     ("learning_rate", "not key=value"),
     ("learning_rate=", "has no values"),

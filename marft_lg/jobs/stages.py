@@ -189,6 +189,10 @@ class LibraryStages:
 
         cfg = self.trainer_config()
         scenarios = self.scenarios(None) if self.has_scenarios() else None
+        if isinstance(self.job.scenarios, dict):  # users' inputs: a question's episodes form one group
+            from marft_lg.trajectories.scenario_sets import label_with_inputs
+
+            dataset, _ = label_with_inputs(dataset, self.job.scenarios["input_keys"])
         team = self.new_team(baseline)
         reward = self.reward()
         reward.bind_default_engine(team)  # a judge given no endpoint asks this team's base model

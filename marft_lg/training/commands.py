@@ -417,6 +417,13 @@ def train(
                    if policy.call is not None else f"the fixed value {policy.value!r}")
             console.print(f"online: {', '.join(stand_in)} scores what the resume policy answers at each interrupt "
                           f"({who}): a stand-in for the user, not a user", markup=False, highlight=False)
+    if dataset is not None and isinstance(spec.scenarios, dict):  # production traffic: group a question's episodes
+        from marft_lg.trajectories.scenario_sets import label_with_inputs
+
+        dataset, labelled = label_with_inputs(dataset, spec.scenarios["input_keys"])
+        if labelled:
+            console.print(f"data: {labelled} episode(s) without a scenario grouped by their input "
+                          f"({spec.scenarios['input_keys']})")
     empty = _no_usable_data(spec.data, dataset) if dataset is not None else None
     if empty:
         raise _fail(empty, code=EXIT_NO_DATA)

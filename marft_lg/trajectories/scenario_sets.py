@@ -48,6 +48,34 @@ def _opening(messages: Any) -> Any:
     return out or messages
 
 
+def _input_of(state: dict[str, Any], input_keys: Sequence[str]) -> tuple[dict[str, Any], str, str] | None:
+    """(the run's inputs, their canonical JSON, its sha256) from a final state; None when a key is missing."""
+    if any(k not in state for k in input_keys):
+        return None
+    inputs = {k: _opening(state[k]) if k == "messages" else state[k] for k in input_keys}
+    key = json.dumps(inputs, sort_keys=True, ensure_ascii=False, default=str)
+    return inputs, key, hashlib.sha256(key.encode()).hexdigest()
+
+
+def label_with_inputs(dataset: TrajectoryDataset, input_keys: Sequence[str]) -> tuple[TrajectoryDataset, int]:
+    """`dataset` with each episode that has no scenario given the id of its input's `scenarios_from_dataset`
+    scenario (``trace-<hash>``), so the episodes of one question asked several times form one group (a group-relative
+    baseline, the warm start's best of group) instead of groups of one; returns it and how many were labelled."""
+    episodes = dataset.episodes.copy()
+    labelled = 0
+    ids = list(episodes["scenario_id"])
+    for i, (sid, outcome) in enumerate(zip(ids, episodes["outcome"], strict=True)):
+        if sid is not None and not (isinstance(sid, float) and sid != sid):
+            continue
+        state = _outcome(outcome)
+        found = _input_of(state, input_keys) if state is not None else None
+        if found is not None:
+            ids[i] = "trace-" + found[2][:12]
+            labelled += 1
+    episodes["scenario_id"] = ids
+    return TrajectoryDataset(episodes=episodes, actions=dataset.actions), labelled
+
+
 def scenarios_from_dataset(
     dataset: TrajectoryDataset,
     input_keys: Sequence[str],
@@ -87,14 +115,13 @@ def scenarios_from_dataset(
         if state is None:
             skipped["no_outcome"] += 1
             continue
-        if any(k not in state for k in input_keys):
+        found = _input_of(state, input_keys)
+        if found is None:
             skipped["missing_keys"] += 1
             continue
-        inputs = {k: _opening(state[k]) if k == "messages" else state[k] for k in input_keys}
-        key = json.dumps(inputs, sort_keys=True, ensure_ascii=False, default=str)
+        inputs, key, digest = found
         if key in seen:
             continue
-        digest = hashlib.sha256(key.encode()).hexdigest()
         sid = "trace-" + digest[:12]
         side = split if heldout is None else ("heldout" if int(digest[12:20], 16) / 2**32 < float(heldout) else "train")
         seen[key] = Scenario(sid, inputs, reference=state.get(reference_key) if reference_key else None, split=side,

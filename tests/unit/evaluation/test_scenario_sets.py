@@ -60,3 +60,19 @@ def test_a_hash_split_is_stable_as_traffic_grows_and_chat_inputs_are_the_opening
     chat.episodes["outcome"] = [json.dumps({"messages": [*opening, {"type": "ai", "content": a}]}) for a in "AB"]
     [one] = scenarios_from_dataset(chat, ["messages"])  # two answers to one question: one scenario
     assert one.inputs == {"messages": opening}
+
+
+def test_production_episodes_are_grouped_by_their_input():
+    from marft_lg.trajectories.scenario_sets import label_with_inputs
+
+    eps = [{"episode_id": f"e{i}", "status": "ok", "actions": [{"agent": "w", "completion": "x"}]} for i in range(4)]
+    ds = make_dataset(eps)
+    ds.episodes["outcome"] = [json.dumps({"question": q, "answer": "x"}) for q in ("a?", "b?", "a?", "c?")]
+    ds.episodes["scenario_id"] = [None, None, None, "given"]
+    labelled, n = label_with_inputs(ds, ["question"])
+    assert n == 3
+    sids = dict(zip(labelled.episodes["episode_id"], labelled.episodes["scenario_id"], strict=True))
+    assert sids["e0"] == sids["e2"] != sids["e1"] and sids["e3"] == "given"
+    [a] = [s for s in scenarios_from_dataset(ds, ["question"]) if s.inputs == {"question": "a?"}]
+    assert sids["e0"] == a.scenario_id  # the id of the scenario the question became
+    assert len(labelled.scenario_groups()) == 3 and ds.episodes["scenario_id"].isna().sum() == 3  # a copy

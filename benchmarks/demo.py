@@ -39,8 +39,12 @@ def collect(run_dir: Path) -> dict:
     return {
         "seed": summary["seed"], "run_dir": str(run_dir), "code": summary.get("code"),
         "minutes": summary["minutes"], "stage_minutes": stage_min,
-        "offline_iterations": len(rows) - len(online), "online_iterations": len(online),
-        "online_training_minutes": round(sum((r.get("rollout_s") or 0) + r["time_s"] for r in online) / 60, 2),
+        "offline_iterations": sum(r.get("phase") == "offline" for r in rows), "online_iterations": len(online),
+        "warm_start": next(({"kept_episodes": r.get("kept_episodes")} for r in rows if r.get("phase") == "warm_start"),
+                           None),
+        # an on-policy iteration whose update dynamic sampling skipped has rollouts but no update time
+        "online_training_minutes": round(sum((r.get("rollout_s") or 0) + (r.get("time_s") or 0) for r in online)
+                                         / 60, 2),
         # an iteration whose batch held no scored episode has no mean (None): kept as None, not dropped
         "train_reward_curve": [None if r.get("reward_mean") is None else round(r["reward_mean"], 3) for r in rows],
         "heldout_n": summary["heldout"]["pairs"],

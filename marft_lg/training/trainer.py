@@ -320,8 +320,8 @@ class MARFTTrainer:
                     extra["dynamic_sampling"] = sample.report()
                 extra.update(collector.last_stats if reporting else {})  # e.g. episodes per rollout worker
                 if sampling and not sample.informative:
-                    row = self._skipped_iteration(self._nothing_informative(sample, "online"), collected, extra, t0,
-                                                  times)
+                    row = self._skipped_iteration(self._nothing_informative(sample, "online"), collected,
+                                                  {**groups.counts(), **extra}, t0, times)
                 else:
                     credit = (self._credit(collector, train.dataset, train.action_rewards, objects)
                               if self.cfg.credit == "counterfactual" else None)

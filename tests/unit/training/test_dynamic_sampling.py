@@ -214,6 +214,7 @@ def test_no_informative_group_in_the_budget_stops_with_a_message_naming_dynamic_
     [row] = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["updated_agents"] == [] and "dynamic sampling dropped every scenario group" in row["skipped_update"]
     assert row["dynamic_sampling"]["informative"] == 0 and row["reward_mean"] == 1.0
+    assert row["equal_groups_share"] == 1.0 and row["equal_groups"] == row["groups"] == 6  # the waste, counted
 
 
 def test_an_iteration_with_nothing_informative_is_skipped_and_the_run_goes_on(two_agent_policy, tmp_path, caplog):

@@ -156,11 +156,14 @@ def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
     scripted(team, {"alice": ["not json at all"], "bob": ["done"]})
     structured = chat("alice").with_structured_output(Facts, method="json_schema")
 
+    caught: list[BaseException] = []
+
     class Planner:  # the app catches the parse error, as apps do
         def invoke(self, messages):
             try:
                 return structured.invoke(messages)
-            except Exception:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001
+                caught.append(e)
                 return HumanMessage("no facts")
 
     wrapped = AppSpec(app=lambda: two_step(Planner(), chat("bob")), agents=["alice", "bob"],
@@ -170,7 +173,8 @@ def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
     wrapped.close()
     acts = captured.dataset().actions
     planner = acts[acts["agent"] == "alice"].iloc[0]
-    assert planner["completion"] == "not json at all" and len(planner["completion_token_ids"]) > 0
+    # the error the app caught is said when it is not the parse error (once in CI: an empty completion, no record)
+    assert planner["completion"] == "not json at all" and len(planner["completion_token_ids"]) > 0, caught
     assert planner["adapter_version"] == "v1"
 
 

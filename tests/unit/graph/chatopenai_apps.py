@@ -86,6 +86,7 @@ def scripted(team: Any, texts: dict[str, list[str]]) -> list[Any]:
                 c.text = next(cycles[c.agent])
                 ids = team.tokenizer_for(c.agent)(c.text, add_special_tokens=False)["input_ids"]
                 c.completion_token_ids, c.logprobs = list(ids), [-0.25] * len(ids)
+                c.finish_reason = "stop"  # a scripted answer is whole, whatever length the model's own draw reached
         return completions
 
     team.achat = achat

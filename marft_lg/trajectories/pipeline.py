@@ -221,9 +221,10 @@ def trace_threads(traces: Iterable[tuple[str, Iterable[SpanInfo]]]) -> dict[str,
     """trace id -> (its conversation/thread id, the start of its earliest span): what `resolve_feedback` needs."""
     out: dict[str, tuple[str | None, int]] = {}
     for t, spans in traces:
-        spans = sorted(spans, key=_START_ID)
+        spans = list(spans)
         if spans:
-            out[t] = (next((s.session for s in spans if s.session), None), spans[0].start_ns)
+            named = min((s for s in spans if s.session), key=_START_ID, default=None)
+            out[t] = (named.session if named is not None else None, min(map(_START, spans)))
     return out
 
 
@@ -281,7 +282,7 @@ def _feedback_target(fb: SpanInfo, trace_key: dict[str, str],
     return (before or [members[-1][1]])[-1], ""
 
 
-_START_ID = attrgetter("start_ns", "span_id")
+_START_ID, _START = attrgetter("start_ns", "span_id"), attrgetter("start_ns")
 
 
 def episode_traces(episodes: dict[str, list[SpanInfo]]) -> tuple[dict[str, str], dict[str, tuple[str | None, int]]]:

@@ -96,6 +96,7 @@ class Scheduler:
         self._epoch = 0  # bumped whenever adapters or weights may have changed
         self._adapter_params: dict[str, list[Any]] = {}
         self._plans: dict[Any, RowAdapters | None] = {}
+        self._weights_seen: Any = None  # the adapters' weight versions the plans were made from
         self._prefixes = PrefixStore()
         # rows join a running batch by left-padding caches: plain growing layers only (not sliding windows)
         self._joinable = all(type(layer) is DynamicLayer for layer in DynamicCache(config=engine.config).layers)
@@ -188,9 +189,10 @@ class Scheduler:
         eng.model.eval()
         running: _Running | None = None
         self._plans = {}
+        self._weights_seen = None
         if self._static is not None:
             with self.step_lock:
-                self._static.begin(tuple(self._weights_version(n) for n in eng.loaded_adapters()))
+                self._static.begin()
         eng.stats["batches"] += 1  # counted as it starts: its first answers may be read before it ends
         try:
             with torch.inference_mode():
@@ -224,6 +226,7 @@ class Scheduler:
         """Prefill new requests (one group per adapter, each group's shared prefix once), sample their
         first tokens and merge them into the running rows."""
         stats = self.engine.stats
+        self._check_weights()
         live = [it for it in items if not self._dropped(it) and it.future.set_running_or_notify_cancel()]
         if running is not None and running.rows:
             stats["joined_running"] += len(live)
@@ -342,6 +345,20 @@ class Scheduler:
         n = len(items)
         return DynamicCache(ddp_cache_data=[(k[:, :, :shared].expand(n, -1, -1, -1), v[:, :, :shared].expand(n, -1, -1, -1))
                                             for k, v in layers], config=eng.config), shared
+
+    def _check_weights(self) -> None:
+        """Adapter weights changed in place since the last admission (an optimizer step between two calls, which can
+        land while a session still runs): the stacked matrices of mixed batches are made anew, so every request
+        admitted from now on, and the rows still running, decode with the weights as they are (as peft's own
+        single-adapter path does)."""
+        versions = tuple(self._weights_version(n) for n in self.engine.loaded_adapters())
+        if versions == self._weights_seen:
+            return
+        self._weights_seen = versions
+        self._plans = {}
+        if self._static is not None:
+            with self.step_lock:
+                self._static.use_weights(versions)
 
     def _weights_version(self, name: str) -> tuple[int, ...]:
         """Changes whenever adapter `name`'s weights do (loaded anew, or updated in place by an optimizer)."""

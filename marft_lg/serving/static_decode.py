@@ -202,7 +202,7 @@ class StaticDecoder:
         self._views: dict[tuple[int, int], _SlotView] = {}
         self._adapters: SlotAdapters | None = None
         self._adapters_key: Any = None
-        self._weights: Any = None  # the adapters' weight versions at the session's start
+        self._weights: Any = None  # the adapters' weight versions the stacked matrices must match
         self._fallback = False  # adapters RowAdapters cannot stack (DoRA...): peft's per-row path, not compiled
         self._compiled: Any = None
         self.compile_mode = compile_mode or ("reduce-overhead" if str(device).startswith("cuda") else "default")
@@ -210,10 +210,13 @@ class StaticDecoder:
         self.traced: set[tuple[int, int]] = set()  # the (batch, width) buckets a step ran in
 
     # ---- sessions ----------------------------------------------------------------------------------
-    def begin(self, weights: Any = None) -> None:
-        """A new session: every slot is free; `weights` (the adapters' weight versions) changing since the last
-        session makes the stacked adapter matrices anew (an optimizer step outside `exclusive()`)."""
+    def begin(self) -> None:
+        """A new session: every slot is free."""
         self.slots.reset()
+
+    def use_weights(self, weights: Any) -> None:
+        """The adapters' weight versions now: a change (an optimizer step outside `exclusive()`) makes the stacked
+        adapter matrices anew at the next step, the slots keeping their adapters."""
         self._weights = weights
 
     def drop_hooks(self) -> None:

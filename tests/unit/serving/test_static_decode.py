@@ -215,6 +215,49 @@ def test_weights_updated_in_place_outside_exclusive_are_decoded_at_the_next_batc
     assert static.generate(req, ["ad2", "ad1"])[0].logprobs != changed[0].logprobs
 
 
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_weights_updated_in_place_while_a_session_runs_are_decoded_by_the_rows_admitted_after(engines, mode):
+    """The race CI hit: a caller's optimizer step lands after its answer came back but before the session ended,
+    and its next request joins that session; it must not decode with the mixed batch's stale stacked matrices."""
+    eager, static = engines
+    eng = eager if mode == "eager" else static
+    first = [ChatRequest(LONGER, max_tokens=300, seed=21, ignore_eos=True)]  # long enough to still run when joined
+    later = [ChatRequest(MSG, max_tokens=6, temperature=0, ignore_eos=True)]
+    eng.generate(later, ["ad2"])  # a prefix and a plan made from the weights before
+    joined = eng.stats["joined_running"]
+    futs = eng.submit(first, ["ad1"])
+    deadline = time.time() + 30
+    while not futs[0].running() and time.time() < deadline:  # admitted: its session decodes it
+        time.sleep(0.0005)
+
+    def scale(factor):
+        with torch.no_grad():
+            for n, p in eng.model.named_parameters():
+                if ".ad2." in n and "lora_B" in n:
+                    p.mul_(factor)
+
+    scale(-2.0)
+    try:
+        futs += eng.submit(later, ["ad2"])
+        outs = [f.result() for f in futs]
+        assert eng.stats["joined_running"] == joined + 1  # it joined the running session, mixed with ad1's row
+        with torch.no_grad():  # the reference: the same weights, copied into the other engine
+            other = static if eng is eager else eager
+            params = dict(other.model.named_parameters())
+            saved = {n: params[n].clone() for n, _ in eng.model.named_parameters() if ".ad2." in n}
+            for n, p in eng.model.named_parameters():
+                if n in saved:
+                    params[n].copy_(p)
+        try:
+            _same(other.generate(later, ["ad2"]), outs[1:])
+        finally:
+            with torch.no_grad():
+                for n, v in saved.items():
+                    params[n].copy_(v)
+    finally:
+        scale(-0.5)
+
+
 def test_a_team_takes_the_decode_mode_from_its_engine_options(tiny_model_dir):
     from marft_lg.serving.team import Team
 

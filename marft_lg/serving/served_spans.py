@@ -37,10 +37,13 @@ class CallContext:
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> CallContext:
-        """Read ``traceparent`` and ``baggage``; anything malformed is ignored (the request is still answered)."""
+        """Read ``traceparent`` and ``baggage`` (whose ``marft.parent``, the wrapped app's span, wins over a
+        ``traceparent`` the app's own instrumentation sent); anything malformed is ignored."""
         baggage = propagation.parse_baggage(headers.get(propagation.BAGGAGE))
         seed = baggage.get(propagation.SEED_KEY, "")
-        return cls(parent=propagation.parse_traceparent(headers.get(propagation.TRACEPARENT)),
+        parent = (propagation.parse_traceparent(baggage.get(propagation.PARENT_KEY))
+                  or propagation.parse_traceparent(headers.get(propagation.TRACEPARENT)))
+        return cls(parent=parent,
                    episode_id=baggage.get(propagation.EPISODE_KEY) or None,
                    versions=propagation.decode_versions(baggage.get(propagation.VERSIONS_KEY)),
                    seed=int(seed) if seed.lstrip("-").isdigit() and abs(int(seed)) < 2**62 else None)

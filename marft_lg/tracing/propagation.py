@@ -2,8 +2,10 @@
 
 While an episode's LLM call (or node task) runs, every OpenAI-compatible completion request made in its context
 over httpx (a LangChain `ChatOpenAI`, the raw `openai` client, streaming or not) carries ``traceparent`` naming the app's span as its
-parent and ``baggage`` with the episode id, its adapter version pins and the call's seed. A server that records
-what it sampled (`marft-lg serve`) makes its span a child of the app's, which is how mining joins the two. An
+parent and ``baggage`` with the episode id, its adapter version pins, the call's seed and the app span again
+(``marft.parent``: an app whose own OTel instrumentation already sent a ``traceparent`` keeps it). A server that
+records what it sampled (`marft-lg serve`) makes its span a child of the app's, which is how mining joins the two,
+also for a call the client raised on before it saw a response id. An
 episode may also send its calls elsewhere (`Outbound.redirect`: the loopback server of an on-policy or
 comparison run). `install()` hooks ``httpx.Client.send`` / ``AsyncClient.send`` once per process, as OTel's
 httpx instrumentation does; outside an episode the hook does nothing, and it never raises into the app.
@@ -26,6 +28,7 @@ BAGGAGE = "baggage"
 EPISODE_KEY = "marft.episode_id"
 VERSIONS_KEY = "marft.versions"  # "role=v2;writer=init": the episode's version pins
 SEED_KEY = "marft.seed"  # the call's seed, used by the server when the request names none
+PARENT_KEY = "marft.parent"  # the app's span (a traceparent), whatever traceparent the app's own OTel sent
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 logger = logging.getLogger("marft_lg.tracing")
 
@@ -108,14 +111,13 @@ def outbound_headers(out: Outbound, existing: Mapping[str, str]) -> dict[str, st
     headers: dict[str, str] = {}
     if TRACEPARENT not in existing:
         headers[TRACEPARENT] = traceparent(out.trace_id, out.span.span_id)
-    items = dict(out.baggage)
+    items = {**out.baggage, PARENT_KEY: traceparent(out.trace_id, out.span.span_id)}
     seed = out.seed() if out.seed is not None else None
     if seed is not None:
         items[SEED_KEY] = str(seed)
-    if items:
-        ours = encode_baggage(items)
-        theirs = existing.get(BAGGAGE)
-        headers[BAGGAGE] = f"{theirs},{ours}" if theirs else ours
+    ours = encode_baggage(items)
+    theirs = existing.get(BAGGAGE)
+    headers[BAGGAGE] = f"{theirs},{ours}" if theirs else ours
     return headers
 
 

@@ -174,7 +174,8 @@ def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
     acts = captured.dataset().actions
     planner = acts[acts["agent"] == "alice"].iloc[0]
     # the error the app caught is said when it is not the parse error (once in CI: an empty completion, no record)
-    assert planner["completion"] == "not json at all" and len(planner["completion_token_ids"]) > 0, caught
+    rows = acts[["agent", "completion", "adapter_version", "model"]].to_dict("records")
+    assert planner["completion"] == "not json at all" and len(planner["completion_token_ids"]) > 0, (caught, rows)
     assert planner["adapter_version"] == "v1"
 
 
@@ -219,6 +220,36 @@ def test_an_apps_own_traceparent_is_kept_and_the_response_id_joins(team, served,
     assert report.served_merged == 2 and len(ds) == 1  # the planner's joined by its response id
     assert all(len(p) > 0 for p in ds.actions["prompt_token_ids"])
     app.close()
+
+
+def test_a_raising_call_under_the_apps_own_traceparent_still_joins_its_record(team, tmp_path):
+    """An app with OTel instrumentation of its own (OpenLLMetry injects its span as ``traceparent``) whose structured
+    call raises: its LLM span never saw a response id, so only our span id, carried in the baggage, joins the
+    server's record of what was sampled."""
+    class Facts(BaseModel):
+        facts: list[str]
+
+    scripted(team, {"alice": ["not json at all"], "bob": ["done"]})
+    theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    structured = chat("alice", default_headers={"traceparent": theirs}).with_structured_output(Facts, method="json_schema")
+
+    class Planner:
+        def invoke(self, messages):
+            try:
+                return structured.invoke(messages)
+            except Exception:  # noqa: BLE001
+                return HumanMessage("no facts")
+
+    wrapped = AppSpec(app=lambda: two_step(Planner(), chat("bob")), agents=["alice", "bob"],
+                      node_roles={"planner": "alice", "writer": "bob"}).build_app(team, tmp_path / "traces")
+    with wrapped.capture() as captured:
+        wrapped.invoke({"question": "Name two facts about Paris."}, episode_id="theirs-raised")
+    wrapped.close()
+    ds = captured.dataset()
+    acts = ds.actions
+    assert list(acts["agent"]) == ["alice", "bob"], acts[["agent", "completion"]].to_dict("records")
+    assert acts["completion"].iloc[0] == "not json at all" and len(acts["completion_token_ids"].iloc[0]) > 0
+    assert bool(ds.episodes["settled"].iloc[0])
 
 
 def test_node_roles_naming_no_node_of_the_app_is_refused(team, tmp_path):

@@ -80,6 +80,9 @@ def test_malformed_trace_context_is_ignored_not_refused():
     assert ctx.parent is None and ctx.seed is None and ctx.version_for("writer") == "v2"
     assert CallContext.from_headers({"traceparent": "garbage"}).parent is None
     assert CallContext.from_headers({"baggage": f"marft.seed={2**70}"}).seed is None
+    ours, theirs = P.traceparent(5, 6), P.traceparent(7, 8)
+    assert CallContext.from_headers({"traceparent": theirs, "baggage": f"marft.parent={ours}"}).parent == (5, 6)
+    assert CallContext.from_headers({"traceparent": theirs, "baggage": "marft.parent=junk"}).parent == (7, 8)
 
 
 def test_tool_calls_record_unknown_tools_and_arguments_that_break_the_schema():
@@ -107,8 +110,11 @@ def test_the_propagation_helpers_round_trip_and_leave_other_requests_alone():
     out = P.Outbound(5, Span(), baggage={P.EPISODE_KEY: "e"}, seed=lambda: 9)
     headers = P.outbound_headers(out, {"baggage": "theirs=1"})
     assert headers["traceparent"] == P.traceparent(5, 6)
-    assert P.parse_baggage(headers["baggage"]) == {"theirs": "1", P.EPISODE_KEY: "e", P.SEED_KEY: "9"}
-    assert "traceparent" not in P.outbound_headers(out, {"traceparent": "00-theirs"})
+    assert P.parse_baggage(headers["baggage"]) == {"theirs": "1", P.EPISODE_KEY: "e", P.SEED_KEY: "9",
+                                                   P.PARENT_KEY: headers["traceparent"]}
+    kept = P.outbound_headers(out, {"traceparent": "00-theirs"})
+    assert "traceparent" not in kept  # theirs is kept; our span still travels in the baggage
+    assert P.parse_baggage(kept["baggage"])[P.PARENT_KEY] == headers["traceparent"]
     P.install()
     for method, url, touched in (("POST", "http://h/v1/chat/completions", True), ("GET", "http://h/v1/models", False),
                                  ("POST", "http://h/search", False)):

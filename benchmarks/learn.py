@@ -11,8 +11,9 @@ Arms (`ARMS`): `baseline` (today's demo defaults), `dynamic_sampling` (``marft.d
 (the warm start's defaults before offline MARFT), `both`. `--grid 'key=v1,v2;key2=...'` crosses every arm with every
 point of the grid; a key is a `MARFTConfig` field (passed as the demo's `credit` overrides), a `DemoBudget` field
 (group_size, scenarios_per_iteration, online_iterations, online_minutes, offline_passes, traces_per_problem, n_traced,
-max_tokens) or ``warm_start.<WarmStartConfig field>`` (only on arms with the warm start). Settings the demo cannot take
-today (LoRA rank / alpha / target modules, the rollout temperature, the held-out set) are refused, saying why.
+max_tokens), ``warm_start.<WarmStartConfig field>`` (only on arms with the warm start), ``lora.<LoraSettings field>``
+(the agents' fresh adapters: ``lora.r=4,16``, ``lora.target_modules=q_proj+v_proj,q_proj+k_proj+v_proj+o_proj``)
+or ``rollout_temperature`` (the on-policy sampler's). The held-out set is the yardstick and cannot be set.
 
 Each run: `runs/learn/<label>-seed<k>` (and its traces `traces/demo-<label>-seed<k>`), both removed first. Writes
 benchmarks/results/learn.json after each run: top-level `commit` (the code that ran, `_provenance.code_state`),
@@ -60,17 +61,12 @@ DEMO_OWNED = {"group_size": "a budget key here", "max_new_tokens": "set from the
               "offline_episodes_per_iteration": "fixed by the demo", "checkpoint_every": "fixed by the demo",
               "rollout_concurrency": "fixed by the demo", "report_to": "not a setting",
               "dynamic_sampling": "it is an arm: --arms dynamic_sampling,both"}
-# settings #46 asks about that run_demo cannot take today (a library change each)
+# names a reader may try that mean something else here
 NOT_PASSABLE = {
-    "temperature": "the demo's sampler is built at math_team.settings.ROLLOUT_TEMPERATURE; MARFTConfig.temperature "
-                   "does not reach it (the trainer only samples through that app), so it would change nothing "
-                   "(run_demo needs a rollout temperature)",
-    "rollout_temperature": "run_demo takes no rollout temperature (math_team.settings.ROLLOUT_TEMPERATURE is fixed)",
-    "lora_rank": "run_demo builds the team with TeamSpec's default LoRA (no lora argument)",
-    "lora_r": "run_demo builds the team with TeamSpec's default LoRA (no lora argument)",
-    "lora_alpha": "run_demo builds the team with TeamSpec's default LoRA (no lora argument)",
-    "lora_dropout": "run_demo builds the team with TeamSpec's default LoRA (no lora argument)",
-    "target_modules": "run_demo builds the team with TeamSpec's default LoRA (no lora argument)",
+    "temperature": "MARFTConfig.temperature does not reach the demo's sampler (the trainer samples through the app): "
+                   "use rollout_temperature",
+    "lora_rank": "use lora.r", "lora_r": "use lora.r", "lora_alpha": "use lora.alpha", "lora_dropout": "use lora.dropout",
+    "target_modules": "use lora.target_modules (modules joined by '+': q_proj+v_proj)",
     "n_heldout": "the held-out set is the yardstick every arm is measured on; it stays the budget's",
 }
 GOAL = ("#46: full budget, seeds 0-4: promote on 5 of 5, mean held-out team-reward gain >= +0.30, strict accuracy at "
@@ -109,7 +105,17 @@ def _warm_start_fields() -> set[str]:
 
 
 def check_key(key: str) -> str:
-    """Where `key` goes: ``budget``, ``marft`` or ``warm_start``; a ValueError saying why for any other."""
+    """Where `key` goes: ``budget``, ``marft``, ``warm_start``, ``lora`` or ``rollout``; a ValueError saying why for
+    any other."""
+    if key.startswith("lora."):
+        from marft_lg.serving.lora import LoraSettings
+
+        known = {f.name for f in dataclasses.fields(LoraSettings)}
+        if key.split(".", 1)[1] not in known:
+            raise ValueError(f"--grid: unknown LoRA key {key!r}; LoraSettings takes {sorted('lora.' + k for k in known)}")
+        return "lora"
+    if key == "rollout_temperature":
+        return "rollout"
     if key.startswith("warm_start."):
         name = key.split(".", 1)[1]
         known = _warm_start_fields()
@@ -120,7 +126,7 @@ def check_key(key: str) -> str:
     if key in BUDGET_KEYS:
         return "budget"
     if key in NOT_PASSABLE:
-        raise ValueError(f"--grid: {key!r} cannot be passed to the demo today: {NOT_PASSABLE[key]}")
+        raise ValueError(f"--grid: {key!r} is not a setting here: {NOT_PASSABLE[key]}")
     if key in DEMO_OWNED:
         raise ValueError(f"--grid: {key!r} is not a credit override of the demo ({DEMO_OWNED[key]})")
     if key in _marft_fields():
@@ -175,12 +181,18 @@ def demo_kwargs(arm: str, settings: dict[str, Any], budget_name: str, seed: int)
     credit = dict(ARMS[arm]["credit"])
     warm = None if ARMS[arm]["warm_start"] is None else dict(ARMS[arm]["warm_start"])
     budget_over: dict[str, Any] = {}
+    lora: dict[str, Any] = {}
+    rollout_temperature = None
     for key, value in settings.items():
         where = check_key(key)
         if where == "budget":
             budget_over[key] = value
         elif where == "marft":
             credit[key] = value
+        elif where == "lora":
+            lora[key.split(".", 1)[1]] = value
+        elif where == "rollout":
+            rollout_temperature = value
         else:
             if warm is None:
                 raise ValueError(f"--grid: {key!r} needs an arm with the warm start (warm_start, both), not {arm!r}")
@@ -199,7 +211,13 @@ def demo_kwargs(arm: str, settings: dict[str, Any], budget_name: str, seed: int)
         from marft_lg.training.warm_start import WarmStartConfig
 
         WarmStartConfig(**warm)  # a bad value is a ValueError naming it
-    return {"budget": budget, "seed": seed, "credit": credit or None, "warm_start": warm}
+    from marft_lg.demo import _lora_settings, _rollout_temperature
+
+    _lora_settings(lora or None)  # a bad LoRA setting or temperature is a ValueError naming it, before any run
+    if rollout_temperature is not None:
+        _rollout_temperature(rollout_temperature, 1.0)
+    return {"budget": budget, "seed": seed, "credit": credit or None, "warm_start": warm, "lora": lora or None,
+            "rollout_temperature": rollout_temperature}
 
 
 def _check_marft(credit: dict[str, Any], budget: Any) -> None:
@@ -234,7 +252,9 @@ def describe(item: dict[str, Any]) -> str:
     b = kw["budget"]
     return (f"{item['label']} seed {item['seed']} -> {item['run_dir']}: budget {b.name} (group_size {b.group_size}, "
             f"{b.scenarios_per_iteration} problems/iteration, {b.online_iterations} iterations / {b.online_minutes:g} "
-            f"min, offline_passes {b.offline_passes}), credit {kw['credit']}, warm_start {kw['warm_start']}")
+            f"min, offline_passes {b.offline_passes}), credit {kw['credit']}, warm_start {kw['warm_start']}"
+            + (f", lora {kw['lora']}" if kw.get("lora") else "")
+            + (f", rollout_temperature {kw['rollout_temperature']:g}" if kw.get("rollout_temperature") else ""))
 
 
 # ---------------------------------------------------------------------------------------------- one finished run
@@ -459,7 +479,8 @@ def _run_one(spec: str) -> int:
     budget = DemoBudget(**{f.name: b[f.name] for f in dataclasses.fields(DemoBudget)})
     assert budget.name in BUDGETS
     run_demo(budget, Path(item["run_dir"]), model=item["model"], seed=item["seed"], trace_root=ROOT / "traces",
-             console=Console(), credit=item["credit"], warm_start=item["warm_start"])
+             console=Console(), credit=item["credit"], warm_start=item["warm_start"], lora=item.get("lora"),
+             rollout_temperature=item.get("rollout_temperature"))
     return 0
 
 
@@ -525,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(owned, ignore_errors=True)
         kw = item["kwargs"]
         spec = {"budget": dataclasses.asdict(kw["budget"]), "run_dir": str(run_dir), "model": args.model,
-                "seed": item["seed"], "credit": kw["credit"], "warm_start": kw["warm_start"]}
+                "seed": item["seed"], "credit": kw["credit"], "warm_start": kw["warm_start"], "lora": kw["lora"],
+                "rollout_temperature": kw["rollout_temperature"]}
         run_child(spec)
         run = {"label": item["label"], "arm": item["arm"], "settings": item["settings"], **collect(run_dir),
                "commit": out["commit"]}

@@ -134,17 +134,20 @@ class _Log:
 def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, trace_root: Path = Path("traces"),
              console: Any = None, node_roles: dict[str, str] | str | None = None,
              report_to: list[str] | None = None, credit: dict[str, Any] | None = None,
-             warm_start: dict[str, Any] | None = None) -> dict[str, Any]:
+             warm_start: dict[str, Any] | None = None, lora: dict[str, Any] | None = None,
+             rollout_temperature: float | None = None) -> dict[str, Any]:
     """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
 
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
     both wrapped apps (default: each node is the role of its name, ``reasoner`` and ``actor``); `report_to`: trackers;
     `credit`: MARFT settings over the math team's (``{"credit": "counterfactual", "replays_per_action": 1}``,
     ``{"dynamic_sampling": True}``); `warm_start`: `WarmStartConfig` keys: the traced episodes' best teach each agent
-    before offline MARFT (None: no warm start).
+    before offline MARFT (None: no warm start); `lora`: `LoraSettings` keys of the agents' fresh adapters (None: the
+    defaults); `rollout_temperature`: the on-policy sampler's (None: the math team's ``ROLLOUT_TEMPERATURE``).
     """
     run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
-                  node_roles=node_roles, report_to=report_to, credit=credit, warm_start=warm_start)
+                  node_roles=node_roles, report_to=report_to, credit=credit, warm_start=warm_start, lora=lora,
+                  rollout_temperature=rollout_temperature)
     try:
         for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
             stage()
@@ -153,13 +156,37 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
         run.close()
 
 
+def _lora_settings(lora: dict[str, Any] | None) -> Any:
+    """`LoraSettings` from the demo's `lora` keys (None: the team's defaults); ``target_modules`` may join module
+    names with ``+`` (``q_proj+v_proj``). An unknown key or a bad value is a ValueError naming it, before any model
+    loads."""
+    if lora is None:
+        return None
+    from marft_lg.serving.lora import LoraSettings
+
+    lora = dict(lora)
+    targets = lora.get("target_modules")
+    if isinstance(targets, str) and "+" in targets:
+        lora["target_modules"] = [t.strip() for t in targets.split("+") if t.strip()]
+    return LoraSettings.from_dict(lora, source="lora")
+
+
+def _rollout_temperature(value: float | None, default: float) -> float:
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 2:
+        raise ValueError(f"rollout_temperature must be in (0, 2], got {value!r}")
+    return float(value)
+
+
 class DemoRun:
     """The main job's stages, in the retraining pipeline's order (serve the live team, trace it, mine, train,
     compare, gate and promote) plus the report; each stage records its numbers in the run's log."""
 
     def __init__(self, budget: DemoBudget, run_dir: Path, *, model: str, seed: int, trace_root: Path, console: Any,
                  node_roles: dict[str, str] | str | None, report_to: list[str] | None = None,
-                 credit: dict[str, Any] | None = None, warm_start: dict[str, Any] | None = None):
+                 credit: dict[str, Any] | None = None, warm_start: dict[str, Any] | None = None,
+                 lora: dict[str, Any] | None = None, rollout_temperature: float | None = None):
         import torch
         from rich.console import Console
 
@@ -176,6 +203,8 @@ class DemoRun:
         self.report_to, self.trainer = list(report_to or []), None
         self.credit = dict(credit or {})
         self.warm_start = None if warm_start is None else dict(warm_start)
+        self.lora = _lora_settings(lora)
+        self.rollout_temperature = _rollout_temperature(rollout_temperature, self.math_team.settings.ROLLOUT_TEMPERATURE)
         self.trace_dir = trace_root / f"demo-{run_dir.name}"
         if self.trace_dir.exists() and any(self.trace_dir.iterdir()):  # mining it would mix an earlier run in
             raise typer.BadParameter(f"{self.trace_dir} already holds the traces of an earlier run named "
@@ -187,7 +216,9 @@ class DemoRun:
 
         self.code = {**code_state(), "machine": machine()}  # what ran: a results file built from this run cites it
         self.log.record("start", budget=budget.to_dict(), model=model, seed=seed, node_roles=self.node_roles,
-                        code=self.code, credit=self.credit, warm_start=self.warm_start)
+                        code=self.code, credit=self.credit, warm_start=self.warm_start,
+                        lora=None if self.lora is None else asdict(self.lora),
+                        rollout_temperature=self.rollout_temperature)
         torch.manual_seed(seed)
         self.problems = demo_problems(budget, seed)
         self.reward = self.math_team.reward.math_reward()
@@ -214,14 +245,14 @@ class DemoRun:
         self.log.stage(f"1/8 serve the math team on {self.model}")
         self.problems.all.save(self.run_dir / "scenarios.jsonl")
         self.team = TeamSpec(model=self.model, agents=self.roles, registry=str(self.run_dir / "registry"),
-                             versions=None, seed=self.seed).build_team()
+                             versions=None, seed=self.seed, lora=self.lora).build_team()
         self.untuned = {r: self.team.save_version(r, run_id="untuned") for r in self.roles}
         self.team.registry.promote(self.untuned, reason="demo: the untuned team is live")
         for r, v in self.untuned.items():
             self.team.load_version(r, v)
         self.log.record("served", roles=self.roles, live=self.untuned)
         self.console.print(f"team {self.roles} on one base model; live = {self.untuned}")
-        self.sampling = self._app(self.math_team.settings.ROLLOUT_TEMPERATURE, self.trace_dir)
+        self.sampling = self._app(self.rollout_temperature, self.trace_dir)
 
     def trace(self) -> None:
         """2: the untuned team on the traced training problems, every episode traced."""

@@ -37,9 +37,10 @@ def test_parse_grid_values_are_typed():
 
 @pytest.mark.parametrize("spec, match", [
     ("no_such_key=1", "unknown key 'no_such_key'"),
-    ("temperature=0.7", "cannot be passed to the demo today"),
-    ("lora_rank=8", "cannot be passed to the demo today.*LoRA"),
-    ("target_modules=q_proj", "cannot be passed to the demo today"),
+    ("temperature=0.7", "not a setting here.*rollout_temperature"),
+    ("lora_rank=8", "not a setting here.*lora.r"),
+    ("target_modules=q_proj", "use lora.target_modules"),
+    ("lora.rank=8", "unknown LoRA key 'lora.rank'.*lora.r"),
     ("n_heldout=64", "yardstick"),
     ("max_new_tokens=64", "not a credit override.*max_tokens"),
     ("seed=3", "use --seeds"),
@@ -87,6 +88,29 @@ def test_grid_settings_go_where_they_live():
     assert BUDGETS["full"].group_size == 4  # the shared budget is not changed
 
 
+def test_lora_and_the_rollout_temperature_reach_run_demo():
+    kw = learn.demo_kwargs("baseline", learn.parse_grid(
+        "lora.r=4;lora.target_modules=q_proj+v_proj;rollout_temperature=0.7")[0], "full", 0)
+    assert kw["lora"] == {"r": 4, "target_modules": "q_proj+v_proj"} and kw["rollout_temperature"] == 0.7
+    assert kw["credit"] is None and kw["warm_start"] is None
+    plain = learn.demo_kwargs("baseline", {}, "full", 0)
+    assert plain["lora"] is None and plain["rollout_temperature"] is None
+    item = learn.plan(["baseline"], learn.parse_grid("lora.r=4;rollout_temperature=0.7"), [0], "smoke")[0]
+    assert item["label"] == "baseline__lora.r-4__rollout_temperature-0.7"
+    assert "lora {'r': 4}, rollout_temperature 0.7" in learn.describe(item)
+
+
+def test_the_demo_reads_lora_keys_into_settings():
+    from marft_lg.demo import _lora_settings, _rollout_temperature
+
+    s = _lora_settings({"r": 4, "alpha": 8, "target_modules": "q_proj+v_proj"})
+    assert (s.r, s.alpha, s.target_modules) == (4, 8, ["q_proj", "v_proj"])
+    assert _lora_settings(None) is None
+    assert _rollout_temperature(None, 0.9) == 0.9 and _rollout_temperature(0.5, 0.9) == 0.5
+    with pytest.raises(ValueError, match="rank"):
+        _lora_settings({"rank": 4})
+
+
 @pytest.mark.parametrize("arm, settings, match", [
     ("baseline", {"warm_start.epochs": 1}, "needs an arm with the warm start"),
     ("nope", {}, "unknown arm"),
@@ -95,6 +119,11 @@ def test_grid_settings_go_where_they_live():
     ("baseline", {"group_size": 2.5}, "group_size must be an int"),
     ("baseline", {"online_minutes": 0}, "online_minutes must be > 0"),
     ("warm_start", {"warm_start.epochs": 0}, "epochs"),
+    ("baseline", {"lora.r": 0}, "lora: r: must be >= 1"),
+    ("baseline", {"lora.dropout": 1.5}, "dropout"),
+    ("baseline", {"lora.target_modules": "+"}, "target_modules"),
+    ("baseline", {"rollout_temperature": 0}, "rollout_temperature must be in"),
+    ("baseline", {"rollout_temperature": "hot"}, "rollout_temperature must be in"),
 ])
 def test_demo_kwargs_refuse_bad_values_before_any_run(arm, settings, match):
     with pytest.raises(ValueError, match=match):
@@ -124,7 +153,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
 
 def test_main_refuses_a_bad_grid(capsys):
     with pytest.raises(SystemExit):
-        learn.main(["--dry-run", "--grid", "lora_rank=4,8"])
+        learn.main(["--dry-run", "--grid", "lora.rank=4,8"])
     assert "LoRA" in capsys.readouterr().err
 
 

@@ -149,16 +149,18 @@ def test_compare_replays_each_side_on_its_versions_and_fails_loudly_when_calls_m
     wrapped.close()
 
 
-def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
-    class Facts(BaseModel):
-        facts: list[str]
+class Facts(BaseModel):
+    facts: list[str]
 
+
+def _raising_planner_run(team, tmp_path, episode_id: str, **llm):
+    """planner -> writer where the planner's structured call gets text that is not JSON and the app catches the
+    parse error, as apps do; returns the episode read back and the errors the app caught."""
     scripted(team, {"alice": ["not json at all"], "bob": ["done"]})
-    structured = chat("alice").with_structured_output(Facts, method="json_schema")
-
+    structured = chat("alice", **llm).with_structured_output(Facts, method="json_schema")
     caught: list[BaseException] = []
 
-    class Planner:  # the app catches the parse error, as apps do
+    class Planner:
         def invoke(self, messages):
             try:
                 return structured.invoke(messages)
@@ -169,14 +171,18 @@ def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
     wrapped = AppSpec(app=lambda: two_step(Planner(), chat("bob")), agents=["alice", "bob"],
                       node_roles={"planner": "alice", "writer": "bob"}).build_app(team, tmp_path / "traces")
     with wrapped.capture() as captured:
-        wrapped.invoke({"question": "Name two facts about Paris."}, episode_id="raised")
+        wrapped.invoke({"question": "Name two facts about Paris."}, episode_id=episode_id)
     wrapped.close()
-    acts = captured.dataset().actions
+    return captured.dataset(), caught
+
+
+def test_a_call_that_raises_keeps_its_sampled_text(team, tmp_path):
+    ds, caught = _raising_planner_run(team, tmp_path, "raised")
+    acts = ds.actions
     planner = acts[acts["agent"] == "alice"].iloc[0]
-    # the error the app caught is said when it is not the parse error (once in CI: an empty completion, no record)
     rows = acts[["agent", "completion", "adapter_version", "model"]].to_dict("records")
     assert planner["completion"] == "not json at all" and len(planner["completion_token_ids"]) > 0, (caught, rows)
-    assert planner["adapter_version"] == "v1"
+    assert planner["adapter_version"] == "v1" and len(acts) == 2
 
 
 def test_a_checkpointed_app_gets_a_thread_per_episode(team, tmp_path):
@@ -225,31 +231,13 @@ def test_an_apps_own_traceparent_is_kept_and_the_response_id_joins(team, served,
 def test_a_raising_call_under_the_apps_own_traceparent_still_joins_its_record(team, tmp_path):
     """An app with OTel instrumentation of its own (OpenLLMetry injects its span as ``traceparent``) whose structured
     call raises: its LLM span never saw a response id, so only our span id, carried in the baggage, joins the
-    server's record of what was sampled."""
-    class Facts(BaseModel):
-        facts: list[str]
-
-    scripted(team, {"alice": ["not json at all"], "bob": ["done"]})
+    server's record of what was sampled (before: an empty action plus the record as a duplicate action)."""
     theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    structured = chat("alice", default_headers={"traceparent": theirs}).with_structured_output(Facts, method="json_schema")
-
-    class Planner:
-        def invoke(self, messages):
-            try:
-                return structured.invoke(messages)
-            except Exception:  # noqa: BLE001
-                return HumanMessage("no facts")
-
-    wrapped = AppSpec(app=lambda: two_step(Planner(), chat("bob")), agents=["alice", "bob"],
-                      node_roles={"planner": "alice", "writer": "bob"}).build_app(team, tmp_path / "traces")
-    with wrapped.capture() as captured:
-        wrapped.invoke({"question": "Name two facts about Paris."}, episode_id="theirs-raised")
-    wrapped.close()
-    ds = captured.dataset()
+    ds, caught = _raising_planner_run(team, tmp_path, "theirs-raised", default_headers={"traceparent": theirs})
     acts = ds.actions
     assert list(acts["agent"]) == ["alice", "bob"], acts[["agent", "completion"]].to_dict("records")
     assert acts["completion"].iloc[0] == "not json at all" and len(acts["completion_token_ids"].iloc[0]) > 0
-    assert bool(ds.episodes["settled"].iloc[0])
+    assert bool(ds.episodes["settled"].iloc[0]) and len(caught) == 1
 
 
 def test_node_roles_naming_no_node_of_the_app_is_refused(team, tmp_path):

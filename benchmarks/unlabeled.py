@@ -305,6 +305,26 @@ def table(doc: Mapping[str, Any]) -> str:
 
 
 # ---- the runs (load the model) ------------------------------------------------------------------------------------
+def publish_changed(team: Any, changed: Iterable[str], *, run_id: str) -> dict[str, str]:
+    """Save each role whose adapter training changed as a new registry version and serve it (offline training and
+    the warm start publish nothing themselves; on-policy iterations do): ``{role: version}``."""
+    out = {}
+    for role in sorted(changed):
+        out[role] = team.save_version(role, run_id=run_id)
+        team.load_version(role, out[role])
+    return out
+
+
+def check_candidate(row: Mapping[str, Any]) -> None:
+    """A run that trained must compare a tuned team: the candidate's versions equal to the untuned ones would
+    report the untuned team against itself as a zero gain."""
+    versions = row.get("versions") or {}
+    trained = bool(row.get("iterations")) or bool((row.get("traffic") or {}).get("warm_start_kept"))
+    if trained and versions.get("tuned") == versions.get("untuned"):
+        raise RuntimeError(f"{row.get('arm')} seed {row.get('seed')}: trained ({row.get('iterations')} iterations) "
+                           f"but compared versions {versions.get('tuned')}, the untuned team's: nothing published")
+
+
 def strip_labels(scenarios: Iterable[Any]) -> Any:
     """The scenarios without reference or checkpoints (what an arm without labels trains on)."""
     from marft_lg.trajectories.scenarios import ScenarioSet
@@ -409,6 +429,7 @@ class ArmRun:
                 self.team.load_version(r, v)
             row = self.train_loop() if self.arm == "production_loop" else self.train_online()
             row.update(self.compare())
+            check_candidate(row)
             row.update({"arm": self.arm, "seed": self.seed, "minutes": round((time.perf_counter() - t0) / 60, 2),
                         "simulated_judge": self.arm in SIM_ERROR, "code": code_state(),
                         "budget": self.budget.name, "budget_minutes": self.budget.minutes})
@@ -518,9 +539,10 @@ class ArmRun:
             why = f"offline: {exc}"[:300]
         wall = time.perf_counter() - t1
         rows = [r for r in trainer.metrics.rows() if r.get("phase") == "offline"]
+        tuned = publish_changed(self.team, trainer.unpublished, run_id=f"unlabeled-{self.arm}")
         trainer.close()
         thumbs_vs_refs = [(1.0 if appr else 0.0, corr) for corr, appr in verdicts]
-        self.team.registry.set_alias("candidate", self.team.versions(), reason="unlabeled bench: tuned")
+        self.team.registry.set_alias("candidate", {**self.team.versions(), **tuned}, reason="unlabeled bench: tuned")
         return {"training_minutes": round(wall / 60, 2), "traffic_minutes": round(traffic_s / 60, 2),
                 "iterations": len(rows), "train_reward_curve": [r.get("reward_mean") for r in rows],
                 "trained_nothing": why, "judge_calls": 0, "agreement": agreement(thumbs_vs_refs),

@@ -165,6 +165,36 @@ def test_strip_labels_drops_reference_and_checkpoints():
     assert [s.inputs for s in stripped] == [s.inputs for s in train]
 
 
+class _FakeTeam:
+    def __init__(self):
+        self.serving = {"reasoner": "v1", "actor": "v1"}
+        self.saved = []
+
+    def save_version(self, role, *, run_id=None):
+        self.saved.append((role, run_id))
+        return f"v{len(self.saved) + 1}"
+
+    def load_version(self, role, version):
+        self.serving[role] = version
+
+
+def test_offline_training_is_published_only_for_the_roles_it_changed():
+    team = _FakeTeam()
+    assert ub.publish_changed(team, {"actor"}, run_id="r") == {"actor": "v2"}
+    assert team.saved == [("actor", "r")] and team.serving == {"reasoner": "v1", "actor": "v2"}
+    assert ub.publish_changed(team, set(), run_id="r") == {}
+
+
+def test_a_trained_run_comparing_the_untuned_versions_is_an_error():
+    same = {"untuned": {"reasoner": "v1"}, "tuned": {"reasoner": "v1"}}
+    with pytest.raises(RuntimeError, match="nothing published"):
+        ub.check_candidate({"arm": "production_loop", "seed": 0, "iterations": 9, "versions": same})
+    with pytest.raises(RuntimeError):  # a warm start alone trained too
+        ub.check_candidate({"iterations": 0, "traffic": {"warm_start_kept": 3}, "versions": same})
+    ub.check_candidate({"iterations": 0, "traffic": {"warm_start_kept": 0}, "versions": same})  # trained nothing
+    ub.check_candidate({"iterations": 2, "versions": {"untuned": {"reasoner": "v1"}, "tuned": {"reasoner": "v3"}}})
+
+
 def test_unknown_arm_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         ub.main(["--arms", "nope", "--out", str(tmp_path / "u.json")])
@@ -186,6 +216,9 @@ def test_smoke_run_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert sim["heldout"]["n"] == ub.BUDGETS["smoke"].n_heldout and "strict" in sim["heldout"]
     loop = runs["production_loop"]["traffic"]
     assert loop["with_feedback"] == loop["answered"] == loop["conversations"]  # thumbs joined by thread id
+    if loop["warm_start_kept"] or runs["production_loop"]["iterations"]:  # what it trained is what it compared
+        versions = runs["production_loop"]["versions"]
+        assert versions["tuned"] != versions["untuned"]
     # --append keeps what is there and skips a pair it holds
     again = ub.main(["--budget", "smoke", "--seeds", "0", "--arms", "judge_sim_e10", "--model", tiny_model_dir,
                      "--out", str(out), "--work", str(tmp_path / "work2"), "--append"])

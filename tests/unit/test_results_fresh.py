@@ -56,6 +56,12 @@ MEASURES: dict[str, list[str]] = {
     "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
                   "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
                   "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
+    # the math team trained per reward arm, compared with the demo's held-out comparison; the loop mines traffic
+    "unlabeled.json": ["benchmarks/unlabeled.py", "marft_lg/demo.py", "marft_lg/examples/math_team",
+                       "marft_lg/training", "marft_lg/rewards", "marft_lg/tracing/feedback.py",
+                       "marft_lg/trajectories/scenario_sets.py", "marft_lg/serving/engine_hf.py",
+                       "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
+                       "marft_lg/evaluation/shadow.py"],
     # whole demo runs per arm (benchmarks/learn.py runs run_demo): the demo's code paths, as demo.json's
     "learn.json": ["benchmarks/learn.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
                    "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",

@@ -233,15 +233,23 @@ class SimulatedUser:
 
 
 def agreement(pairs: Iterable[tuple[float | None, bool]]) -> dict[str, Any]:
-    """(judge score, reference correctness) pairs -> ``{"n", "agree", "rate"}``: the share whose score >= 0.5
-    equals the correctness; unscored pairs (None / NaN) are left out."""
-    n = agree = 0
+    """(judge score, reference correctness) pairs -> ``{"n", "agree", "rate", "on_right", "on_wrong"}``: the share
+    whose score >= 0.5 equals the correctness, overall and on the right and the wrong answers apart (where most
+    answers are wrong, a judge calling everything wrong agrees often: the split shows it); unscored pairs (None /
+    NaN) are left out."""
+    counts = {True: [0, 0], False: [0, 0]}  # correctness -> [n, agree]
     for score, correct in pairs:
         if score is None or (isinstance(score, float) and math.isnan(score)):
             continue
-        n += 1
-        agree += (float(score) >= 0.5) == bool(correct)
-    return {"n": n, "agree": agree, "rate": agree / n if n else None}
+        c = counts[bool(correct)]
+        c[0] += 1
+        c[1] += (float(score) >= 0.5) == bool(correct)
+
+    def share(n: int, agree: int) -> dict[str, Any]:
+        return {"n": n, "agree": agree, "rate": agree / n if n else None}
+
+    total = share(counts[True][0] + counts[False][0], counts[True][1] + counts[False][1])
+    return {**total, "on_right": share(*counts[True]), "on_wrong": share(*counts[False])}
 
 
 def approval_rates(pairs: Iterable[tuple[bool, bool]]) -> dict[str, Any]:

@@ -83,7 +83,8 @@ def test_the_simulated_judge_inside_a_composite_reward_and_record_agreement():
     result = reward.score(ds, {"math-train-0000": no_ref})
     assert result.episodes["scored"].all()
     assert pairs == [(float(r), r) for r in RIGHT]
-    assert ub.agreement(pairs) == {"n": 5, "agree": 5, "rate": 1.0}
+    assert {k: v for k, v in ub.agreement(pairs).items() if k in ("n", "agree", "rate")} == {"n": 5, "agree": 5,
+                                                                                              "rate": 1.0}
 
 
 def test_an_unknown_question_leaves_the_group_unscored_never_zero():
@@ -113,8 +114,13 @@ def test_the_simulated_judge_flips_about_e_of_its_verdicts(error):
 
 def test_agreement_skips_unscored_and_counts_the_threshold():
     pairs = [(1.0, True), (0.5, True), (0.49, True), (0.0, False), (0.7, False), (None, True), (float("nan"), False)]
-    assert ub.agreement(pairs) == {"n": 5, "agree": 3, "rate": 0.6}
-    assert ub.agreement([]) == {"n": 0, "agree": 0, "rate": None}
+    assert ub.agreement(pairs) == {"n": 5, "agree": 3, "rate": 0.6, "on_right": {"n": 3, "agree": 2, "rate": 2 / 3},
+                                   "on_wrong": {"n": 2, "agree": 1, "rate": 0.5}}
+    empty = {"n": 0, "agree": 0, "rate": None}
+    assert ub.agreement([]) == {**empty, "on_right": empty, "on_wrong": empty}
+    # everything called wrong where most answers are wrong: high overall, nothing on the right ones
+    lazy = ub.agreement([(0.0, False)] * 9 + [(0.0, True)])
+    assert lazy["rate"] == 0.9 and lazy["on_right"]["rate"] == 0.0 and lazy["on_wrong"]["rate"] == 1.0
 
 
 def test_the_simulated_user_approves_right_answers_90_percent_and_wrong_ones_10():

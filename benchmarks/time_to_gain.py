@@ -191,8 +191,10 @@ class BaselineOnce:
         self.collector = GraphCollector(app, concurrency=concurrency)
         self.baseline: Any = None
         self.baseline_ids: set[str] = set()
-        self.baseline_errors: list[str] = []
-        self.errors: list[str] = []
+        self.baseline_failures: list[Any] = []
+        self.failures: list[Any] = []
+        """The episodes of the last call that raised (`EpisodeFailure`), the reused baseline's included: what
+        `shadow_compare` reads from a runner, as from `GraphCollector`."""
 
     def run(self, jobs: list[Any]) -> Any:
         from marft_lg.trajectories.dataset import TrajectoryDataset
@@ -200,14 +202,14 @@ class BaselineOnce:
         base_ids = {j.episode_id for j in jobs if (j.metadata or {}).get(SIDE_KEY) == "baseline"}
         reuse = self.baseline is not None and base_ids == self.baseline_ids
         todo = [j for j in jobs if not (reuse and j.episode_id in base_ids)]
-        self.collector.errors = []
         ds = self.collector.run(todo)
+        ran = list(self.collector.failures)
         if not reuse:
             self.baseline, self.baseline_ids = ds.select(sorted(base_ids)), base_ids
-            self.baseline_errors = [e for e in self.collector.errors if e.split(": ", 1)[0] in base_ids]
-            self.errors = list(self.collector.errors)
+            self.baseline_failures = [f for f in ran if f.episode_id in base_ids]
+            self.failures = ran
             return ds
-        self.errors = self.baseline_errors + list(self.collector.errors)
+        self.failures = self.baseline_failures + ran
         return TrajectoryDataset.concat([self.baseline, ds])
 
 

@@ -128,17 +128,18 @@ class _FakeCollector:
 
     def __init__(self, app, *, concurrency):
         self.calls: list[list[str]] = []
-        self.errors: list[str] = []
+        self.failures: list = []
 
     def run(self, jobs):
         import pandas as pd
 
+        from marft_lg.graph.collect import EpisodeFailure
         from marft_lg.trajectories.columns import EPISODE_COLUMNS
         from marft_lg.trajectories.dataset import TrajectoryDataset
 
         ids = [j.episode_id for j in jobs]
         self.calls.append(ids)
-        self.errors += [f"{e}: RuntimeError: boom" for e in ids if e.endswith("-crash")]
+        self.failures = [EpisodeFailure.of(j, RuntimeError("boom")) for j in jobs if j.episode_id.endswith("-crash")]
         now = pd.Timestamp.now(tz="UTC")
         rows = [dict.fromkeys(EPISODE_COLUMNS) | {"episode_id": e, "start_time": now} for e in ids]
         return TrajectoryDataset(episodes=pd.DataFrame(rows, columns=list(EPISODE_COLUMNS)))
@@ -146,9 +147,10 @@ class _FakeCollector:
 
 def _jobs(candidate: str) -> list:
     from marft_lg.graph.collect import EpisodeJob
+    from marft_lg.trajectories.scenarios import Scenario
 
     def job(side: str, eid: str, versions: dict) -> EpisodeJob:
-        return EpisodeJob(None, eid, 1, versions, {ttg.SIDE_KEY: side})
+        return EpisodeJob(Scenario(eid, {}), eid, 1, versions, {ttg.SIDE_KEY: side})
 
     return [job("baseline", "b-s1", UNTUNED), job("baseline", "b-s2-crash", UNTUNED),
             job("candidate", f"c{candidate}-s1", {"actor": candidate}),
@@ -160,8 +162,19 @@ def test_baseline_once_replays_the_untuned_side_only_at_the_first_checkpoint(mon
     runner = ttg.BaselineOnce(app=None, concurrency=4)
     first = runner.run(_jobs("v2"))
     assert sorted(first.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
-    assert runner.errors == ["b-s2-crash: RuntimeError: boom"]
+    assert [str(f) for f in runner.failures] == ["b-s2-crash: RuntimeError: boom"]
     second = runner.run(_jobs("v3"))
     assert runner.collector.calls[-1] == ["cv3-s1", "cv3-s2"]  # the baseline is not run again
     assert sorted(second.episode_ids) == ["b-s1", "b-s2-crash", "cv3-s1", "cv3-s2"]
-    assert runner.errors == ["b-s2-crash: RuntimeError: boom"]  # its failure still counts against the baseline
+    assert [str(f) for f in runner.failures] == ["b-s2-crash: RuntimeError: boom"]  # still counts against it
+
+
+def test_baseline_once_is_a_runner_shadow_compare_can_use(monkeypatch):
+    """shadow_compare's replay step reads the runner's `failures` (its first run crashed on an `errors` field)."""
+    from marft_lg.evaluation.shadow import _replay
+
+    monkeypatch.setattr("marft_lg.graph.collect.GraphCollector", _FakeCollector)
+    runner = ttg.BaselineOnce(app=None, concurrency=4)
+    replayed, failed = _replay(None, _jobs("v2"), runner, None, 4, False)
+    assert sorted(replayed.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
+    assert [f.episode_id for f in failed] == ["b-s2-crash"]

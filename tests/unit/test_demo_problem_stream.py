@@ -83,10 +83,13 @@ class _Registry:
 
 
 class _Team:
+    saved: list[str] = []
+
     def __init__(self, model, roles, **kw):
         self.roles, self.registry = roles, _Registry()
 
     def save_version(self, role, **kw):
+        _Team.saved.append(role)
         return "v1"
 
     def load_version(self, role, version):
@@ -123,7 +126,8 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
 
     class FakeTrainer:
         def __init__(self, team, reward, cfg, run_dir, **kw):
-            pass
+            self.run_id, self.iteration = "demo", 5
+            self.unpublished = {"actor"}  # changed by an update that no on-policy iteration published
 
         def fit_offline(self, dataset, scenarios):
             seen["offline"] = [s.scenario_id for s in scenarios]
@@ -156,10 +160,13 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
     monkeypatch.setattr("marft_lg.training.metrics.read_metrics", lambda path: [{"reward_mean": 0.5}] * 5)
     monkeypatch.setattr("marft_lg.evaluation.shadow.shadow_compare", fake_compare)
     monkeypatch.setattr("marft_lg.demo._run_episodes", fake_run_episodes)
+    monkeypatch.setattr(_Team, "saved", [])
     buf = io.StringIO()
     summary = run_demo(budget, tmp_path / "run", model="unused", trace_root=tmp_path / "traces",
                        console=Console(file=buf, width=80))
 
+    # the untuned versions of both roles, then the actor's unpublished update: the candidate is what was trained
+    assert sorted(_Team.saved[:2]) == ["actor", "reasoner"] and _Team.saved[2:] == ["actor"]
     # the offline stage and the traced runs used the traced problems only; on-policy got a fresh batch each time
     traced_ids = sorted(s.scenario_id for s in problems.traced)
     assert seen["traced"] == sorted(seen["offline"]) == traced_ids

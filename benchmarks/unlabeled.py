@@ -313,16 +313,6 @@ def table(doc: Mapping[str, Any]) -> str:
 
 
 # ---- the runs (load the model) ------------------------------------------------------------------------------------
-def publish_changed(team: Any, changed: Iterable[str], *, run_id: str) -> dict[str, str]:
-    """Save each role whose adapter training changed as a new registry version and serve it (offline training and
-    the warm start publish nothing themselves; on-policy iterations do): ``{role: version}``."""
-    out = {}
-    for role in sorted(changed):
-        out[role] = team.save_version(role, run_id=run_id)
-        team.load_version(role, out[role])
-    return out
-
-
 def check_candidate(row: Mapping[str, Any]) -> None:
     """A run that trained must compare a tuned team: the candidate's versions equal to the untuned ones would
     report the untuned team against itself as a zero gain."""
@@ -547,7 +537,9 @@ class ArmRun:
             why = f"offline: {exc}"[:300]
         wall = time.perf_counter() - t1
         rows = [r for r in trainer.metrics.rows() if r.get("phase") == "offline"]
-        tuned = publish_changed(self.team, trainer.unpublished, run_id=f"unlabeled-{self.arm}")
+        from marft_lg.demo import _publish_pending
+
+        tuned = _publish_pending(self.team, trainer)
         trainer.close()
         thumbs_vs_refs = [(1.0 if appr else 0.0, corr) for corr, appr in verdicts]
         self.team.registry.set_alias("candidate", {**self.team.versions(), **tuned}, reason="unlabeled bench: tuned")

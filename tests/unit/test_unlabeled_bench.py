@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -176,7 +177,7 @@ class _FakeTeam:
         self.serving = {"reasoner": "v1", "actor": "v1"}
         self.saved = []
 
-    def save_version(self, role, *, run_id=None):
+    def save_version(self, role, *, run_id=None, metrics=None):
         self.saved.append((role, run_id))
         return f"v{len(self.saved) + 1}"
 
@@ -185,10 +186,13 @@ class _FakeTeam:
 
 
 def test_offline_training_is_published_only_for_the_roles_it_changed():
+    from marft_lg.demo import _publish_pending
+
     team = _FakeTeam()
-    assert ub.publish_changed(team, {"actor"}, run_id="r") == {"actor": "v2"}
+    trainer = types.SimpleNamespace(unpublished={"actor"}, run_id="r", iteration=3)
+    assert _publish_pending(team, trainer) == {"actor": "v2"}
     assert team.saved == [("actor", "r")] and team.serving == {"reasoner": "v1", "actor": "v2"}
-    assert ub.publish_changed(team, set(), run_id="r") == {}
+    assert _publish_pending(team, trainer) == {}  # published once: nothing pending
 
 
 def test_a_trained_run_comparing_the_untuned_versions_is_an_error():

@@ -62,6 +62,10 @@ MEASURES: dict[str, list[str]] = {
                        "marft_lg/trajectories/scenario_sets.py", "marft_lg/serving/engine_hf.py",
                        "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
                        "marft_lg/evaluation/shadow.py"],
+    # replays of a demo run's published versions on its held-out problems (the demo's comparison, stage 6)
+    "time_to_gain.json": ["benchmarks/time_to_gain.py", "marft_lg/demo.py", "marft_lg/examples/math_team",
+                          "marft_lg/evaluation/shadow.py", "marft_lg/serving/engine_hf.py",
+                          "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py"],
     # whole demo runs per arm (benchmarks/learn.py runs run_demo): the demo's code paths, as demo.json's
     "learn.json": ["benchmarks/learn.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
                    "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",

@@ -1,6 +1,7 @@
 """One iteration's frozen `TrainBatch`, built once from the buffer's records by `build_batch`:
 
-1. behaviour log-probs: the trace's, or recomputed with the adapter the span names;
+1. behaviour log-probs: the trace's, or recomputed with the adapter the span names; and the proximal ones each
+   ratio is clipped around (the current policy's for the records it did not sample: decoupled PPO);
 2. critic values: frozen-base features -> value head (a head per base, or one on a chosen base);
 3. advantages: GAE over each episode's joint ordered actions, whatever base each agent runs on
    (or the group-relative baseline without a critic), normalised over the records being trained;
@@ -75,6 +76,11 @@ class TrainBatch:
 
     records: tuple[ActionRecord, ...]
     behaviour: tuple[torch.Tensor, ...]
+    proximal: tuple[torch.Tensor, ...]
+    """The log-probs each record's PPO ratio is clipped around: its behaviour log-probs, or for a trained record the
+    current weights did not sample (``offline_anchor: current``) those of the policy at the start of the iteration."""
+    off_policy: int
+    """How many trained records got their proximal log-probs recomputed (the metrics' `off_policy_actions`)."""
     advantages: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     returns: tuple[torch.Tensor, ...]
@@ -224,15 +230,41 @@ def behaviour_logprobs(records: Sequence[ActionRecord], bases: Mapping[str, Base
     """Behaviour log-probs per record: the trace's, or recomputed with the adapter the span names."""
     out: dict[int, torch.Tensor] = {i: torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
                                     for i, r in enumerate(records) if r.behaviour_logprobs is not None}
+    todo = [i for i, r in enumerate(records) if r.behaviour_logprobs is None]
+    out.update(adapter_logprobs(records, todo, bases, adapter_for, cfg, masks))
+    return [out[i] for i in range(len(records))]
+
+
+def adapter_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], bases: Mapping[str, BaseModel],
+                     adapter_for: Callable[[ActionRecord], str], cfg: MARFTConfig,
+                     masks: Mapping[int, torch.Tensor] | None = None) -> dict[int, torch.Tensor]:
+    """`{i: log-probs of records[i]'s completion}` under the adapter `adapter_for` names for it, for `idx`: one no-grad
+    pass per (base, adapter)."""
     todo: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, r in enumerate(records):
-        if r.behaviour_logprobs is None:
-            todo[(r.base, adapter_for(r))].append(i)
-    for (base, adapter), idx in todo.items():
+    for i in idx:
+        todo[(records[i].base, adapter_for(records[i]))].append(i)
+    out: dict[int, torch.Tensor] = {}
+    for (base, adapter), part in todo.items():
         b = bases[base]
         with only_adapter_trainable(b.model, adapter):
-            out.update(completion_logprobs(b.model, records, idx, cfg, b.pad_id, masks=masks))
-    return [out[i] for i in range(len(records))]
+            out.update(completion_logprobs(b.model, records, part, cfg, b.pad_id, masks=masks))
+    return out
+
+
+def proximal_logprobs(records: Sequence[ActionRecord], trained: Sequence[int], behaviour: Sequence[torch.Tensor],
+                      bases: Mapping[str, BaseModel], current_adapter: Callable[[ActionRecord], str],
+                      on_policy: Callable[[ActionRecord], bool], cfg: MARFTConfig,
+                      masks: Mapping[int, torch.Tensor] | None = None) -> tuple[list[torch.Tensor], int]:
+    """(the log-probs each record's ratio is clipped around, how many were recomputed): the behaviour log-probs, except
+    under ``offline_anchor: current`` for the `trained` records the current weights did not sample, whose log-probs
+    under the current adapters are taken (one no-grad pass)."""
+    proximal = list(behaviour)
+    if cfg.offline_anchor != "current":
+        return proximal, 0
+    stale = [i for i in trained if not on_policy(records[i])]
+    for i, lp in adapter_logprobs(records, stale, bases, current_adapter, cfg, masks).items():
+        proximal[i] = lp
+    return proximal, len(stale)
 
 
 def verify_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], behaviour: Sequence[torch.Tensor],
@@ -240,18 +272,12 @@ def verify_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], behavio
                     masks: Mapping[int, torch.Tensor] | None = None) -> dict[int, DataProblem]:
     """The records at `idx` (on-policy: recorded by the weights their adapter holds now) whose log-probs, recomputed
     with that adapter, differ from the recorded `behaviour` by more than `logprob_tolerance`: one no-grad pass."""
-    todo: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i in idx:
-        todo[(records[i].base, adapter_for(records[i]))].append(i)
+    again = adapter_logprobs(records, idx, bases, adapter_for, cfg, masks)
     problems: dict[int, DataProblem] = {}
-    for (base, adapter), part in todo.items():
-        b = bases[base]
-        with only_adapter_trainable(b.model, adapter):
-            again = completion_logprobs(b.model, records, part, cfg, b.pad_id, masks=masks)
-        for i in part:
-            problem = logprob_mismatch(records[i], behaviour[i], again[i], cfg.logprob_tolerance)
-            if problem is not None:
-                problems[i] = problem
+    for i in idx:
+        problem = logprob_mismatch(records[i], behaviour[i], again[i], cfg.logprob_tolerance)
+        if problem is not None:
+            problems[i] = problem
     return problems
 
 
@@ -348,9 +374,12 @@ def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], base
 
 def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARFTConfig, *,
                 agents: Sequence[str], adapter_for: Callable[[ActionRecord], str],
-                critic: Critic | None, on_policy: Callable[[ActionRecord], bool] | None = None) -> TrainBatch:
-    """The iteration's `TrainBatch`: behaviour log-probs, critic values, advantages (normalised over the
-    records of `agents`), reference log-probs; every model pass it needs runs here, once.
+                critic: Critic | None, on_policy: Callable[[ActionRecord], bool] | None = None,
+                current_adapter: Callable[[ActionRecord], str] | None = None) -> TrainBatch:
+    """The iteration's `TrainBatch`: behaviour and proximal log-probs, critic values, advantages (normalised over the
+    records of `agents`), reference log-probs; every model pass it needs runs here, once. `on_policy` says which
+    records the current weights sampled and `current_adapter` names a record's role's current adapter: without both,
+    every record's ratio is clipped around its behaviour log-probs.
 
     The records that fail a data check are left out of `trained` (`problems`): a constrained completion its grammar
     rejects, and, under ``verify_logprobs: first``, a record of `agents` that `on_policy` says the current weights
@@ -363,6 +392,8 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
         check = [i for i in mine if i not in problems and not records[i].recomputed and on_policy(records[i])]
         problems.update(verify_logprobs(records, check, behaviour, bases, adapter_for, cfg, masks))
     trained = tuple(i for i in mine if i not in problems)
+    proximal, n_stale = (proximal_logprobs(records, trained, behaviour, bases, current_adapter, on_policy, cfg, masks)
+                         if on_policy is not None and current_adapter is not None else (list(behaviour), 0))
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
     zero = frozenset(i for i in trained if not bool(advantages[i].any()))
@@ -372,7 +403,8 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     elif cfg.normalize_advantages:
         unit_for(cfg).normalize(advantages, trained)
     ref = reference_logprobs(records, trained, bases, cfg, masks) if cfg.kl_ref_coef > 0 else {}
-    return TrainBatch(records=records, behaviour=tuple(behaviour), advantages=tuple(advantages),
+    return TrainBatch(records=records, behaviour=tuple(behaviour), proximal=tuple(proximal), off_policy=n_stale,
+                      advantages=tuple(advantages),
                       values=tuple(values), returns=tuple(returns), features=tuple(features),
                       reference=tuple(ref.get(i) for i in range(len(records))), trained=trained, masks=masks,
                       problems=problems, zero_advantage=zero)

@@ -24,6 +24,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "credit": ("group", "counterfactual"),
     "credit_normalize": ("joint", "per_agent"),
     "replay_tools": ("refuse", "rerun"),
+    "offline_anchor": ("current", "behaviour"),
 }
 
 
@@ -42,6 +43,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
     "entropy_coef": (0.0, None, False, False, False),
     "kl_cut": (0.0, None, True, False, True),
     "kl_ref_coef": (0.0, None, False, False, False),
+    "importance_cap": (1.0, None, False, False, False),  # an on-policy unit's weight is 1: never capped below it
     "gamma": (0.0, 1.0, False, False, False),
     "gae_lambda": (0.0, 1.0, False, False, False),
     "token_gamma": (0.0, 1.0, False, False, False),
@@ -123,6 +125,15 @@ class MARFTConfig:
     kl_ref_coef: float = 0.0
     """Penalty on KL to the reference (base model with adapters disabled); 0 disables (no extra pass)."""
     normalize_advantages: bool = True
+    offline_anchor: str = "current"
+    """What the ratio of a record the current weights did not sample (a mined trace, data from before an earlier
+    update or a warm start) is clipped around. `current`: the policy at the start of the iteration (one no-grad pass
+    over those records), its distance from the recorded behaviour policy applied as an importance weight capped at
+    `importance_cap` (decoupled PPO, Hilton et al. 2021); `behaviour`: the recorded log-probs themselves, whose
+    ratio to a policy that has moved since can be thousands at action level, so nearly every action is clipped and a
+    negative-advantage one pushes without bound. On-policy records are the same either way."""
+    importance_cap: float = 1.0
+    """Largest importance weight pi_current / pi_behaviour of an off-policy unit (IMPALA's truncation, rho-bar = 1)."""
 
     # --- advantages ----------------------------------------------------------------------------
     gamma: float = 0.99

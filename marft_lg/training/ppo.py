@@ -3,7 +3,8 @@
 `batch.build_batch` builds the batch once per iteration; `ppo_update` only reads it: for each epoch and
 minibatch, per agent being trained, the clipped surrogate (one loss path for both granularities: the
 config's `Unit` is a token at token level, a whole action at action level, whose ratio is the sequence
-ratio), entropy, optional KL to the reference, gradient accumulation over micro-batches, approx-KL hard
+ratio, clipped around the proximal policy and weighted by its capped ratio to the behaviour policy: decoupled
+PPO), entropy, optional KL to the reference, gradient accumulation over micro-batches, approx-KL hard
 cut, clip, step. `value_update` trains a value head on the batch's cached features with a clipped Huber loss.
 """
 
@@ -32,6 +33,11 @@ class AgentStats:
     entropy: float = 0.0
     clip_fraction: float = 0.0
     kl_ref: float = 0.0
+    behaviour_gap: float = 0.0
+    """Mean |log pi_proximal / pi_behaviour| per unit: how far the policy has moved from the one that sampled the
+    records (0 on-policy)."""
+    capped_fraction: float = 0.0
+    """Share of the units whose importance weight hit `importance_cap`."""
     grad_norm: float = 0.0
     steps: int = 0
     skipped_kl_cut: int = 0
@@ -63,20 +69,27 @@ def _policy_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
     mask = sel.float()
     new_lp, entropy = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                      chunk_size=cfg.logprob_chunk, allowed_bits=batch.mask_bits(idx, t["input_ids"].device))
-    old_lp = scatter(sel, [batch.behaviour[i] for i in idx])
+    old_lp = scatter(sel, [batch.proximal[i] for i in idx])
+    beh_lp = scatter(sel, [batch.behaviour[i] for i in idx])
     adv_tok = scatter(sel, [batch.advantages[i] for i in idx])
     words = torch.tensor([float(r.words) for r in recs], device=new_lp.device)
     # one unit per token, or one per action (its ratio is the sequence ratio of its tokens)
-    logratio = unit.reduce(new_lp, mask, words, cfg.logprob_norm) - unit.reduce(old_lp, mask, words, cfg.logprob_norm)
+    old = unit.reduce(old_lp, mask, words, cfg.logprob_norm)
+    logratio = unit.reduce(new_lp, mask, words, cfg.logprob_norm) - old
+    # decoupled PPO: clipped around the proximal policy, weighted by its capped ratio to the one that sampled the data
+    stale = old - unit.reduce(beh_lp, mask, words, cfg.logprob_norm)
+    importance = stale.exp().clamp(max=cfg.importance_cap)
     weight = unit.weights(mask, n_rows, n_tok, new_lp.device)
     adv = unit.advantages(adv_tok, mask)
     ent = (unit.reduce(entropy, mask, norm="token") * weight).sum()
     ratio = logratio.exp()
     lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
-    pg = (-torch.min(ratio * adv, ratio.clamp(lo, hi) * adv) * weight).sum()
+    pg = (-torch.min(ratio * adv, ratio.clamp(lo, hi) * adv) * importance * weight).sum()
     with torch.no_grad():
         approx_kl = (((ratio - 1) - logratio) * weight).sum()
         clipfrac = (((ratio - 1).abs() > cfg.clip_high).float() * weight).sum()
+        behaviour_gap = (stale.abs() * weight).sum()
+        capped = ((stale.exp() > cfg.importance_cap).float() * weight).sum()
     loss = pg - cfg.entropy_coef * ent
     kl_ref = torch.zeros((), device=new_lp.device)
     if cfg.kl_ref_coef > 0:
@@ -84,7 +97,7 @@ def _policy_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
         kl_ref = ((d.exp() - d - 1) * mask).sum() / n_tok
         loss = loss + cfg.kl_ref_coef * kl_ref
     info = {"pg": pg.detach(), "approx_kl": approx_kl, "entropy": ent.detach(), "clipfrac": clipfrac,
-            "kl_ref": kl_ref.detach(), "tokens": mask.sum()}
+            "kl_ref": kl_ref.detach(), "behaviour_gap": behaviour_gap, "capped": capped, "tokens": mask.sum()}
     return loss, info
 
 
@@ -120,6 +133,8 @@ def _policy_step(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
     st.entropy += mb_info.get("entropy", 0.0)
     st.clip_fraction += mb_info.get("clipfrac", 0.0)
     st.kl_ref += mb_info.get("kl_ref", 0.0)
+    st.behaviour_gap += mb_info.get("behaviour_gap", 0.0)
+    st.capped_fraction += mb_info.get("capped", 0.0)
     if not finite:
         st.skipped_nonfinite += 1
         stats.nonfinite.append(f"{agent}: non-finite policy loss")
@@ -150,7 +165,7 @@ def ppo_update(model: torch.nn.Module, batch: TrainBatch, cfg: MARFTConfig, *, a
     """The policy update of the given agents (all on `model`'s base; one agent in the sequential scheme).
 
     Per epoch and minibatch the agents are updated one after another, each on its own records
-    against the rollout's behaviour log-probs (so the simultaneous scheme needs no joint graph);
+    against the batch's proximal log-probs (so the simultaneous scheme needs no joint graph);
     each agent's records go through bounded micro-batches (`MARFTConfig.micro_batch_tokens`).
     """
     stats = UpdateStats(agents={a: AgentStats() for a in agents})
@@ -170,6 +185,8 @@ def ppo_update(model: torch.nn.Module, batch: TrainBatch, cfg: MARFTConfig, *, a
             st.entropy /= st.minibatches
             st.clip_fraction /= st.minibatches
             st.kl_ref /= st.minibatches
+            st.behaviour_gap /= st.minibatches
+            st.capped_fraction /= st.minibatches
         if st.steps:
             st.grad_norm /= st.steps
     return stats
@@ -203,7 +220,7 @@ def value_update(head: ValueHead, optimizer: torch.optim.Optimizer, batch: Train
 @torch.no_grad()
 def post_update_check(model: torch.nn.Module, batch: TrainBatch, idx: list[int], adapter: str, cfg: MARFTConfig,
                       pad_id: int, batch_size: int = 8) -> tuple[float, float]:
-    """(approx KL to the behaviour policy, mean token entropy) of the updated adapter on the records at `idx`.
+    """(approx KL to the proximal policy, mean token entropy) of the updated adapter on the records at `idx`.
 
     This is what the collapse checks look at: the in-update KL of the first minibatch is ~0 by
     construction, the policy's distance after the step is not.
@@ -215,7 +232,7 @@ def post_update_check(model: torch.nn.Module, batch: TrainBatch, idx: list[int],
         mask = t["completion_mask"].bool()
         lp, ent = token_logprobs(model, t["input_ids"], t["attention_mask"], t["completion_mask"],
                                  chunk_size=cfg.logprob_chunk, allowed_bits=batch.mask_bits(part, t["input_ids"].device))
-        old = torch.cat([batch.behaviour[i] for i in part]).to(lp.device)
+        old = torch.cat([batch.proximal[i] for i in part]).to(lp.device)
         logratio = lp[mask] - old
         kls += float(((logratio.exp() - 1) - logratio).sum())
         ents += float(ent[mask].sum())

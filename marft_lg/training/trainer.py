@@ -445,7 +445,8 @@ class MARFTTrainer:
             for b in self.bases.values():
                 paused.enter_context(b.policy.exclusive())
             batch = build_batch(buffer, {n: b.batch_base() for n, b in self.bases.items()}, cfg, agents=agents,
-                                adapter_for=self._adapter_for, critic=self.critic, on_policy=self._on_policy)
+                                adapter_for=self._adapter_for, critic=self.critic, on_policy=self._on_policy,
+                                current_adapter=lambda r: self.adapter_names[r.agent])
             self._check_problems(batch, agents, phase)
             snaps = {a: AdapterSnapshot.take(self._model(a), self.adapter_names[a], self.optimizers[a])
                      for a in agents}
@@ -482,6 +483,7 @@ class MARFTTrainer:
                           times={**(times or {}), "replay_s": replay_s, "update_s": elapsed},
                           wall_s=now - (started if started is not None else t0))
         row["post_update"] = post
+        row["off_policy_actions"] = batch.off_policy
         row["updated_agents"] = updated
         row.update(extra or {})
         if credit is not None:

@@ -537,9 +537,7 @@ class ArmRun:
             why = f"offline: {exc}"[:300]
         wall = time.perf_counter() - t1
         rows = [r for r in trainer.metrics.rows() if r.get("phase") == "offline"]
-        from marft_lg.demo import _publish_pending
-
-        tuned = _publish_pending(self.team, trainer)
+        tuned = trainer.publish()  # offline training and the warm start publish nothing by themselves
         trainer.close()
         thumbs_vs_refs = [(1.0 if appr else 0.0, corr) for corr, appr in verdicts]
         self.team.registry.set_alias("candidate", {**self.team.versions(), **tuned}, reason="unlabeled bench: tuned")

@@ -179,19 +179,6 @@ def _rollout_temperature(value: float | None, default: float) -> float:
     return float(value)
 
 
-def _publish_pending(team: Any, trainer: Any) -> dict[str, str]:
-    """Save and serve the roles whose adapters changed since their last version: a warm start or an offline update
-    that no on-policy iteration published (on-policy training that trained nothing) is still what the candidate
-    is, never the untuned team under its old versions. ``{role: new version}``."""
-    published = {}
-    for role in sorted(trainer.unpublished):
-        published[role] = team.save_version(role, run_id=trainer.run_id,
-                                            metrics={"iteration": float(trainer.iteration)})
-        team.load_version(role, published[role])
-    trainer.unpublished.clear()
-    return published
-
-
 class DemoRun:
     """The main job's stages, in the retraining pipeline's order (serve the live team, trace it, mine, train,
     compare, gate and promote) plus the report; each stage records its numbers in the run's log."""
@@ -342,7 +329,7 @@ class DemoRun:
             self.console.print(f"on-policy MARFT trained nothing: {exc}", markup=False, highlight=False)
             rows = [r for r in self.trainer.metrics.rows() if r.get("phase") == "online"]
         self.online_seen = min(len(rows) * b.scenarios_per_iteration, len(self.problems.stream))
-        _publish_pending(self.team, self.trainer)
+        self.trainer.publish()  # a warm start's or offline update's changes no on-policy iteration published
         self.tuned = self.team.versions()
         self.team.registry.set_alias("candidate", self.tuned, reason="demo: tuned by MARFT")
         self.log.record("online", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows],

@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -627,20 +628,26 @@ class MARFTTrainer:
         return pd.DataFrame(rows, columns=["episode_id", "reward", "scored", "error"]), action_rewards
 
     # ---- publishing (online) ---------------------------------------------------------------------
-    def _publish(self, row: dict[str, Any]) -> None:
-        """Save trained adapters as new registry versions and hot-swap them (Team with a registry)."""
+    def publish(self, roles: Iterable[str] | None = None, metrics: Mapping[str, float] | None = None) -> dict[str, str]:
+        """Save `roles` (default: every role changed since its last version, such as by a warm start or an offline
+        update) as new registry versions and serve them, so what is compared or promoted is what was trained.
+        ``{role: version}``; nothing without a Team with a registry."""
         if not isinstance(self.team, Publisher) or self.team.registry is None:
-            return
+            return {}
         published = {}
-        for role in row.get("updated_agents", []):
-            metrics = {"reward_mean": row.get("reward_mean") or 0.0, "iteration": float(self.iteration)}
-            version = self.team.save_version(role, run_id=self.run_id, metrics=metrics)
+        for role in sorted(self.unpublished) if roles is None else roles:
+            version = self.team.save_version(role, run_id=self.run_id,
+                                             metrics={**(metrics or {}), "iteration": float(self.iteration)})
             self.team.load_version(role, version)
             self._rebind(role, self.team.adapter_name(role))
             record_published(self.tracker, self.team.registry, role, version, iteration=self.iteration)
             published[role] = version
             self.unpublished.discard(role)
-        row["published"] = published
+        return published
+
+    def _publish(self, row: dict[str, Any]) -> None:
+        """An on-policy iteration's updated adapters, published so the next rollouts name their versions."""
+        row["published"] = self.publish(row.get("updated_agents", []), {"reward_mean": row.get("reward_mean") or 0.0})
 
     def _rebind(self, role: str, adapter: str) -> None:
         """Point `role`'s optimizer at a newly loaded adapter with identical weights, keeping Adam state."""

@@ -126,8 +126,13 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
 
     class FakeTrainer:
         def __init__(self, team, reward, cfg, run_dir, **kw):
-            self.run_id, self.iteration = "demo", 5
+            self.team, self.run_id, self.iteration = team, "demo", 5
             self.unpublished = {"actor"}  # changed by an update that no on-policy iteration published
+
+        def publish(self):  # what MARFTTrainer.publish does with a Team (its own test: training/test_publish.py)
+            for role in sorted(self.unpublished):
+                self.team.load_version(role, self.team.save_version(role, run_id=self.run_id))
+            self.unpublished.clear()
 
         def fit_offline(self, dataset, scenarios):
             seen["offline"] = [s.scenario_id for s in scenarios]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -170,29 +169,6 @@ def test_strip_labels_drops_reference_and_checkpoints():
     assert len(stripped) == 3
     assert all(s.reference is None and not s.checkpoints for s in stripped)
     assert [s.inputs for s in stripped] == [s.inputs for s in train]
-
-
-class _FakeTeam:
-    def __init__(self):
-        self.serving = {"reasoner": "v1", "actor": "v1"}
-        self.saved = []
-
-    def save_version(self, role, *, run_id=None, metrics=None):
-        self.saved.append((role, run_id))
-        return f"v{len(self.saved) + 1}"
-
-    def load_version(self, role, version):
-        self.serving[role] = version
-
-
-def test_offline_training_is_published_only_for_the_roles_it_changed():
-    from marft_lg.demo import _publish_pending
-
-    team = _FakeTeam()
-    trainer = types.SimpleNamespace(unpublished={"actor"}, run_id="r", iteration=3)
-    assert _publish_pending(team, trainer) == {"actor": "v2"}
-    assert team.saved == [("actor", "r")] and team.serving == {"reasoner": "v1", "actor": "v2"}
-    assert _publish_pending(team, trainer) == {}  # published once: nothing pending
 
 
 def test_a_trained_run_comparing_the_untuned_versions_is_an_error():

@@ -10,6 +10,7 @@ cut, clip, step. `value_update` trains a value head on the batch's cached featur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +23,10 @@ from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead, huber_value_loss
 from marft_lg.training.policy import adapter_parameters, only_adapter_trainable, token_logprobs
 from marft_lg.training.units import Unit, unit_for
+
+_NOISE_NATS = 1e-3
+"""A unit whose proximal log-prob exceeds its behaviour one by less than this (kernel noise: records sampled by the
+current weights under an older version label) is not counted as capped."""
 
 
 @dataclass
@@ -89,7 +94,7 @@ def _policy_loss(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
         approx_kl = (((ratio - 1) - logratio) * weight).sum()
         clipfrac = (((ratio - 1).abs() > cfg.clip_high).float() * weight).sum()
         behaviour_gap = (stale.abs() * weight).sum()
-        capped = ((stale.exp() > cfg.importance_cap).float() * weight).sum()
+        capped = ((stale > math.log(cfg.importance_cap) + _NOISE_NATS).float() * weight).sum()
     loss = pg - cfg.entropy_coef * ent
     kl_ref = torch.zeros((), device=new_lp.device)
     if cfg.kl_ref_coef > 0:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from learn import _ci, _components  # noqa: E402  (one reader of a demo run's component CIs)
+from learn import _ci, _ci_cell, _components  # noqa: E402  (one reader of a demo run's component CIs)
 
 STAGES = [("served", "serve"), ("traced", "trace untuned"), ("mined", "mine"), ("offline", "offline MARFT"),
           ("online", "on-policy MARFT"), ("compare", "shadow compare"), ("done", "gate + report")]
@@ -72,16 +72,12 @@ def table(results: dict) -> str:
             f"| {r['seed']} | {r['minutes']:.1f} | {r['offline_iterations']} + {r['online_iterations']} | "
             f"{r['heldout_n']} | {r['baseline_reward']:.3f} -> {r['candidate_reward']:.3f} | "
             f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] | "
-            f"{_ci_text(tc)} | "
+            f"{_ci_cell(tc)} | "
             f"{'n/a' if mde is None else f'{mde:.3f}'} | "
             f"{b.get('strict', float('nan')):.2f} -> {c.get('strict', float('nan')):.2f} | "
             f"{b.get('lenient', float('nan')):.2f} -> {c.get('lenient', float('nan')):.2f} | "
             f"{'**promote**' if r['promote'] else 'reject'} |")
     return "\n".join(lines)
-
-
-def _ci_text(ci: dict | None) -> str:
-    return "n/a" if not ci else f"{ci['mean']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]"
 
 
 def _newest(commits: set[str | None]) -> str | None:

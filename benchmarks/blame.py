@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from marft_lg._durable import write_atomic
     from marft_lg._provenance import code_state, machine
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     torch.set_num_threads(2)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

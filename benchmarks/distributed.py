@@ -85,7 +85,7 @@ def embedded(episodes: int = 16, max_tokens: int = 32) -> dict:
     from marft_lg.distributed.config import RayConfig, WorkerResources
     from marft_lg.distributed.rollout import RayCollector
     from marft_lg.distributed.worker import WorkerSpec
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     model = str(resolve_model("embedded:smollm2-135m-instruct"))
     ray = _ray(num_cpus=2)
@@ -114,7 +114,7 @@ def iteration_cost(iterations: int = 30, scenarios: int = 8, k: int = 2) -> dict
     from marft_lg.graph.collect import GraphCollector
     from marft_lg.graph.wrap import wrap
     from marft_lg.loading import load_object
-    from marft_lg.serving.models import build_tiny_model
+    from marft_lg.serving.engine.models import build_tiny_model
     from marft_lg.serving.team import Team
 
     model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))

@@ -84,8 +84,8 @@ def _requests(batch: int, max_tokens: int) -> list:
 
 def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repeats: int, device: str = "cuda",
                  decode: str = "eager", static_max_len: int = 512) -> dict:
-    from marft_lg.serving.engine_hf import HFEngine
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.engine.hf import HFEngine
+    from marft_lg.serving.registry.lora import LoraSettings
 
     static = {"static_max_len": static_max_len} if decode != "eager" else {}
     engine = HFEngine(model_dir, device=device, dtype=dtype, max_batch_size=batch, decode=decode, **static)
@@ -129,9 +129,9 @@ def bench_generate(model_dir: Path, dtype: str, batch: int, max_tokens: int, rep
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marft_lg.serving.device import resolve_device, resolve_dtype
-    from marft_lg.serving.engine_hf import normalise_messages
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.engine.device import resolve_device, resolve_dtype
+    from marft_lg.serving.engine.hf import normalise_messages
+    from marft_lg.serving.registry.lora import LoraSettings
 
     dev = resolve_device(device)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     import transformers
 
     if args.tokenizer is None:
-        from marft_lg.serving.models import embedded_tokenizer_dir
+        from marft_lg.serving.engine.models import embedded_tokenizer_dir
 
         args.tokenizer = str(embedded_tokenizer_dir())
     if args.device != "cpu" and not torch.cuda.is_available():

@@ -34,7 +34,7 @@ ROLES = {"mixed": ["solver", "checker"], "single_a": ["solver"], "single_b": ["c
 
 
 def _base_b(root: Path) -> Path:
-    from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
+    from marft_lg.serving.engine.models import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(root / "tokenizer-b")
     return build_tiny_model(root / "base-b", hidden_size=256, num_layers=4, num_heads=4, seed=1, tokenizer_dir=tok)
@@ -75,7 +75,7 @@ def _dataset(n_episodes: int):
 def case(kind: str, n_episodes: int, repeats: int, root: str) -> dict:
     import torch
 
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
     from marft_lg.serving.team_factory import team as build_team
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.trainer import MARFTTrainer

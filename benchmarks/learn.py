@@ -108,7 +108,7 @@ def check_key(key: str) -> str:
     """Where `key` goes: ``budget``, ``marft``, ``warm_start``, ``lora`` or ``rollout``; a ValueError saying why for
     any other."""
     if key.startswith("lora."):
-        from marft_lg.serving.lora import LoraSettings
+        from marft_lg.serving.registry.lora import LoraSettings
 
         known = {f.name for f in dataclasses.fields(LoraSettings)}
         if key.split(".", 1)[1] not in known:

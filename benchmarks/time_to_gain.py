@@ -220,7 +220,7 @@ def evaluate_run(run_dir: Path, every: int, *, rerun_baseline: bool = False, pro
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
     from marft_lg.training.metrics import read_metrics
     from marft_lg.trajectories.scenarios import ScenarioSet

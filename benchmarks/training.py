@@ -242,7 +242,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated result keys to re-measure (ppo_step_rss, throughput_mixed, "
                     "throughput, logprob_memory); the others are kept from --out")
     args = ap.parse_args()
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     model = str(resolve_model(args.model))
     if args.case:

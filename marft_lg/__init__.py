@@ -16,8 +16,8 @@ _EXPORTS: dict[str, str] = {
     "Completion": "marft_lg.serving.types",
     "Team": "marft_lg.serving.team",
     "team": "marft_lg.serving.team_factory",
-    "AdapterRegistry": "marft_lg.serving.registry",
-    "resolve_model": "marft_lg.serving.models",
+    "AdapterRegistry": "marft_lg.serving.registry.store",
+    "resolve_model": "marft_lg.serving.engine.models",
     # graph + tracing
     "TeamChatModel": "marft_lg.graph.chat_model",
     "wrap": "marft_lg.graph.wrap",

@@ -162,7 +162,7 @@ def _lora_settings(lora: dict[str, Any] | None) -> Any:
     loads."""
     if lora is None:
         return None
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
 
     lora = dict(lora)
     targets = lora.get("target_modules")

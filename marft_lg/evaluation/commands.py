@@ -215,7 +215,7 @@ def _check_flags(registry: Path | None, create_registry: bool, from_traces: Path
     """The paths and `--node-roles` checked before anything is created (the report folder included): usage errors
     naming the flag. Returns the parsed node roles."""
     from marft_lg.loading import parse_node_roles
-    from marft_lg.serving.registry import missing_registry
+    from marft_lg.serving.registry.store import missing_registry
 
     missing = missing_registry(registry, create=create_registry)
     if missing:
@@ -278,7 +278,7 @@ def _replay_spec(app: str, model: str, agents: str | None, registry: Path | None
     from marft_lg._config import ConfigError
     from marft_lg.graph.app_spec import AppSpec
     from marft_lg.loading import parse_node_roles
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     reg = AdapterRegistry(registry) if registry else None
     model_spec: str | dict[str, str] = model
@@ -424,7 +424,7 @@ def promote(
     from marft_lg.evaluation.promotion import PromotionError, ServerNotConfirmed
     from marft_lg.evaluation.promotion import promote as do_promote
     from marft_lg.serving.errors import ServingError
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     console = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
@@ -479,7 +479,7 @@ def rollback(
     from marft_lg.evaluation.promotion import PromotionError, ServerNotConfirmed
     from marft_lg.evaluation.promotion import rollback as do_rollback
     from marft_lg.serving.errors import ServingError
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     console = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)

@@ -10,8 +10,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marft_lg.serving.mixed_forward import mixed_adapter_forward
-from marft_lg.serving.prefix import common_prefix_length
+from marft_lg.serving.engine.mixed_forward import mixed_adapter_forward
+from marft_lg.serving.engine.prefix import common_prefix_length
 from marft_lg.trajectories.dataset import TrajectoryDataset
 
 BASE_ADAPTER = "__base__"  # peft's name for "adapters disabled" in mixed-adapter batches
@@ -32,7 +32,7 @@ def mean_token_kl(
     import torch
     from transformers import DynamicCache
 
-    from marft_lg.serving.device import model_device
+    from marft_lg.serving.engine.device import model_device
 
     device = model_device(model)
     samples = [(list(p), list(c)) for p, c in samples if len(p) and len(c)]
@@ -87,7 +87,7 @@ def policy_drift(
     """Per role: mean per-token KL(baseline || candidate) on up to `max_prompts` of that role's actions
     in `dataset` (usually the baseline's replay), on the role's own base model. Roles on a base without an
     in-process (hf) engine are left out; {} when no base has one."""
-    from marft_lg.serving.engine import InProcessEngine
+    from marft_lg.serving.engine.protocol import InProcessEngine
     from marft_lg.serving.types import ChatRequest
 
     out: dict[str, dict[str, Any]] = {}

@@ -246,7 +246,7 @@ def _recorded(record: PromotionRecord, registry: Any, run_dir: str | Path | None
 
 
 def _promotion_lock(registry: Any):
-    from marft_lg.serving.models import _file_lock
+    from marft_lg.serving.engine.models import _file_lock
 
     return _file_lock(Path(registry.root) / PROMOTE_LOCK, timeout_s=300.0)
 

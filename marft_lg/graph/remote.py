@@ -19,7 +19,7 @@ class RemoteEngine:
 
     def __init__(self, client_or_url: Any, api_key: str | None = None, *, models_ttl_s: float = 5.0):
         if isinstance(client_or_url, str):
-            from marft_lg.serving.client import OpenAIEngineClient
+            from marft_lg.serving.http.client import OpenAIEngineClient
 
             client_or_url = OpenAIEngineClient(client_or_url, api_key=api_key)
         self.client = client_or_url

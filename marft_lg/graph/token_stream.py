@@ -1,7 +1,7 @@
 """A chat model's view of a streaming engine: a request's text in pieces as its tokens are decoded, then its
 `Completion`.
 
-An engine streams when its ``achat`` takes ``listeners=`` (`marft_lg.serving.streaming.streams`) and the text can be
+An engine streams when its ``achat`` takes ``listeners=`` (`marft_lg.serving.engine.streaming.streams`) and the text can be
 decoded here (it has ``tokenizer_for``: an in-process `Team` or `MixedTeam`); any other engine answers whole, and its
 text comes at once with the completion. The pieces add up to the completion's text (`TextDeltas`).
 """
@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from marft_lg.serving.streaming import TextDeltas, queue_listener, streams
+from marft_lg.serving.engine.streaming import TextDeltas, queue_listener, streams
 from marft_lg.serving.types import ChatRequest, Completion
 
 _END = object()

@@ -50,7 +50,7 @@ class WrappedGraph(Runnable):
         self.sink = sink
         self.server = None
         if serve_http and team is not None:
-            from marft_lg.serving.local_server import LocalServer
+            from marft_lg.serving.http.local_server import LocalServer
 
             self.server = LocalServer(team, sink, capture_messages=capture_messages,
                                       engine_for=lambda ctx: self.tracer.replay_engine(ctx.episode_id))

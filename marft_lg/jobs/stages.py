@@ -28,7 +28,7 @@ class LibraryStages:
     """
 
     def __init__(self, job: RetrainJob):
-        from marft_lg.serving.registry import AdapterRegistry
+        from marft_lg.serving.registry.store import AdapterRegistry
 
         self.job = job
         self.registry = AdapterRegistry(job.registry)

@@ -64,7 +64,7 @@ def parse_agents(spec: str, default_model: str) -> dict[str, str]:
     `default_model`, the ``--model``). Empty roles or models, a role the registry would refuse, and a role named
     twice, are ValueErrors."""
     from marft_lg.serving.errors import RegistryError
-    from marft_lg.serving.registry import _check_name
+    from marft_lg.serving.registry.store import _check_name
 
     out: dict[str, str] = {}
     for item in spec.split(","):
@@ -145,7 +145,7 @@ def serve(
             raise _serve_failed(f"{flag} must be > 0, got {value}")
     if not 0 <= port <= 65535:
         raise _serve_failed(f"--port must be 0..65535 (0: any free port), got {port}")
-    from marft_lg.serving.registry import missing_registry
+    from marft_lg.serving.registry.store import missing_registry
 
     missing = missing_registry(registry, create=create_registry)
     if missing:
@@ -177,7 +177,7 @@ def _serve_failed(message: str) -> typer.Exit:
 def _lora_settings(path: Path | None) -> Any:
     if path is None:
         return None
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
 
     try:
         return LoraSettings.from_yaml(path)
@@ -218,7 +218,7 @@ def _announce(team: Any, host: str, port: int, api_key: str | None, console: Any
 
 def _recorder(trace_dir: Path, capture_messages: bool, console: Any) -> Any:
     """What the server records every answered request into (`served_spans`): files served-*.jsonl in `trace_dir`."""
-    from marft_lg.serving.served_spans import ServedRecorder
+    from marft_lg.serving.http.served_spans import ServedRecorder
     from marft_lg.tracing.sink import make_record_sink
 
     console.print(f"recording what it samples in {trace_dir}", markup=False, highlight=False)
@@ -230,7 +230,7 @@ def uvicorn_config(app: Any, host: str, port: int, read_timeout_s: float) -> Any
     """How `serve` runs uvicorn: the read timeout also bounds the request line and headers (`header_deadline_protocol`)."""
     import uvicorn
 
-    from marft_lg.serving.http import header_deadline_protocol
+    from marft_lg.serving.http.transport import header_deadline_protocol
 
     return uvicorn.Config(app, host=host, port=port, log_level="warning", http=header_deadline_protocol(read_timeout_s))
 
@@ -242,7 +242,7 @@ def _run(team: Any, sock: Any, host: str, recorder: Any, **app_options: Any) -> 
 
     import uvicorn
 
-    from marft_lg.serving.server import DEFAULT_READ_TIMEOUT_S, create_app
+    from marft_lg.serving.http.server import DEFAULT_READ_TIMEOUT_S, create_app
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -274,7 +274,7 @@ def adapters(
     from rich.table import Table
 
     from marft_lg.serving.errors import AdapterIntegrityError, RegistryError, ServingError
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     console = Console(stderr=as_json, soft_wrap=True)  # with --json, stdout holds only the JSON
     err = Console(stderr=True, soft_wrap=True)

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from marft_lg.serving.errors import UnknownAgentError
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import LoraSettings
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.team import _UNSET, ModelSpec, Team, _check_versions, base_model_name, plan_bases
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 

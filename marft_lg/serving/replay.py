@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from marft_lg.serving.streaming import streams
+from marft_lg.serving.engine.streaming import streams
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 from marft_lg.tracing.attributes import REPLAY_OF
 

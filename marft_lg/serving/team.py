@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from marft_lg.loading import role_problem
+from marft_lg.serving.engine.models import DEFAULT_MODEL, model_content_hash, model_fingerprint, resolve_model
+from marft_lg.serving.engine.streaming import streams
 from marft_lg.serving.errors import RegistryError, UnknownAgentError
-from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
-from marft_lg.serving.models import DEFAULT_MODEL, model_content_hash, model_fingerprint, resolve_model
-from marft_lg.serving.registry import AdapterRegistry
-from marft_lg.serving.streaming import streams
+from marft_lg.serving.registry.lora import LoraSettings, write_fresh_adapter
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 FRESH = "init"  # the version name of a freshly initialised adapter
@@ -153,11 +153,11 @@ class Team:
         if not isinstance(engine, str):
             return engine
         if engine == "hf":
-            from marft_lg.serving.engine_hf import HFEngine
+            from marft_lg.serving.engine.hf import HFEngine
 
             return HFEngine(self.model_dir, model_name=self.model_name, seed=self.seed, **options)
         if engine == "vllm":
-            from marft_lg.serving.engine_vllm import VLLMEngine
+            from marft_lg.serving.engine.vllm import VLLMEngine
 
             return VLLMEngine(self.model_dir, **{"served_model_name": self.model_name, **options})
         raise ValueError(f"unknown engine {engine!r}; use 'hf' (embedded transformers + peft) or 'vllm'")
@@ -216,7 +216,7 @@ class Team:
         if self._shapes is None:
             shapes = getattr(self.engine, "module_shapes", None)
             if not isinstance(shapes, dict):
-                from marft_lg.serving.integrity import base_shapes_from_weights
+                from marft_lg.serving.registry.integrity import base_shapes_from_weights
 
                 try:
                     shapes = base_shapes_from_weights(self.model_dir)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marft_lg.loading import is_import_path, load_object
+from marft_lg.serving.engine.models import DEFAULT_MODEL
 from marft_lg.serving.mixed_team import MixedTeam
-from marft_lg.serving.models import DEFAULT_MODEL
 from marft_lg.serving.team import ModelSpec, Team, plan_bases
 
 

@@ -96,7 +96,7 @@ def _check_out(out: Path) -> None:
 def _base_dir(facts: dict[str, Any], base: str | None) -> Path:
     """The base model to merge into: `base` or the embedded model the manifest names, checked against the hash
     the version recorded."""
-    from marft_lg.serving.models import model_content_hash, resolve_model
+    from marft_lg.serving.engine.models import model_content_hash, resolve_model
 
     name = base or facts.get("base_model")
     if not name or (base is None and not str(name).startswith("embedded:")):
@@ -149,7 +149,7 @@ def export_version(registry_dir: str | Path, target: str, out: str | Path, *, me
     """Export ``ROLE[@VERSION|ALIAS]`` of the registry at `registry_dir` into `out` (see the module doc); raises
     `ExportError` (one line) for an unknown or damaged version, a non-empty `out`, or the wrong base model."""
     from marft_lg.serving.errors import AdapterIntegrityError, ServingError
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     role, ref = parse_target(target)
     out = Path(out)

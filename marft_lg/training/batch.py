@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from marft_lg.constraints import Grammars, label, load_constraint
-from marft_lg.serving.device import model_device
+from marft_lg.serving.engine.device import model_device
 from marft_lg.training.buffer import ActionRecord, RolloutBuffer, collate
 from marft_lg.training.checks import DataProblem, grammar_rejection, logprob_mismatch
 from marft_lg.training.config import MARFTConfig

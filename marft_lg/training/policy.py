@@ -148,7 +148,7 @@ class LocalPolicy:
     It exposes what the trainer needs from a Team's hf engine (`model`, `tokenizer`,
     `adapter_name(role)`, `exclusive()`) and can generate, so offline training, tests and
     benchmarks need no server. Adapters are named `role@v0`. `device` / `dtype` as for the hf
-    engine (`marft_lg.serving.device`): a GPU when present, bfloat16 base weights there.
+    engine (`marft_lg.serving.engine.device`): a GPU when present, bfloat16 base weights there.
     """
 
     def __init__(self, model_dir: str | Path, roles: list[str], *, lora: LoraSpec | None = None,
@@ -157,7 +157,7 @@ class LocalPolicy:
         from peft import LoraConfig, PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from marft_lg.serving.device import resolve_device, resolve_dtype
+        from marft_lg.serving.engine.device import resolve_device, resolve_dtype
 
         torch.manual_seed(seed)
         self.device = resolve_device(device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from marft_lg.serving.device import model_device
+from marft_lg.serving.engine.device import model_device
 from marft_lg.training.batch import TrainBatch, index_batches, inference_batches, scatter
 from marft_lg.training.buffer import collate
 from marft_lg.training.config import MARFTConfig

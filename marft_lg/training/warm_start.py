@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from marft_lg.serving.device import model_device
+from marft_lg.serving.engine.device import model_device
 from marft_lg.training.batch import constraint_masks, index_batches
 from marft_lg.training.buffer import ActionRecord, build_buffer, collate
 from marft_lg.training.checks import TrainingDataError

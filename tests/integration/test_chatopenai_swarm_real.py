@@ -79,7 +79,7 @@ def test_the_desk_by_thread_id_is_mined_with_the_servers_ids_and_its_hand_offs_a
     import numpy as np
 
     from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import make_record_sink
     from marft_lg.training.buffer import _prompt_ids, build_buffer
     from marft_lg.trajectories.mining import mine_with_report

@@ -20,9 +20,9 @@ from test_compare_gate import ROLES, build_graph  # noqa: E402
 def mirrored(tiny_model_dir, tmp_path_factory):
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
-    from marft_lg.serving.models import model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.lora import LoraSettings, write_fresh_adapter
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
 
     torch.set_num_threads(1)

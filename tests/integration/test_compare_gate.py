@@ -17,7 +17,7 @@ REWARD = {"weights": {"format_compliance": 1.0},
 
 
 def _settings():
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
 
     # lm_head is adapted too: the tiny random model's own head is too flat to ever be confident.
     return LoraSettings(r=4, alpha=16, dropout=0.0, target_modules=["q_proj", "v_proj", "lm_head"])
@@ -91,9 +91,9 @@ def sft_adapter(model_dir: str, init_dir, prompts: list[list[int]], target: list
 def setup(tiny_model_dir, tmp_path_factory):
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.lora import write_fresh_adapter
-    from marft_lg.serving.models import model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.lora import write_fresh_adapter
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
     from marft_lg.trajectories.mining import mine
     from marft_lg.trajectories.scenarios import Scenario, ScenarioSet

@@ -32,9 +32,9 @@ def world(tiny_model_dir, tmp_path_factory):
 
     from marft_lg.graph.chat_model import TeamChatModel
     from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
-    from marft_lg.serving.models import model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.lora import LoraSettings, write_fresh_adapter
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
     from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -120,7 +120,7 @@ def test_a_registry_with_nothing_promoted_starts_from_the_initial_adapters(world
     root = world["root"]
     shutil.copytree(root / "adapters", root / "empty", ignore=shutil.ignore_patterns("aliases.json"))
     (root / "empty" / "aliases.json").unlink(missing_ok=True)
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     assert AdapterRegistry(root / "empty").alias("live") == {}
     logged: list[str] = []
@@ -143,7 +143,7 @@ def test_report_to_mlflow_logs_a_parent_run_with_train_and_compare_children(worl
 
     from marft_lg.jobs import store as st
     from marft_lg.jobs.pipeline import run_once
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     root = world["root"]
     shutil.copytree(root / "adapters", root / "tracked", ignore=shutil.ignore_patterns("*.jsonl", "tracking.json"))

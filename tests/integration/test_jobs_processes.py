@@ -20,7 +20,7 @@ from jobs_fakes import ROLES, adapter_value, append_episodes, child_env, make_jo
 from marft_lg.jobs import store as st  # noqa: E402
 from marft_lg.jobs.config import RetrainJob  # noqa: E402
 from marft_lg.jobs.store import JobStore  # noqa: E402
-from marft_lg.serving.registry import AdapterRegistry  # noqa: E402
+from marft_lg.serving.registry.store import AdapterRegistry  # noqa: E402
 
 
 def cli(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.tools import tool
 
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
 from marft_lg.serving.team import Team
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 

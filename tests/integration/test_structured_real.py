@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
 from marft_lg.serving.team import Team
 
 pytestmark = [pytest.mark.integration]

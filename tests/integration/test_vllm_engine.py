@@ -85,9 +85,9 @@ def _export_an_adapter(model_dir: str, root):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from marft_lg.serving.lora import LoraSettings
-    from marft_lg.serving.models import model_content_hash, model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_content_hash, model_fingerprint
+    from marft_lg.serving.registry.lora import LoraSettings
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.tracking.export import export_version
 
     torch.manual_seed(3)
@@ -113,7 +113,7 @@ def served(embedded_model_dir, tmp_path_factory):
     --lora-modules), then vLLM starts in the background while the other adapters are made (~1 min saved)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from marft_lg.serving.engine_vllm import VLLMEngine
+    from marft_lg.serving.engine.vllm import VLLMEngine
 
     exported = _export_an_adapter(embedded_model_dir, tmp_path_factory.mktemp("export"))
     log = tmp_path_factory.mktemp("vllm") / "server.log"
@@ -275,7 +275,7 @@ def test_team_hot_swap_under_concurrent_load_loses_no_request(engine, zoo, embed
     """The serving layer's Team over this engine: swap writer to a registry version mid-traffic."""
     import threading
 
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
 
     registry = AdapterRegistry(tmp_path / "registry")
@@ -327,7 +327,7 @@ def test_vllm_serves_the_exported_adapter_with_the_engines_greedy_tokens(engine,
 
 
 def test_close_stops_server_and_frees_port(engine):
-    from marft_lg.serving.engine_vllm import port_is_free
+    from marft_lg.serving.engine.vllm import port_is_free
 
     pid, port = engine.pid, engine.port
     assert engine.is_running() and not port_is_free(port)

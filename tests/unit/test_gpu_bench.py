@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_benchmark_writes_its_rows_on_a_bare_machine(tmp_path):
-    from marft_lg.serving.models import build_tiny_tokenizer
+    from marft_lg.serving.engine.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(tmp_path / "tokenizer")
     out = tmp_path / "gpu.json"

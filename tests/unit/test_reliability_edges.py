@@ -63,8 +63,8 @@ def served(tiny_model_dir):
     import torch
     from fastapi.testclient import TestClient
 
-    from marft_lg.serving.lora import LoraSettings
-    from marft_lg.serving.server import create_app
+    from marft_lg.serving.http.server import create_app
+    from marft_lg.serving.registry.lora import LoraSettings
     from marft_lg.serving.team import Team
 
     torch.set_num_threads(1)

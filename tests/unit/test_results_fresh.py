@@ -23,15 +23,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 # results file -> the code its figures depend on (the benchmark itself, then what it times); time_to_gain.py reads
 # the demo's runs (demo.json's figures), serving.py's vLLM part runs serving_vllm.py
 MEASURES: dict[str, list[str]] = {
-    "serving.json": ["benchmarks/serving.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
-                     "marft_lg/serving/adapters.py", "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py",
-                     "marft_lg/serving/mixed_forward.py", "marft_lg/serving/lora.py",
+    "serving.json": ["benchmarks/serving.py", "marft_lg/serving/engine/hf.py", "marft_lg/serving/engine/scheduler.py",
+                     "marft_lg/serving/engine/adapters.py", "marft_lg/serving/engine/prefix.py", "marft_lg/serving/engine/sampling.py",
+                     "marft_lg/serving/engine/mixed_forward.py", "marft_lg/serving/registry/lora.py",
                      # time to first token goes through the server's streaming path
-                     "marft_lg/serving/server.py", "marft_lg/serving/chat_stream.py", "marft_lg/serving/streaming.py"],
-    "serving_vllm.json": ["benchmarks/serving_vllm.py", "marft_lg/serving/engine_vllm.py"],
-    "rollout.json": ["benchmarks/rollout.py", "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py",
-                     "marft_lg/serving/prefix.py", "marft_lg/serving/sampling.py", "marft_lg/serving/mixed_forward.py",
-                     "marft_lg/serving/engine_vllm.py", "marft_lg/examples/math_team"],
+                     "marft_lg/serving/http/server.py", "marft_lg/serving/http/chat_stream.py", "marft_lg/serving/engine/streaming.py"],
+    "serving_vllm.json": ["benchmarks/serving_vllm.py", "marft_lg/serving/engine/vllm.py"],
+    "rollout.json": ["benchmarks/rollout.py", "marft_lg/serving/engine/hf.py", "marft_lg/serving/engine/scheduler.py",
+                     "marft_lg/serving/engine/prefix.py", "marft_lg/serving/engine/sampling.py", "marft_lg/serving/engine/mixed_forward.py",
+                     "marft_lg/serving/engine/vllm.py", "marft_lg/examples/math_team"],
     "tracing.json": ["benchmarks/tracing.py", "marft_lg/graph/wrap.py", "marft_lg/graph/chat_model.py",
                      "marft_lg/tracing/recorder.py", "marft_lg/tracing/sink.py", "marft_lg/tracing/exporters.py",
                      "marft_lg/tracing/propagation.py"],
@@ -45,7 +45,7 @@ MEASURES: dict[str, list[str]] = {
                       "marft_lg/training/shared_prefix.py"],
     "hetero.json": ["benchmarks/hetero.py", "marft_lg/training", "marft_lg/serving/team_factory.py"],
     "gpu.json": ["benchmarks/gpu.py", "marft_lg/training/ppo.py", "marft_lg/training/batch.py",
-                 "marft_lg/training/policy.py", "marft_lg/serving/engine_hf.py"],
+                 "marft_lg/training/policy.py", "marft_lg/serving/engine/hf.py"],
     "distributed.json": ["benchmarks/distributed.py", "marft_lg/distributed", "marft_lg/graph/collect.py"],
     "blame.json": ["benchmarks/blame.py", "marft_lg/evaluation/attribution.py", "marft_lg/graph/replays.py",
                    "marft_lg/serving/replay.py", "marft_lg/examples/relay.py", "marft_lg/examples/math_team"],
@@ -54,21 +54,21 @@ MEASURES: dict[str, list[str]] = {
     "credit.json": ["benchmarks/credit.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
                     "marft_lg/serving/replay.py", "marft_lg/demo.py"],
     "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
-                  "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
+                  "marft_lg/serving/engine/hf.py", "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py",
                   "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
     # the math team trained per reward arm, compared with the demo's held-out comparison; the loop mines traffic
     "unlabeled.json": ["benchmarks/unlabeled.py", "marft_lg/demo.py", "marft_lg/examples/math_team",
                        "marft_lg/training", "marft_lg/rewards", "marft_lg/tracing/feedback.py",
-                       "marft_lg/trajectories/scenario_sets.py", "marft_lg/serving/engine_hf.py",
-                       "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
+                       "marft_lg/trajectories/scenario_sets.py", "marft_lg/serving/engine/hf.py",
+                       "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py",
                        "marft_lg/evaluation/shadow.py"],
     # replays of a demo run's published versions on its held-out problems (the demo's comparison, stage 6)
     "time_to_gain.json": ["benchmarks/time_to_gain.py", "marft_lg/demo.py", "marft_lg/examples/math_team",
-                          "marft_lg/evaluation/shadow.py", "marft_lg/serving/engine_hf.py",
-                          "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py"],
+                          "marft_lg/evaluation/shadow.py", "marft_lg/serving/engine/hf.py",
+                          "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py"],
     # whole demo runs per arm (benchmarks/learn.py runs run_demo): the demo's code paths, as demo.json's
     "learn.json": ["benchmarks/learn.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",
-                   "marft_lg/serving/engine_hf.py", "marft_lg/serving/scheduler.py", "marft_lg/serving/sampling.py",
+                   "marft_lg/serving/engine/hf.py", "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py",
                    "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
 }
 
@@ -152,7 +152,7 @@ def test_no_results_file_is_older_than_the_code_it_measures():
 @pytest.mark.skipif(not _has_history(), reason="needs a git checkout with its history")
 def test_a_change_to_measured_code_is_seen():
     first = _git("rev-list", "--max-parents=0", "HEAD").splitlines()[0]
-    assert later_changes(first, ["marft_lg/serving/engine_hf.py"]), "the engine never changed since the first commit?"
+    assert later_changes(first, ["marft_lg/serving/engine/hf.py"]), "the engine never changed since the first commit?"
     assert later_changes("HEAD", ["marft_lg"]) == []
 
 

@@ -118,7 +118,7 @@ def judge_engine(engine: Any = None, base_url: str | None = None, model: str | N
         target = load_object(engine)
         engine = target() if callable(target) and not hasattr(target, "chat") else target
     if engine is None and base_url:
-        from marft_lg.serving.client import DEFAULT_TIMEOUT_S, OpenAIEngineClient
+        from marft_lg.serving.http.client import DEFAULT_TIMEOUT_S, OpenAIEngineClient
 
         engine = OpenAIEngineClient(base_url, api_key=api_key, text_only=True,  # a judge reads text: any endpoint
                                     timeout=DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s))
@@ -149,7 +149,7 @@ class ClientEngine:
         return [self._one(r, r.agent if r.agent is not None else self.model) for r in requests]
 
     def _one(self, request: ChatRequest, model: str) -> Completion:
-        from marft_lg.serving.client import MalformedResponseError
+        from marft_lg.serving.http.client import MalformedResponseError
 
         try:
             return self.client.chat(request, model)
@@ -172,7 +172,7 @@ def _is_http_client(engine: Any) -> bool:
     if engine is None or isinstance(engine, ClientEngine):
         return False
     try:
-        from marft_lg.serving.client import OpenAIEngineClient
+        from marft_lg.serving.http.client import OpenAIEngineClient
     except ImportError:
         return False
     return isinstance(engine, OpenAIEngineClient)

@@ -204,7 +204,7 @@ def test_train_with_a_ray_section_runs_the_online_phase_on_the_workers(cluster, 
     for row in online:
         assert row["rollout_workers"] == 2 and sum(row["episodes_per_worker"].values()) == 8
         assert row["staleness_mean"] == 0.0 and row["trained_agents"]
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     registry = AdapterRegistry(tmp_path / "registry")
     for role in AGENTS:  # one version per update of the role (the end of the run saves no copy of the last one)

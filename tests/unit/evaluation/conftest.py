@@ -21,7 +21,7 @@ def template(tiny_model_dir, tmp_path_factory):
 @pytest.fixture()
 def registry(template, tmp_path):
     """A copy of `template` for one test (a module's own `registry` fixture wins)."""
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     shutil.copytree(template, tmp_path / "registry")
     return AdapterRegistry(tmp_path / "registry")

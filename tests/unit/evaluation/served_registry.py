@@ -12,8 +12,8 @@ import httpx
 import torch
 import uvicorn
 
-from marft_lg.serving.lora import ADAPTER_WEIGHTS, LoraSettings
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_WEIGHTS, LoraSettings
+from marft_lg.serving.registry.store import AdapterRegistry
 
 ROLES = ["planner", "writer"]
 LORA = LoraSettings(r=2, init=False)
@@ -22,8 +22,8 @@ DAMAGED = ("planner", "v3")
 
 def build_registry(model_dir: str, root: Path) -> AdapterRegistry:
     """planner v1, v2 and v3 (v3 truncated after it was saved: damaged); writer v1, v2. Nothing promoted."""
-    from marft_lg.serving.lora import write_fresh_adapter
-    from marft_lg.serving.models import model_fingerprint
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.lora import write_fresh_adapter
 
     torch.set_num_threads(1)
     reg = AdapterRegistry(root / "registry")
@@ -46,7 +46,7 @@ class Server:
         self.start()
 
     def start(self) -> None:
-        from marft_lg.serving.server import create_app
+        from marft_lg.serving.http.server import create_app
         from marft_lg.serving.team import Team
 
         self.team = Team(self.model_dir, ROLES, lora=LORA, registry=self.registry, versions=self.versions,

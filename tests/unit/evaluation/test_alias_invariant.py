@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from served_registry import DAMAGED, ROLES, Server, live_view
 
 from marft_lg.evaluation.promotion import PromotionError, promote, rollback
-from marft_lg.serving.lora import ADAPTER_WEIGHTS
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_WEIGHTS
+from marft_lg.serving.registry.store import AdapterRegistry
 
 
 def check_invariant(server: Server, registry: AdapterRegistry) -> None:

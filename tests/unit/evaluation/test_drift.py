@@ -5,15 +5,15 @@ import torch
 from eval_factory import make_dataset
 
 from marft_lg.evaluation.drift import mean_token_kl, policy_drift
-from marft_lg.serving.device import model_device
-from marft_lg.serving.mixed_forward import mixed_adapter_forward
+from marft_lg.serving.engine.device import model_device
+from marft_lg.serving.engine.mixed_forward import mixed_adapter_forward
 
 
 @pytest.fixture(scope="module")
 def team_and_registry(tiny_model_dir, tmp_path_factory):
-    from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
-    from marft_lg.serving.models import model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.lora import LoraSettings, write_fresh_adapter
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
 
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ from marft_lg.evaluation.promotion import PromotionError, promote, read_records,
 
 @pytest.fixture(scope="module")
 def adapter_dirs(tiny_model_dir, tmp_path_factory):
-    from marft_lg.serving.lora import LoraSettings, write_fresh_adapter
+    from marft_lg.serving.registry.lora import LoraSettings, write_fresh_adapter
 
     root = tmp_path_factory.mktemp("adapters")
     return [write_fresh_adapter(tiny_model_dir, LoraSettings(r=2, init=False), root / f"a{seed}", seed=seed)
@@ -24,8 +24,8 @@ def adapter_dirs(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture()
 def registry(tiny_model_dir, adapter_dirs, tmp_path):
-    from marft_lg.serving.models import model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_fingerprint
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     reg = AdapterRegistry(tmp_path / "registry")
     fp = model_fingerprint(tiny_model_dir)
@@ -63,7 +63,7 @@ def test_rejected_decision_refuses_unless_forced(registry):
 
 
 def test_rollback_without_history_and_unknown_alias_are_errors(tmp_path, registry):
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     with pytest.raises(PromotionError, match="cannot roll back 'live'"):
         rollback(AdapterRegistry(tmp_path / "empty"))

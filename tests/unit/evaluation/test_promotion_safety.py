@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from marft_lg.evaluation.promotion import PromotionError, _Server, promote, read_records
 from marft_lg.serving.errors import AliasConflictError
-from marft_lg.serving.lora import ADAPTER_WEIGHTS
-from marft_lg.serving.registry import ALIASES, AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_WEIGHTS
+from marft_lg.serving.registry.store import ALIASES, AdapterRegistry
 
 
 def _cli():

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from marft_lg.evaluation.commands import EXIT_SERVER_NOT_CONFIRMED
 from marft_lg.evaluation.promotion import RECORDS, ServerNotConfirmed, promote
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 
 
 def _cli() -> typer.Typer:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from marft_lg.graph.app_spec import AppSpec
 from marft_lg.graph.collect import RolloutError
 from marft_lg.graph.wrap import wrap
-from marft_lg.serving.local_server import LocalServer
+from marft_lg.serving.http.local_server import LocalServer
 from marft_lg.serving.team import Team
 from marft_lg.tracing import attributes as A
 from marft_lg.tracing.sink import make_record_sink

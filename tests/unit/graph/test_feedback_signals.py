@@ -112,7 +112,7 @@ def team(tiny_model_dir, tmp_path):
 
 
 def test_feedback_posted_to_the_server_by_thread_id_after_the_run_joins_its_episode(team, tmp_path):
-    from marft_lg.serving.server import create_app
+    from marft_lg.serving.http.server import create_app
 
     scripted(team, {"drafter": ["Cats nap in the sun."], "reviser": ["Cats nap, then hunt."]})
     traces = tmp_path / "traces"

@@ -10,7 +10,7 @@ from graph_apps import chats, linear, spans
 
 from marft_lg.graph import TeamChatModel, wrap
 from marft_lg.graph.remote import RemoteEngine
-from marft_lg.serving.client import OpenAIEngineClient
+from marft_lg.serving.http.client import OpenAIEngineClient
 from marft_lg.tracing import attributes as A
 
 SERVED = ["smollm2", "planner", "writer", "planner@v2"]

@@ -17,7 +17,7 @@ import pandas as pd
 from safetensors.numpy import load_file, save_file
 
 from marft_lg.jobs.pipeline import Comparison
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.tracing.files import trace_files
 from marft_lg.trajectories.dataset import ACTION_COLUMNS, EPISODE_COLUMNS, TrajectoryDataset
 

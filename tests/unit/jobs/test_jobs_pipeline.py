@@ -19,7 +19,7 @@ from marft_lg.jobs.config import RetrainJob
 from marft_lg.jobs.lock import LockHeld, RunLock
 from marft_lg.jobs.pipeline import run_once
 from marft_lg.jobs.store import JobStore
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 
 T0 = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
 

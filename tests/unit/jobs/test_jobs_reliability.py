@@ -23,7 +23,7 @@ from marft_lg.jobs.pipeline import RecoveryPending, load_stages, run_once
 from marft_lg.jobs.store import JobStore
 from marft_lg.jobs.watermark import format_time
 from marft_lg.loading import LoadError
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 
 T0 = datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
 

@@ -20,7 +20,7 @@ from marft_lg.rewards.components.group_judge import (
     parse_judgement,
     render_episode,
 )
-from marft_lg.serving.client import OpenAIEngineClient
+from marft_lg.serving.http.client import OpenAIEngineClient
 from marft_lg.serving.types import ChatRequest, Completion
 
 _QUALITY = re.compile(r"quality=([0-9.]+)")

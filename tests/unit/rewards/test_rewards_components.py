@@ -322,7 +322,7 @@ def test_feedback_component():
 def test_llm_judge_over_the_openai_compatible_client():
     import httpx
 
-    from marft_lg.serving.client import OpenAIEngineClient
+    from marft_lg.serving.http.client import OpenAIEngineClient
 
     bodies = []
 

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from marft_lg.serving.errors import AdapterIntegrityError
-from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSettings
-from marft_lg.serving.registry import MANIFEST, AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSettings
+from marft_lg.serving.registry.store import MANIFEST, AdapterRegistry
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 
@@ -161,11 +161,11 @@ def test_the_engine_undoes_a_peft_failure_that_slipped_past_verification(reg, ti
     """Defence in depth: if the file changes between verification and peft's read, nothing stays registered."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    import marft_lg.serving.engine_hf as engine_hf
+    import marft_lg.serving.engine.hf as hf
 
     truncate(weights(reg, "planner", "v2"))
-    monkeypatch.setattr(engine_hf, "verify_adapter", lambda *a, **k: None)
-    engine = engine_hf.HFEngine(tiny_model_dir)
+    monkeypatch.setattr(hf, "verify_adapter", lambda *a, **k: None)
+    engine = hf.HFEngine(tiny_model_dir)
     try:
         ids = torch.tensor([[1, 2, 3, 4]])
         with torch.inference_mode():
@@ -186,7 +186,7 @@ def test_the_engine_undoes_a_peft_failure_that_slipped_past_verification(reg, ti
 
 def test_server_answers_400_naming_the_file_and_keeps_serving_the_previous_version(reg, tiny_model_dir):
     """The ghost-adapter probe, through the HTTP API."""
-    from marft_lg.serving.server import create_app
+    from marft_lg.serving.http.server import create_app
 
     with Team(tiny_model_dir, ["planner", "writer"], lora=LORA, registry=reg, versions={"planner": "v1"},
               model_name="tiny") as team:

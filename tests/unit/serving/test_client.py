@@ -9,13 +9,13 @@ import time
 import httpx
 import pytest
 
-from marft_lg.serving.client import (
+from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
+from marft_lg.serving.http.client import (
     MalformedResponseError,
     OpenAIEngineClient,
     ServerRequestError,
     ServerUnavailableError,
 )
-from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
 from marft_lg.serving.types import ChatRequest
 
 BASE = "base-model"

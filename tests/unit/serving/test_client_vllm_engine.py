@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from marft_lg.serving.engine_vllm import VLLMEngine, VLLMStartupError, port_is_free
+from marft_lg.serving.engine.vllm import VLLMEngine, VLLMStartupError, port_is_free
 from marft_lg.serving.errors import AdapterMismatchError, ContextLengthError, ServingError, UnknownAgentError
 from marft_lg.serving.types import ChatRequest
 

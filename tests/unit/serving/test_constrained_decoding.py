@@ -27,8 +27,8 @@ from marft_lg.constraints import (
     vllm_fields,
 )
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 from marft_lg.tool_calls import parse_completion, render_messages

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from marft_lg.serving.engine_hf import HFEngine
+from marft_lg.serving.engine.hf import HFEngine
+from marft_lg.serving.engine.mixed_forward import mixed_adapter_forward
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.mixed_forward import mixed_adapter_forward
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.types import ChatRequest
 
 MSG = [{"role": "user", "content": "Plan a short trip."}]
@@ -168,7 +168,7 @@ def test_exclusive_pauses_serving_and_refuses_reentry(engine):
 
 
 def test_adapters_load_and_unload_between_steps(engine, tmp_path):
-    from marft_lg.serving.lora import save_adapter
+    from marft_lg.serving.registry.lora import save_adapter
 
     save_adapter(engine.model, "ad1", tmp_path / "a-copy")
     engine.load_adapter("ad3", tmp_path / "a-copy")
@@ -242,7 +242,7 @@ def test_mixed_batch_decodes_together_with_a_prefix_per_adapter(engine):
 def test_row_adapters_equal_peft_per_row_forward(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from marft_lg.serving.mixed_forward import BASE, RowAdapters
+    from marft_lg.serving.engine.mixed_forward import BASE, RowAdapters
 
     eng = HFEngine(tiny_model_dir)
     try:
@@ -356,6 +356,6 @@ def test_exclusive_gets_in_under_constant_load(engine):
     ([], 0),
 ])
 def test_common_prefix_length(sequences, expected):
-    from marft_lg.serving.prefix import common_prefix_length
+    from marft_lg.serving.engine.prefix import common_prefix_length
 
     assert common_prefix_length(sequences) == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marft_lg.serving.mixed_forward import drop_stale_adapter_hooks, mixed_adapter_forward
+from marft_lg.serving.engine.mixed_forward import drop_stale_adapter_hooks, mixed_adapter_forward
 
 
 @pytest.fixture

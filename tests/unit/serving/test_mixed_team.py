@@ -12,11 +12,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from marft_lg.serving.engine.models import build_tiny_model, model_content_hash, model_fingerprint
 from marft_lg.serving.errors import AdapterMismatchError, UnknownAgentError
-from marft_lg.serving.lora import LoraSettings
 from marft_lg.serving.mixed_team import MixedTeam, unique_names
-from marft_lg.serving.models import build_tiny_model, model_content_hash, model_fingerprint
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import LoraSettings
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.team import Team
 from marft_lg.serving.team_factory import team as build_team
 from marft_lg.serving.types import ChatRequest, ServedTeam
@@ -181,7 +181,7 @@ def test_content_hash_is_memoised_on_disk(small_dir, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def client(mixed):
-    from marft_lg.serving.server import create_app
+    from marft_lg.serving.http.server import create_app
 
     with TestClient(create_app(mixed)) as c:
         yield c

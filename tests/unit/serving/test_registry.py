@@ -8,8 +8,8 @@ import os
 import pytest
 
 from marft_lg.serving.errors import AdapterMismatchError, RegistryError
-from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from marft_lg.serving.registry.store import AdapterRegistry
 
 
 def _fake_adapter(d, payload: bytes = b"x"):
@@ -43,7 +43,7 @@ def test_save_from_multi_adapter_peft_model(tmp_path, tiny_model_dir):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     pm = get_peft_model(base, LoraSettings(r=2, init=False).to_peft(), adapter_name="planner@init")

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from marft_lg import _durable as atomic
 from marft_lg.serving.errors import RegistryError
-from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSettings
-from marft_lg.serving.registry import ALIASES, AdapterRegistry
+from marft_lg.serving.registry.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraSettings
+from marft_lg.serving.registry.store import ALIASES, AdapterRegistry
 
 
 def _fake_adapter(d):
@@ -133,7 +133,7 @@ def test_every_registry_write_goes_through_the_durable_helper(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]  # no temporary file left
     monkeypatch.setattr(os, "fsync", real_fsync)
 
-    import marft_lg.serving.registry as registry_module
+    import marft_lg.serving.registry.store as registry_module
     from marft_lg.evaluation.promotion import promote, rollback
 
     written, appended = [], []

@@ -14,14 +14,14 @@ from test_registry import _fake_adapter
 from typer.testing import CliRunner
 
 from marft_lg.cli import app
-from marft_lg.serving.registry import _HOST, FOREIGN_SAVE_STALE_S, AdapterRegistry
+from marft_lg.serving.registry.store import _HOST, FOREIGN_SAVE_STALE_S, AdapterRegistry
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout whose marft_lg is under test
 # a save that stops for good once its files are copied into its work folder (a marker says so): then it is killed
 SAVE_THEN_HANG = """
 import sys, time
 from pathlib import Path
-from marft_lg.serving import registry
+from marft_lg.serving.registry import store as registry
 
 def hang(folder):
     Path(sys.argv[3]).write_text(str(folder))

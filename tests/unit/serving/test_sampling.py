@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marft_lg.serving.sampling import choose, sample, stop_index, top_logprobs
+from marft_lg.serving.engine.sampling import choose, sample, stop_index, top_logprobs
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -24,8 +24,8 @@ from marft_lg.constraints import (
     unsatisfiable,
     unsupported_keywords,
 )
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 
 USER = [{"role": "user", "content": "Answer in JSON."}]

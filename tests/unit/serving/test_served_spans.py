@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from marft_lg.serving.local_server import LocalServer
-from marft_lg.serving.served_spans import CallContext, schema_error, tool_calls_of
+from marft_lg.serving.http.local_server import LocalServer
+from marft_lg.serving.http.served_spans import CallContext, schema_error, tool_calls_of
 from marft_lg.serving.team import Team
 from marft_lg.serving.team_factory import team as build_team
 from marft_lg.tracing import attributes as A
@@ -60,7 +60,7 @@ def test_a_request_is_recorded_under_its_callers_span_with_the_episodes_pins_and
 
 
 def _request(team):
-    from marft_lg.serving.chat_api import parse_chat_body
+    from marft_lg.serving.http.chat_api import parse_chat_body
 
     reqs, _ = parse_chat_body({"model": "writer", "messages": [{"role": "user", "content": "hi"}]}, team)
     return reqs[0]

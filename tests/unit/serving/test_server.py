@@ -8,9 +8,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.registry import AdapterRegistry
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 

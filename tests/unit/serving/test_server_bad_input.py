@@ -17,9 +17,9 @@ import typer
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from marft_lg.serving.http import MAX_JSON_DEPTH
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.http.transport import MAX_JSON_DEPTH
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from tests.servers import uvicorn_thread
 
@@ -178,7 +178,7 @@ def test_an_unexpected_exception_is_a_json_500_with_a_request_id(client, team, m
         raise RuntimeError("engine on fire")
 
     monkeypatch.setattr(team, "achat", boom)
-    with caplog.at_level(logging.ERROR, logger="marft_lg.serving.server"):
+    with caplog.at_level(logging.ERROR, logger="marft_lg.serving.http.server"):
         r = client.post("/v1/chat/completions", json={"model": "planner", "messages": MSG, "max_tokens": 1})
         tagged = client.post("/v1/chat/completions", json={"model": "planner", "messages": MSG},
                              headers={"x-request-id": "req-42"})

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 
 ERROR_KEYS = {"message", "type", "param", "code"}

@@ -10,9 +10,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from marft_lg.serving import chat_api
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.http import chat_api
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from tests.servers import uvicorn_thread
 

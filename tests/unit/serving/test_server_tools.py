@@ -20,9 +20,9 @@ from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from marft_lg.graph import TeamChatModel
-from marft_lg.serving.engine_hf import HFEngine
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
+from marft_lg.serving.engine.hf import HFEngine
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest, Completion
 from marft_lg.tool_calls import (

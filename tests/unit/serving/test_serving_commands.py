@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from marft_lg.serving.commands import adapters
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.store import AdapterRegistry
 
 
 def _app() -> typer.Typer:

@@ -14,7 +14,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from marft_lg.serving.commands import uvicorn_config
-from marft_lg.serving.http import header_deadline_protocol
+from marft_lg.serving.http.transport import header_deadline_protocol
 
 BASES = [pytest.param(H11Protocol, id="h11")]
 try:

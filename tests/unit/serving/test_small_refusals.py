@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from marft_lg.cli import app
-from marft_lg.serving.http import BadRequest
-from marft_lg.serving.registry import AdapterRegistry
-from marft_lg.serving.server import _handle, _load
+from marft_lg.serving.http.server import _handle, _load
+from marft_lg.serving.http.transport import BadRequest
+from marft_lg.serving.registry.store import AdapterRegistry
 
 
 class _Team:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from marft_lg.constraints import constraint_for
-from marft_lg.serving.engine_hf import HFEngine
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.static_decode import batch_buckets, bucket, width_buckets
+from marft_lg.serving.engine.hf import HFEngine
+from marft_lg.serving.engine.static_decode import batch_buckets, bucket, width_buckets
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.types import ChatRequest
 from marft_lg.tool_calls import parse_completion, render_messages
 
@@ -280,7 +280,7 @@ def test_static_max_len_bounds_the_context(tiny_model_dir):
 
 
 def test_adapters_that_cannot_be_stacked_take_peft_per_row_path(engines, monkeypatch):
-    from marft_lg.serving.mixed_forward import RowAdapters
+    from marft_lg.serving.engine.mixed_forward import RowAdapters
 
     eager, static = engines
     reqs, names = _mixed_batch()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marft_lg.serving.engine_hf import HFEngine
-from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.engine.hf import HFEngine
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.types import ChatRequest
 
 pytestmark = pytest.mark.gpu

@@ -21,10 +21,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marft_lg.serving.client import OpenAIEngineClient
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.server import create_app
-from marft_lg.serving.streaming import TextDeltas
+from marft_lg.serving.engine.streaming import TextDeltas
+from marft_lg.serving.http.client import OpenAIEngineClient
+from marft_lg.serving.http.server import create_app
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 from marft_lg.tracing.attributes import RESPONSE_METADATA_KEY

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from marft_lg.serving.errors import AdapterMismatchError, RegistryError, UnknownAgentError
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.registry import AdapterRegistry
+from marft_lg.serving.registry.lora import LoraSettings
+from marft_lg.serving.registry.store import AdapterRegistry
 from marft_lg.serving.team import Team
 from marft_lg.serving.types import ChatRequest
 
@@ -145,7 +145,7 @@ def test_1200_requests_from_12_clients_during_8_hot_swaps_all_served_by_a_live_v
     while it was in flight and carries exactly that version's tokens (greedy; seeded reference answers)."""
     import httpx
 
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import RecordSink
 
     gen = dict(messages=MSG, agent="planner", max_tokens=2, temperature=0, ignore_eos=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from marft_lg.serving.engine_hf import HFEngine
-from marft_lg.serving.models import build_tiny_model, build_tiny_tokenizer
+from marft_lg.serving.engine.hf import HFEngine
+from marft_lg.serving.engine.models import build_tiny_model, build_tiny_tokenizer
 from marft_lg.serving.team import Team
 from marft_lg.serving.team_factory import team as build_team
 from marft_lg.serving.types import ChatRequest

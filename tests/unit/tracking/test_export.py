@@ -20,7 +20,7 @@ def _adapter(model_dir: str, out, seed: int):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from marft_lg.serving.lora import LoraSettings
+    from marft_lg.serving.registry.lora import LoraSettings
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = get_peft_model(base, LoraSettings().to_peft())
@@ -40,8 +40,8 @@ def registry(tiny_model_dir, tmp_path_factory):
 
     from marft_lg.evaluation.gate import GateCheck, GateDecision
     from marft_lg.evaluation.promotion import promote
-    from marft_lg.serving.models import model_content_hash, model_fingerprint
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.engine.models import model_content_hash, model_fingerprint
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.tracking.base import open_tracker
     from marft_lg.tracking.lineage import record_published
 

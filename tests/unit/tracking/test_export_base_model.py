@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def registry(tiny_model_dir, tmp_path_factory):
     """`actor` and `critic` v1 saved by a Team (the critic's adapter is the second one peft added)."""
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
 
     reg = AdapterRegistry(tmp_path_factory.mktemp("export-base") / "registry")
@@ -47,7 +47,7 @@ def test_every_roles_export_names_its_base_and_peft_loads_it_from_that_alone(reg
 
 
 def test_a_version_that_recorded_no_base_takes_base_or_is_refused(registry, tiny_model_dir, tmp_path):
-    from marft_lg.serving.models import model_content_hash, model_fingerprint
+    from marft_lg.serving.engine.models import model_content_hash, model_fingerprint
     from marft_lg.tracking.export import ExportError, export_version
 
     old = tmp_path / "old"

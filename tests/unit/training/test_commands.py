@@ -21,7 +21,7 @@ def test_train_yaml_unknown_key_and_missing_reward(tmp_path):
 
 def test_cli_offline_training_publishes_candidate(chain_dataset, tiny_model_dir, tmp_path):
     from marft_lg.cli import app
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     ds, scenarios = chain_dataset
     ds.to_parquet(tmp_path / "data")

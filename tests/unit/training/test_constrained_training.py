@@ -22,7 +22,7 @@ from marft_lg.constraints import Grammars, load_constraint, unpack_bitmask
 from marft_lg.graph import TeamChatModel
 from marft_lg.graph.wrap import wrap
 from marft_lg.rewards.components.tools import ToolSelectionAccuracy
-from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from marft_lg.training.batch import BaseModel, LazyGrammars, build_batch, stacked_masks
 from marft_lg.training.buffer import build_buffer, collate
@@ -201,7 +201,7 @@ def test_a_chatopenai_app_on_the_server_records_its_constraint_and_masked_logpro
     the server's (masked) log-probs as they are."""
     from langchain_openai import ChatOpenAI
 
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import make_record_sink
 
     team = Team(tiny_model_dir, ["planner"], lora=LoraSettings(r=4), versions=None, seed=0)

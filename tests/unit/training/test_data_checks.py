@@ -21,7 +21,7 @@ from pydantic import BaseModel as Schema
 
 from marft_lg.constraints import load_constraint
 from marft_lg.graph.wrap import wrap
-from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.team import Team
 from marft_lg.training.checks import GRAMMAR_REJECTED, LOGPROB_MISMATCH, TrainingDataError
 from marft_lg.training.config import MARFTConfig
@@ -71,7 +71,7 @@ def _app(base_url: str, seed: int):
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
     """The tiny team behind `marft-lg serve` in this process, and 4 episodes of the app mined with its records."""
-    from marft_lg.serving.local_server import LocalServer
+    from marft_lg.serving.http.local_server import LocalServer
     from marft_lg.tracing.sink import make_record_sink
 
     torch.set_num_threads(1)

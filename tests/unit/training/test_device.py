@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from marft_lg.serving.device import model_device, resolve_device, resolve_dtype
+from marft_lg.serving.engine.device import model_device, resolve_device, resolve_dtype
 from marft_lg.training.batch import BaseModel, build_batch
 from marft_lg.training.buffer import build_buffer
 from marft_lg.training.config import MARFTConfig
@@ -100,7 +100,7 @@ def test_the_gpu_tests_steps_run_on_cpu(tiny_model_dir, tmp_path):
     """What the `gpu` tests below do, on the CPU: their imports and helpers work here (and on a bare CUDA PyTorch
     machine: tests/unit/training/test_device_bare.py runs this file with LangChain, LangGraph, OpenTelemetry and the
     embedded model package hidden), so a borrowed GPU's few minutes are not lost to an ImportError."""
-    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.engine.hf import HFEngine
     from marft_lg.serving.types import ChatRequest
     from marft_lg.training.checkpoint import load_checkpoint, save_checkpoint
 
@@ -145,7 +145,7 @@ def test_ppo_update_on_gpu_equals_cpu(tiny_model_dir, granularity):
 @gpu
 @cuda
 def test_engine_on_gpu_decodes_the_same_tokens_as_on_cpu(tiny_model_dir):
-    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.engine.hf import HFEngine
     from marft_lg.serving.types import ChatRequest
 
     requests = [ChatRequest(messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=12, temperature=t, seed=7)

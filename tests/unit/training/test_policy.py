@@ -1,6 +1,6 @@
 import torch
 
-from marft_lg.serving.device import model_device
+from marft_lg.serving.engine.device import model_device
 from marft_lg.training.policy import (
     adapter_parameters,
     naive_token_logprobs,

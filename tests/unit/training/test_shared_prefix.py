@@ -2,7 +2,7 @@
 
 import torch
 
-from marft_lg.serving.device import model_device
+from marft_lg.serving.engine.device import model_device
 from marft_lg.training.policy import adapter_parameters, lm_parts, only_adapter_trainable
 from marft_lg.training.shared_prefix import body_hidden_states, shared_prefix_length
 

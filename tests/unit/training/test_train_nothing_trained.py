@@ -19,7 +19,7 @@ def _train_yaml(tmp_path, model: str, reward: dict, **marft) -> None:
 def test_training_on_episodes_the_reward_scored_none_of_exits_non_zero_naming_why(chain_dataset, tiny_model_dir,
                                                                                    tmp_path):
     from marft_lg.cli import app
-    from marft_lg.serving.registry import AdapterRegistry
+    from marft_lg.serving.registry.store import AdapterRegistry
 
     ds, _ = chain_dataset
     ds.to_parquet(tmp_path / "data")

@@ -15,9 +15,9 @@ import time
 import uuid
 from typing import Any
 
-from marft_lg.serving.chat_api import logprob_entries, tokenizer_of
-from marft_lg.serving.http import error_body
-from marft_lg.serving.streaming import TextDeltas
+from marft_lg.serving.engine.streaming import TextDeltas
+from marft_lg.serving.http.chat_api import logprob_entries, tokenizer_of
+from marft_lg.serving.http.transport import error_body
 from marft_lg.serving.types import ChatRequest, ServedTeam
 
 DONE = "data: [DONE]\n\n"

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marft_lg.serving.errors import UnknownAgentError
-from marft_lg.serving.integrity import verify_adapter
-from marft_lg.serving.lora import LoraSettings
+from marft_lg.serving.registry.integrity import verify_adapter
+from marft_lg.serving.registry.lora import LoraSettings
 
 if TYPE_CHECKING:
-    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.engine.hf import HFEngine
 
-log = logging.getLogger("marft_lg.serving.engine_hf")  # the engine's messages keep the engine's logger
+log = logging.getLogger("marft_lg.serving.engine.hf")  # the engine's messages keep the engine's logger
 
 
 class Adapters:

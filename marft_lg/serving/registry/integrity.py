@@ -29,7 +29,7 @@ from typing import Any
 
 from marft_lg._durable import sha256_file
 from marft_lg.serving.errors import AdapterIntegrityError
-from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir
+from marft_lg.serving.registry.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir
 
 RECORDED_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit

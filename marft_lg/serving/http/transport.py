@@ -29,7 +29,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 OPEN_PATHS = frozenset({"/health"})
 """The only paths answered without the API key when the server has one (/docs, /redoc and /openapi.json describe
 the adapter routes and need it too)."""
-log = logging.getLogger("marft_lg.serving.server")  # the server's log, whichever part writes it
+log = logging.getLogger("marft_lg.serving.http.server")  # the server's log, whichever part writes it
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from marft_lg.serving.client import OpenAIEngineClient, ServerRequestError
 from marft_lg.serving.errors import ContextLengthError, ServingError, UnknownAgentError
+from marft_lg.serving.http.client import OpenAIEngineClient, ServerRequestError
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -85,7 +85,7 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
 class VLLMEngine:
     """One base model served by a vLLM subprocess, with named LoRA adapters loaded at run time.
 
-    model_dir: local transformers directory (see `marft_lg.serving.models.resolve_model`).
+    model_dir: local transformers directory (see `marft_lg.serving.engine.models.resolve_model`).
     port: None picks a free port. max_lora_rank / max_loras: vLLM's `--max-lora-rank` / `--max-loras`
     (largest adapter rank; adapters in one batch). max_model_len: context (prompt + completion).
     kv_cache_space_gb: `VLLM_CPU_KVCACHE_SPACE` for vLLM-CPU (small: the machine is shared).
@@ -106,7 +106,7 @@ class VLLMEngine:
         self.model_dir = Path(model_dir).resolve()
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{self.model_dir} is not a transformers model directory (no config.json); "
-                                    f"pass the output of marft_lg.serving.models.resolve_model(spec)")
+                                    f"pass the output of marft_lg.serving.engine.models.resolve_model(spec)")
         self.host = host
         self.port = port if port is not None else free_port(host)
         self.model_name = served_model_name or self.model_dir.name
@@ -239,8 +239,8 @@ class VLLMEngine:
         The same name with another path replaces the weights in place (requests already running keep
         the old ones); prefer a new name per version (``role@vK``) for clean hot swaps.
         """
-        from marft_lg.serving.integrity import verify_adapter
-        from marft_lg.serving.lora import ADAPTER_CONFIG, check_adapter_dir
+        from marft_lg.serving.registry.integrity import verify_adapter
+        from marft_lg.serving.registry.lora import ADAPTER_CONFIG, check_adapter_dir
 
         self._check_open()
         path = check_adapter_dir(path).resolve()
@@ -276,7 +276,7 @@ class VLLMEngine:
 
     # ---- generation ---------------------------------------------------------------------------
     def _prompt_tokens(self, request: ChatRequest) -> int:
-        from marft_lg.serving.engine_hf import max_token_chars, prompt_chars
+        from marft_lg.serving.engine.hf import max_token_chars, prompt_chars
 
         if self._tokenizer is None:
             from transformers import AutoTokenizer

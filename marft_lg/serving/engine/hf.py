@@ -29,11 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from marft_lg.serving.adapters import Adapters
+from marft_lg.serving.engine.adapters import Adapters
+from marft_lg.serving.engine.scheduler import Item, Scheduler
 from marft_lg.serving.errors import ContextLengthError, UnknownAgentError
-from marft_lg.serving.integrity import base_shapes_from_model, verify_adapter
-from marft_lg.serving.lora import LoraSettings
-from marft_lg.serving.scheduler import Item, Scheduler
+from marft_lg.serving.registry.integrity import base_shapes_from_model, verify_adapter
+from marft_lg.serving.registry.lora import LoraSettings
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 
@@ -133,8 +133,8 @@ class HFEngine:
                  decode: str = "eager", compile_mode: str | None = None, static_max_len: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from marft_lg.serving.device import resolve_device, resolve_dtype
-        from marft_lg.serving.static_decode import DECODE_MODES
+        from marft_lg.serving.engine.device import resolve_device, resolve_dtype
+        from marft_lg.serving.engine.static_decode import DECODE_MODES
 
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {list(DECODE_MODES)}, got {decode!r}")
@@ -186,7 +186,7 @@ class HFEngine:
         """Load a PEFT directory (safetensors only) as adapter `name`; loading a loaded name is a no-op.
 
         The files are verified first (safetensors header, LoRA ranks, every matrix fits this base model,
-        every targeted layer has weights; `marft_lg.serving.integrity`): a damaged adapter raises
+        every targeted layer has weights; `marft_lg.serving.registry.integrity`): a damaged adapter raises
         `AdapterIntegrityError` before peft is called. peft registers an adapter before it reads the
         weights, so should it still fail, the half-made adapter is removed again: a failed load leaves
         the engine exactly as it was.

@@ -37,8 +37,8 @@ from marft_lg.serving.errors import (
     AliasConflictError,
     RegistryError,
 )
-from marft_lg.serving.integrity import AdapterCheck, BaseShapes, record_adapter, verify_adapter
-from marft_lg.serving.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir, save_adapter
+from marft_lg.serving.registry.integrity import AdapterCheck, BaseShapes, record_adapter, verify_adapter
+from marft_lg.serving.registry.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, check_adapter_dir, save_adapter
 
 MANIFEST = "manifest.json"
 ALIASES = "aliases.json"
@@ -175,7 +175,7 @@ class AdapterRegistry:
     # ---- locking -------------------------------------------------------------------------------
     @contextmanager
     def _lock(self):
-        from marft_lg.serving.models import _file_lock
+        from marft_lg.serving.engine.models import _file_lock
 
         with _file_lock(self.root / ".lock"):
             yield

@@ -24,8 +24,8 @@ import orjson
 
 from marft_lg.constraints import ConstraintError, check_constraint, constraint_for
 from marft_lg.serving.errors import UnknownAgentError
-from marft_lg.serving.http import BadRequest
-from marft_lg.serving.served_spans import CallContext
+from marft_lg.serving.http.served_spans import CallContext
+from marft_lg.serving.http.transport import BadRequest
 from marft_lg.serving.types import ChatRequest, Completion, ServedTeam
 from marft_lg.tool_calls import (
     add_system_text,

@@ -20,16 +20,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from marft_lg.serving.mixed_forward import BASE, RowAdapters, mixed_adapter_forward
-from marft_lg.serving.prefix import PrefixStore, common_prefix_length
-from marft_lg.serving.sampling import sample, stop_index, top_logprobs
-from marft_lg.serving.static_decode import StaticDecoder
+from marft_lg.serving.engine.mixed_forward import BASE, RowAdapters, mixed_adapter_forward
+from marft_lg.serving.engine.prefix import PrefixStore, common_prefix_length
+from marft_lg.serving.engine.sampling import sample, stop_index, top_logprobs
+from marft_lg.serving.engine.static_decode import StaticDecoder
 from marft_lg.serving.types import ChatRequest, Completion, TokenListener
 
 if TYPE_CHECKING:
-    from marft_lg.serving.engine_hf import HFEngine
+    from marft_lg.serving.engine.hf import HFEngine
 
-log = logging.getLogger("marft_lg.serving.engine_hf")  # the engine's messages keep the engine's logger
+log = logging.getLogger("marft_lg.serving.engine.hf")  # the engine's messages keep the engine's logger
 
 
 @dataclass

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from marft_lg.serving.served_spans import ServedRecorder
+from marft_lg.serving.http.served_spans import ServedRecorder
 from marft_lg.serving.types import ServedTeam
 from marft_lg.tracing.propagation import is_llm_call, rewrite_origin
 
@@ -48,7 +48,7 @@ class LocalServer:
 
         import uvicorn
 
-        from marft_lg.serving.server import create_app
+        from marft_lg.serving.http.server import create_app
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

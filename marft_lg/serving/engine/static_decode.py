@@ -26,11 +26,11 @@ import logging
 from contextlib import contextmanager
 from typing import Any
 
-from marft_lg.serving.mixed_forward import BASE, RowAdapters
+from marft_lg.serving.engine.mixed_forward import BASE, RowAdapters
 
 DECODE_MODES = ("eager", "static", "compiled")
 
-log = logging.getLogger("marft_lg.serving.engine_hf")
+log = logging.getLogger("marft_lg.serving.engine.hf")
 
 
 def batch_buckets(capacity: int) -> list[int]:

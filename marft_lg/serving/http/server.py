@@ -21,15 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from marft_lg.serving.chat_api import (
-    DEFAULT_MAX_LOGPROB_ENTRIES,
-    TOOL_FORMATS,
-    completion_response,
-    encoded_response,
-    known_models,
-    parse_chat_body,
-)
-from marft_lg.serving.chat_stream import ChunkStream
+from marft_lg.serving.engine.streaming import queue_listener, streams
 from marft_lg.serving.errors import (
     AdapterIntegrityError,
     AdapterMismatchError,
@@ -37,7 +29,17 @@ from marft_lg.serving.errors import (
     RegistryError,
     UnknownAgentError,
 )
-from marft_lg.serving.http import (
+from marft_lg.serving.http.chat_api import (
+    DEFAULT_MAX_LOGPROB_ENTRIES,
+    TOOL_FORMATS,
+    completion_response,
+    encoded_response,
+    known_models,
+    parse_chat_body,
+)
+from marft_lg.serving.http.chat_stream import ChunkStream
+from marft_lg.serving.http.served_spans import CallContext, ServedRecorder
+from marft_lg.serving.http.transport import (
     DEFAULT_MAX_BODY_BYTES,
     BadRequest,
     RequestGuard,
@@ -46,8 +48,6 @@ from marft_lg.serving.http import (
     log,
     parse_json_body,
 )
-from marft_lg.serving.served_spans import CallContext, ServedRecorder
-from marft_lg.serving.streaming import queue_listener, streams
 from marft_lg.serving.team import FRESH, SHARED
 from marft_lg.serving.types import ServedTeam
 from marft_lg.tracing import attributes as A

@@ -1,0 +1,1 @@
+"""Adapters on disk: versions and aliases, what a directory must be, LoRA settings."""

@@ -62,9 +62,9 @@ def test_langgraph_api_server_runs_are_episodes(tmp_path):
         out, parts, run_id = asyncio.run(drive())
         assert out["messages"][-1]["content"] == "FINISH" and parts > 10
         deadline = time.monotonic() + 30
-        while True:  # the server's process exports its spans on a short timer
-            ds = mine([traces]) if traces.exists() else None
-            if ds is not None and len(ds) == 2:
+        while True:  # the server's process exports its spans on a short timer; a run's root span (its metadata)
+            ds = mine([traces]) if traces.exists() else None  # ends last and may reach the file one export later
+            if ds is not None and len(ds) == 2 and ds.episodes["scenario_id"].notna().all():
                 break
             assert time.monotonic() < deadline, "the server's runs were not traced"
             time.sleep(1)

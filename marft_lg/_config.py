@@ -20,7 +20,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,6 +383,12 @@ def _kind(value: Any) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def unknown_keys(data: Iterable[Any], known: Iterable[Any]) -> str:
+    """The keys of `data` not in `known`, as one sorted, comma-separated string of their reprs ("" when none): a
+    YAML key may be null or a number, which neither sorts with strings nor reads well bare."""
+    return ", ".join(sorted(map(repr, set(data) - set(known))))
 
 
 # --- range checks for __post_init__ -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from marft_lg._config import ConfigError
+from marft_lg._config import ConfigError, unknown_keys
 from marft_lg.loading import load_object
 from marft_lg.serving.team_factory import TeamSpec
 
@@ -170,7 +170,7 @@ def check_node_roles(graph: Any, node_roles: Mapping[str, str] | None, where: st
     names = node_names(graph) if node_roles else None
     if not names:
         return
-    unknown = sorted(set(node_roles) - names)
+    unknown = unknown_keys(node_roles, names)
     if unknown:
-        raise ConfigError(f"{where}: node_roles names {unknown}, which {'is' if len(unknown) == 1 else 'are'} not a "
+        raise ConfigError(f"{where}: node_roles names {unknown}, which {'are' if ', ' in unknown else 'is'} not a "
                           f"node of the app (its nodes: {sorted(names)})")

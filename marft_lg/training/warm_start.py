@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from marft_lg._config import unknown_keys
 from marft_lg.serving.engine.device import model_device
 from marft_lg.training.batch import constraint_masks, index_batches
 from marft_lg.training.buffer import ActionRecord, build_buffer, collate
@@ -76,7 +77,7 @@ class WarmStartConfig:
         """From a train.yaml mapping; an unknown key is a ValueError naming the known ones."""
         data = dict(data or {})
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = unknown_keys(data, known)
         if unknown:
             raise ValueError(f"warm_start: unknown key(s) {unknown}; known: {sorted(known)}")
         return cls(**data)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marft_lg._config import unknown_keys
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario, ScenarioSet
 
@@ -146,7 +147,7 @@ def check_scenario_source(spec: Any, where: str = "scenarios") -> Any:
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: a scenario file, or {{from_traces: DIR, input_keys: [...]}}; got "
                          f"{type(spec).__name__}")
-    unknown = sorted(set(spec) - set(FROM_TRACES_KEYS))
+    unknown = unknown_keys(spec, FROM_TRACES_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; from_traces takes {list(FROM_TRACES_KEYS)}")
     if not isinstance(spec.get("from_traces"), str) or not spec["from_traces"]:

@@ -245,7 +245,7 @@ def test_node_roles_naming_no_node_of_the_app_is_refused(team, tmp_path):
 
     spec = AppSpec(app=lambda: two_step(chat("alice"), chat("bob")), agents=["alice", "bob"],
                    node_roles={"planer": "alice"}, source="train.yaml:9", what="online.app")
-    with pytest.raises(ConfigError, match=r"train.yaml:9: online.app .*node_roles names \['planer'\], which is not a "
+    with pytest.raises(ConfigError, match=r"train.yaml:9: online.app .*node_roles names 'planer', which is not a "
                                           r"node of the app \(its nodes: \['planner', 'writer'\]\)"):
         spec.build_app(team, tmp_path / "traces")
 

@@ -100,7 +100,7 @@ def test_a_typo_in_node_roles_fails_before_any_work(tmp_path, tiny_model_dir, mo
     result = CliRunner().invoke(cli, ["train", "--config", str(config)])
     text = flat(result.output)
     assert result.exit_code == 2, result.output
-    assert "online.app 'desk:graph': node_roles names ['wirte'], which is not a node of the app" in text
+    assert "online.app 'desk:graph': node_roles names 'wirte', which is not a node of the app" in text
 
 
 def test_the_offline_phase_replays_the_recorded_episodes_under_counterfactual_credit(tmp_path, tiny_model_dir):

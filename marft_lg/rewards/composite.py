@@ -329,6 +329,9 @@ class CompositeReward:
         if status == "paused":
             return (f"{UNFINISHED}: status 'paused' (stopped at an interrupt and never resumed); resume it to "
                     "score it")
+        if status == "incomplete":
+            return (f"{UNFINISHED}: status 'incomplete' (a run of it has spans but no root span: still being "
+                    "exported, or the app stopped first; its scenario and result are unknown); mine it again later")
         if status == "error" and self.errored == "unscored":
             return (f"{UNFINISHED}: status 'error' (its run failed); errored: unscored leaves it out of "
                     "training, errored: zero trains on it as a failure")

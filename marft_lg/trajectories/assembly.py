@@ -27,6 +27,7 @@ from typing import Any
 from marft_lg.trajectories.columns import ACTION_COLUMNS
 from marft_lg.trajectories.formats.base import AGENT, FEEDBACK, LLM, TOOL, WORKFLOW, SpanInfo, messages_text
 from marft_lg.trajectories.formats.genai import materialise
+from marft_lg.trajectories.formats.own import NAME as OWN
 from marft_lg.trajectories.quarantine import Quarantine
 
 MIN_QUOTED_COMPLETION_CHARS = 8  # shorter completions ("OK", "yes") appear in prompts by chance
@@ -172,8 +173,9 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
     """One episode's row and its action rows (lists in `ACTION_FIELDS` order: no dict per action; token columns
     still encoded); None when it holds no LLM call. The row's `settled` is False when the episode talked to a
     recording server (it holds a server record) and a call of it has neither token ids of its own nor its record
-    (still in the server's sink, or lost)."""
+    (still in the server's sink, or lost), and when a run of it is `rootless`: its status is then "incomplete"."""
     trace_ids = set(map(_TRACE, spans))
+    missing_root = rootless(spans)
     repair_parents(spans, stats, trace_ids)
     tree = _Tree(spans)
     calls = [s for s in spans if s.kind == LLM]
@@ -229,15 +231,34 @@ def assemble_episode(key: str, spans: list[SpanInfo], quarantine: Quarantine,
         "end_time": max(map(_END, spans)),
         "n_actions": len(actions),
         "agents": list(dict.fromkeys([a[_AGENT] for a in actions])),
-        "status": "error" if failed else "paused" if metadata.get("paused") else "ok",
+        "status": INCOMPLETE if missing_root else "error" if failed else "paused" if metadata.get("paused") else "ok",
         "outcome": outcome,
         "feedback": {},
         "metadata": metadata,
         "source_format": min(map(_FMT, calls)),
         "trace_ids": sorted(trace_ids),
-        "settled": not served or all(a[_PROMPT_IDS] is not None and a[_COMPLETION_IDS] is not None for a in actions),
+        "settled": not missing_root and (
+            not served or all(a[_PROMPT_IDS] is not None and a[_COMPLETION_IDS] is not None for a in actions)),
     }
     return episode, actions
+
+
+INCOMPLETE = "incomplete"  # status of an episode a run of which has no root span (yet): its result is unknown
+
+
+def rootless(spans: list[SpanInfo]) -> list[str]:
+    """The traces of an episode that hold marft_lg's recorder spans (own format, not a server's record) but not the
+    run's ``invoke_workflow`` root: it ends last and carries the run's status, scenario, metadata (replay or shadow
+    marks included) and outcome, so until it is exported (or when the process died first) the run is unknown.
+    Third-party formats may have no root and are never rootless."""
+    recorded: set[str] = set()
+    rooted: set[str] = set()
+    for s in spans:
+        if s.kind == WORKFLOW:
+            rooted.add(s.trace_id)
+        elif s.fmt == OWN and s.episode_id and not s.served:
+            recorded.add(s.trace_id)
+    return sorted(recorded - rooted)
 
 
 NO_TOKEN_IDS = "no_token_ids:"  # stats key prefix: actions per agent whose trace holds no exact token ids

@@ -19,7 +19,7 @@ EPISODE_COLUMNS: tuple[str, ...] = (
     "end_time",
     "n_actions",
     "agents",  # list[str], in order of first action
-    "status",  # "ok" | "error"
+    "status",  # "ok" | "error" | "paused" (stopped at an interrupt) | "incomplete" (a run's root span is missing)
     "outcome",  # JSON string of the final graph output, or None
     "feedback",  # dict name -> value (latest wins), from record_feedback
     "metadata",  # dict: user metadata given to the wrapped invoke (mirror pair ids live here too)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marft_lg.tracing.files import trace_files
-from marft_lg.trajectories.assembly import ACTION_FIELDS, NO_TOKEN_IDS, group_episodes
+from marft_lg.trajectories.assembly import ACTION_FIELDS, INCOMPLETE, NO_TOKEN_IDS, group_episodes
 from marft_lg.trajectories.columns import EPISODE_COLUMNS
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.otlp import DEFAULT_MAX_ATTRIBUTE_BYTES, DEFAULT_MAX_LINE_BYTES, FileRange
@@ -90,6 +90,10 @@ class MiningReport:
     unsettled: int = 0
     """Episodes kept whose server record of some call is missing (episodes column `settled` False): mined too soon
     after the call (the server's sink drains every 0.5 s) or the record was lost; such calls have no exact token ids."""
+    incomplete: int = 0
+    """Episodes kept with status "incomplete": a run of each has spans but not its root span (still being exported,
+    or the process ended first), so its status, scenario and metadata are unknown; they are not settled, and a
+    reward leaves them unscored."""
     served_merged: int = 0
     """LLM calls whose server record (what `marft-lg serve` sampled) was joined to the app's span."""
     quarantine_path: str | None = None
@@ -111,12 +115,16 @@ class MiningReport:
                 f"{setting} to mine them")
 
     def notes(self) -> list[str]:
-        """The warnings a mining run ends with: server records left over, episodes not settled."""
+        """The warnings a mining run ends with: server records left over, episodes not settled or incomplete."""
         notes = [self.leftover_note()]
         if self.unsettled:
             notes.append(f"{self.unsettled} episode(s) are not settled: a call of each has neither token ids nor "
                          f"its server record yet (the server may not have written it; mine again in a few seconds). "
                          f"They are kept, with settled=False")
+        if self.incomplete:
+            notes.append(f"{self.incomplete} episode(s) are incomplete: a run of each has spans but no root span yet "
+                         f"(it is exported when the run ends; or the app stopped first), so its scenario and metadata "
+                         f"are unknown. They are kept, with status 'incomplete', and never scored; mine again later")
         return [n for n in notes if n]
 
     def leftover_note(self) -> str | None:
@@ -364,6 +372,7 @@ def _fill_report(report: MiningReport, stats: dict[str, int], formats: Counter[s
                                          if k.startswith(UNJOINED_IN) and v}
     report.server_records_unjoined = sum(report.server_records_unjoined_in.values())
     report.unsettled = stats.get("unsettled", 0)
+    report.incomplete = stats.get(INCOMPLETE, 0)
 
 
 def _watermark(since: datetime | str | None) -> int | None:

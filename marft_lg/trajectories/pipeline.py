@@ -16,7 +16,7 @@ from operator import attrgetter
 from typing import Any
 
 from marft_lg.tracing.attributes import MIRROR_OF, REPLAY_OF
-from marft_lg.trajectories.assembly import ACTION_FIELDS, assemble_episode
+from marft_lg.trajectories.assembly import ACTION_FIELDS, INCOMPLETE, assemble_episode
 from marft_lg.trajectories.columns import EPISODE_COLUMNS, JSON_COLUMNS, json_texts
 from marft_lg.trajectories.flat_columns import TokenColumn
 from marft_lg.trajectories.formats import interpret
@@ -164,6 +164,8 @@ def assemble_batches(episodes: dict[str, list[SpanInfo]], q: Quarantine, stats: 
         row["feedback"] = dict(sorted(feedback.get(key, {}).items()))
         if not row["settled"]:
             stats["unsettled"] = stats.get("unsettled", 0) + 1
+        if row["status"] == INCOMPLETE:
+            stats[INCOMPLETE] = stats.get(INCOMPLETE, 0) + 1
         stats["episodes"] = stats.get("episodes", 0) + 1
         stats["actions"] = stats.get("actions", 0) + len(acts)
         rows.append(row)

@@ -48,10 +48,11 @@ def test_an_episode_mined_before_its_last_server_record_is_not_settled(tmp_path,
 
 def test_calls_that_expect_no_record_are_settled(tmp_path):
     hosted, _ = _episode(1, "hosted")  # a ChatOpenAI on a hosted model: no server record is ever written
-    own = _app_call(2, 0, "own", "writer")  # a TeamChatModel call: its own token ids
+    own_root = _root(2, "own")
+    own = _app_call(2, own_root.span_id, "own", "writer")  # a TeamChatModel call: its own token ids
     own.attributes[A.MARFT_PROMPT_TOKEN_IDS] = A.encode_ints([1, 2])
     own.attributes[A.MARFT_COMPLETION_TOKEN_IDS] = A.encode_ints([3])
-    ds, report = mine_with_report(_write(tmp_path / "app", [*hosted, own]))
+    ds, report = mine_with_report(_write(tmp_path / "app", [*hosted, own_root, own]))
     assert list(ds.episodes["settled"]) == [True, True] and report.unsettled == 0
 
 

@@ -29,6 +29,16 @@ Arms (each per seed, each on a fresh untuned team, each given the same `--minute
   iterations until the arm's minutes are spent. Serving the traffic is production's cost, not training's: it is
   timed and reported apart.
 
+``--app tools`` runs the arms other than the production loop on a tool-using app instead: examples/supervisor_tools
+(a supervisor that hands off by a forced tool call to a researcher with ``lookup`` and a mathematician with add /
+multiply / divide), with benchmarks/credit_tools.py's generated questions (a held-out set of 32, a training stream),
+trainer settings (2 questions per iteration, K 4, 48-token replies, a LangGraph step limit of 8) and reward
+(``reference``: the answer contains the reference, goal_progress on the hand-off and tool checkpoints, tool errors
+and steps cost a little). Its judge arms use ``group_judge`` with the two label-free costs; the simulated judge
+checks the last worker reply contains the reference. The held-out "strict" accuracy is the share of answers that
+contain the reference, and the run keeps each component's mean per side (right hand-off and tool, answer, costs).
+Its runs carry ``app: tools`` and their budget (``app_budget``); the summary's keys are ``tools:<arm>``.
+
 For each judge arm, its agreement with the references is measured on the training episodes it scored: the share
 of episodes whose judge score >= 0.5 equals the reference correctness (the reference reward's ``task_completion``
 rule: the actor's boxed answer, else its last number, equals the reference). For the production loop the same is
@@ -39,12 +49,13 @@ Usage (do not run the full benchmark on a busy machine):
     python benchmarks/unlabeled.py                         # full: 5 arms x seeds 0,1,2
     python benchmarks/unlabeled.py --arms reference,judge_sim_e10 --seeds 0 --append
     python benchmarks/unlabeled.py --budget smoke --model DIR --out /tmp/u.json   # seconds, tiny model
+    python benchmarks/unlabeled.py --app tools --seeds 0 --append   # the tool-using app: 4 arms
 
 Expected time on 2 quiet CPU cores (full budget): about 15 min per arm and seed (8 min of training, the rest the
 held-out comparison on 128 problems, serving, and for the loop its traffic), i.e. (4 arms + loop) x 3 seeds x
 ~15 min, about 4 hours. ``--append`` keeps the runs already in the results file and skips (arm, seed) pairs it
 holds, so an interrupted run resumes. Writes benchmarks/results/unlabeled.json (top-level ``commit``: the code
-measured, ``marft_lg._provenance.code_state``) and prints a table. Not run yet: no figures exist.
+measured, ``marft_lg._provenance.code_state``) and prints a table.
 """
 
 from __future__ import annotations
@@ -67,17 +78,28 @@ from typing import Any
 from marft_lg.demo import BUDGETS as DEMO_BUDGETS
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "benchmarks") not in sys.path:  # credit_tools.py: the tool-using app's questions and reward
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 DEMO_FULL = DEMO_BUDGETS["full"]
 RESULTS = ROOT / "benchmarks" / "results" / "unlabeled.json"
+APPS = ("math", "tools")
 ARMS = ("reference", "judge_base", "judge_sim_e10", "judge_sim_e30", "production_loop")
 SIM_ERROR = {"judge_sim_e10": 0.1, "judge_sim_e30": 0.3}
 JUDGE_ARMS = ("judge_base", *SIM_ERROR)
+TOOLS_ARMS = ("reference", *JUDGE_ARMS)  # the production loop runs on the math team only
+TOOLS_LABEL_FREE = ("tool_error_rate", "step_count")  # the tool app reward's terms that need no reference
 FEEDBACK_KEY = "thumbs"
 SIMULATED_NOTE = ("judge_sim_* arms use a SIMULATED strong judge: it checks each attempt's final answer against the "
                   "reference (given to it out of band) and flips each verdict with probability e; no model judges")
 REWARD_NOTE = ("judge arms: group_judge (weight 1) + format_compliance (weight 0.5, no reference needed); "
                "goal_progress left out (its checkpoints are written intermediate results); training problems given "
                "without reference or checkpoints. production_loop: feedback (key thumbs) only.")
+TOOLS_NOTE = ("app tools: examples/supervisor_tools (a supervisor handing off by tool call to a researcher with lookup "
+              "and a mathematician with add/multiply/divide), benchmarks/credit_tools.py's generated questions, "
+              "trainer settings and reward (reference arm: task_completion contains the reference 1.0, goal_progress "
+              "on the hand-off and tool checkpoints 0.5, tool_error_rate -0.2, step_count -0.02); judge arms: "
+              "group_judge 1.0 with the two label-free costs; the simulated judge checks the last worker reply "
+              "contains the reference; 'strict' accuracy is the share of held-out answers containing the reference")
 
 
 @dataclass(frozen=True)
@@ -100,6 +122,16 @@ class Budget:
     def n_train(self) -> int:
         return max(self.online_iterations * self.scenarios_per_iteration, self.n_traffic)
 
+
+TOOLS_BUDGETS = {  # credit_tools' shape: 2 questions per iteration, K 4, 48-token replies; the same training minutes
+    "full": Budget("full", minutes=DEMO_FULL.online_minutes, n_heldout=32, online_iterations=1000,
+                   scenarios_per_iteration=2, group_size=4, max_tokens=48, n_traffic=0, traffic_repeats=0,
+                   judge_max_tokens=256),
+    "smoke": Budget("smoke", minutes=0.1, n_heldout=2, online_iterations=1, scenarios_per_iteration=1,
+                    group_size=2, max_tokens=8, n_traffic=0, traffic_repeats=0, judge_max_tokens=96),
+}
+TOOLS_RECURSION_LIMIT = 8  # credit_tools' default: a worker's ReAct loop ends after at most 4 calls
+TOOLS_STREAM = 400  # questions generated for the training stream (2 per iteration: far more than 8 minutes use)
 
 BUDGETS = {
     # the demo's full budget: its on-policy minutes, held-out set, iterations, problems per iteration, K, reply cap
@@ -134,12 +166,14 @@ def parse_prompt(prompt: str) -> tuple[str, list[str]]:
     return task, blocks
 
 
-def final_answer(block: str, agent: str = "actor") -> str:
-    """The text of `agent`'s last step in a rendered attempt ('' when it never acted)."""
+def final_answer(block: str, agent: str | Sequence[str] = "actor") -> str:
+    """The text of the last step of `agent` (or of any of several answer agents) in a rendered attempt ('' when
+    none acted)."""
+    agents = {agent} if isinstance(agent, str) else set(agent)
     marks = list(_STEP.finditer(block))
     texts = []
     for i, m in enumerate(marks):
-        if m.group(1) != agent:
+        if m.group(1) not in agents:
             continue
         end = marks[i + 1].start() if i + 1 < len(marks) else len(block)
         text = block[m.end():end]
@@ -148,12 +182,15 @@ def final_answer(block: str, agent: str = "actor") -> str:
     return texts[-1] if texts else ""
 
 
-def answer_correct(text: str | None, reference: Any) -> bool:
-    """The reference reward's rule: the ``\\boxed{}`` content, else the last number, equals `reference`."""
-    from marft_lg.rewards.answers import extract_boxed, last_number, to_number
+def answer_correct(text: str | None, reference: Any, match: str = "math") -> bool:
+    """The reference reward's rule. ``math``: the ``\\boxed{}`` content, else the last number, equals `reference`;
+    ``contains`` (the tool-using app's `task_completion`): the normalised answer contains the normalised reference."""
+    from marft_lg.rewards.answers import answers_match, extract_boxed, last_number, to_number
 
     if text is None or reference is None:
         return False
+    if match == "contains":
+        return answers_match(text, reference, mode="contains")
     boxed = extract_boxed(text)
     answer = boxed if boxed is not None else last_number(text)
     if answer is None:
@@ -178,11 +215,12 @@ class SimulatedJudge:
 
     model_name = "simulated-judge"
 
-    def __init__(self, references: Mapping[str, Any], error: float, seed: int = 0, agent: str = "actor"):
+    def __init__(self, references: Mapping[str, Any], error: float, seed: int = 0,
+                 agent: str | Sequence[str] = "actor", match: str = "math"):
         if not 0.0 <= float(error) <= 1.0:
             raise ValueError(f"error must be in [0, 1], got {error!r}")
         self.references = {str(q): r for q, r in references.items()}
-        self.error, self.seed, self.agent = float(error), int(seed), agent
+        self.error, self.seed, self.agent, self.match = float(error), int(seed), agent, match
         self.calls = self.verdicts = self.flips = 0
         self._lock = threading.Lock()
 
@@ -197,7 +235,7 @@ class SimulatedJudge:
         reference = self.reference_for(task)
         scores, flips = [], 0
         for i, block in enumerate(blocks, start=1):
-            right = answer_correct(final_answer(block, self.agent), reference)
+            right = answer_correct(final_answer(block, self.agent), reference, self.match)
             flip = _unit(self.seed, task, block, i) < self.error
             flips += flip
             scores.append(float(right != flip))
@@ -262,16 +300,31 @@ def approval_rates(pairs: Iterable[tuple[bool, bool]]) -> dict[str, Any]:
     return out
 
 
+def app_of(run: Mapping[str, Any]) -> str:
+    """The app a run trained (runs written before the tool-using app have no `app`: the math team)."""
+    return run.get("app") or "math"
+
+
+def run_key(run: Mapping[str, Any]) -> tuple[str, str, int]:
+    return app_of(run), run["arm"], run["seed"]
+
+
+def summary_key(app: str, arm: str) -> str:
+    """The summary's key of an arm: the arm for the math team, ``tools:<arm>`` for the tool-using app."""
+    return arm if app == "math" else f"{app}:{arm}"
+
+
 def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Per arm: the seeds run, the mean held-out gain over seeds, how many seeds' CI is above 0, mean agreement."""
+    """Per app and arm: the seeds run, the mean held-out gain over seeds, how many seeds' CI is above 0, mean
+    agreement."""
     out: dict[str, Any] = {}
-    for arm in ARMS:
-        rows = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+    for app, arm in ((app, arm) for app in APPS for arm in ARMS):
+        rows = sorted((r for r in runs if r["arm"] == arm and app_of(r) == app), key=lambda r: r["seed"])
         if not rows:
             continue
         gains = [r["heldout"]["gain"]["mean"] for r in rows if r["heldout"]["gain"].get("mean") is not None]
         rates = [r["agreement"]["rate"] for r in rows if (r.get("agreement") or {}).get("rate") is not None]
-        out[arm] = {"seeds": [r["seed"] for r in rows], "gain_mean": statistics.fmean(gains) if gains else None,
+        out[summary_key(app, arm)] = {"seeds": [r["seed"] for r in rows], "gain_mean": statistics.fmean(gains) if gains else None,
                     "seeds_ci_above_zero": sum(1 for r in rows if (r["heldout"]["gain"].get("low") or 0) > 0),
                     "agreement_mean": statistics.fmean(rates) if rates else None,
                     "simulated_judge": arm in SIM_ERROR}
@@ -285,14 +338,16 @@ def results_doc(runs: Sequence[Mapping[str, Any]], budget: Budget, *, code: Mapp
             "benchmark": "unlabeled", "budget": {**asdict(budget), "n_train": budget.n_train}, "model": model,
             "notes": {"simulated": SIMULATED_NOTE, "rewards": REWARD_NOTE,
                       "heldout": "held-out gain always measured with the references (math_reward), greedy, "
-                                 "untuned vs tuned, paired 95% CI; strict accuracy = boxed answer equals reference"},
-            "runs": sorted(runs, key=lambda r: (ARMS.index(r["arm"]), r["seed"])), "summary": summarize(runs)}
+                                 "untuned vs tuned, paired 95% CI; strict accuracy = boxed answer equals reference",
+                      **({"tools": TOOLS_NOTE} if any(app_of(r) == "tools" for r in runs) else {})},
+            "runs": sorted(runs, key=lambda r: (APPS.index(app_of(r)), ARMS.index(r["arm"]), r["seed"])),
+            "summary": summarize(runs)}
 
 
 def merge_runs(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """`old` runs with each (arm, seed) that `new` holds replaced by the new one."""
-    done = {(r["arm"], r["seed"]) for r in new}
-    return [dict(r) for r in old if (r["arm"], r["seed"]) not in done] + [dict(r) for r in new]
+    """`old` runs with each (app, arm, seed) that `new` holds replaced by the new one."""
+    done = {run_key(r) for r in new}
+    return [dict(r) for r in old if run_key(r) not in done] + [dict(r) for r in new]
 
 
 def _fmt(x: Any, spec: str = ".3f") -> str:
@@ -304,7 +359,8 @@ def table(doc: Mapping[str, Any]) -> str:
              "judge calls |", "|---|---:|---:|---|---|---:|---:|"]
     for r in doc["runs"]:
         g, acc, ag = r["heldout"]["gain"], r["heldout"]["strict"], r.get("agreement") or {}
-        label = r["arm"] + (" (SIMULATED judge)" if r["arm"] in SIM_ERROR else "")
+        label = (f"{app_of(r)}: " if app_of(r) != "math" else "") + r["arm"] + (
+            " (SIMULATED judge)" if r["arm"] in SIM_ERROR else "")
         lines.append(f"| {label} | {r['seed']} | {_fmt(r['training_minutes'], '.1f')} | {_fmt(g.get('mean'), '+.3f')} "
                      f"[{_fmt(g.get('low'), '+.3f')}, {_fmt(g.get('high'), '+.3f')}] | {_fmt(acc.get('untuned'), '.2f')}"
                      f" -> {_fmt(acc.get('tuned'), '.2f')} | {_fmt(ag.get('rate'), '.2f')} | "
@@ -330,14 +386,23 @@ def strip_labels(scenarios: Iterable[Any]) -> Any:
     return ScenarioSet([replace(s, reference=None, checkpoints=[]) for s in scenarios])
 
 
-def judge_reward(engine: Any, budget: Budget, seed: int) -> tuple[Any, Any]:
-    """(CompositeReward, its GroupJudge): group_judge 1.0 + format_compliance 0.5."""
-    from marft_lg.examples.math_team.reward import REWARD_CONFIG
+def judge_reward(engine: Any, budget: Budget, seed: int, app: str = "math") -> tuple[Any, Any]:
+    """(CompositeReward, its GroupJudge): group_judge 1.0 plus the app reward's terms that need no label: for the
+    math team format_compliance 0.5; for the tool-using app its tool_error_rate and step_count costs."""
     from marft_lg.rewards.components.group_judge import GroupJudge
     from marft_lg.rewards.composite import CompositeReward
 
     judge = GroupJudge(engine=engine, max_tokens=budget.judge_max_tokens, seed=seed,
                        max_concurrency=max(1, budget.scenarios_per_iteration))
+    if app == "tools":
+        from credit_tools import REWARD as TOOLS_REWARD
+
+        costs = {k: v for k, v in TOOLS_REWARD["weights"].items() if k in TOOLS_LABEL_FREE}
+        reward = CompositeReward({"group_judge": 1.0, **costs}, {"group_judge": judge}, credit="terminal",
+                                 answer_agents=TOOLS_REWARD["answer_agents"])
+        return reward, judge
+    from marft_lg.examples.math_team.reward import REWARD_CONFIG
+
     reward = CompositeReward({"group_judge": 1.0, "format_compliance": 0.5},
                              {"group_judge": judge,
                               "format_compliance": REWARD_CONFIG["components"]["format_compliance"]},
@@ -345,34 +410,42 @@ def judge_reward(engine: Any, budget: Budget, seed: int) -> tuple[Any, Any]:
     return reward, judge
 
 
-def _actor_answers(dataset: Any) -> dict[str, str]:
+def _final_answers(dataset: Any, agents: Sequence[str] = ("actor",)) -> dict[str, str]:
+    """Episode id -> the completion of its last action by one of `agents` (the reference reward's answer)."""
     acts = dataset.actions
     if not len(acts):
         return {}
-    return {str(k): str(v) for k, v in
-            acts[acts["agent"] == "actor"].groupby("episode_id", sort=False)["completion"].last().items()}
+    acts = acts[acts["agent"].isin(list(agents))].sort_values(["episode_id", "order"], kind="stable")
+    return {str(k): str(v) for k, v in acts.groupby("episode_id", sort=False)["completion"].last().items()}
 
 
-def record_agreement(reward: Any, column: str, references: Mapping[str, Any], sink: list) -> None:
+def record_agreement(reward: Any, column: str, references: Mapping[str, Any], sink: list, *,
+                     agents: Sequence[str] = ("actor",), match: str = "math") -> None:
     """Wrap `reward.score` so every scored batch adds (its `column` score, reference correctness) pairs to `sink`
     (references by scenario id, out of band: the reward never sees them)."""
     inner = reward.score
 
     def score(dataset: Any, scenarios: Any = None, **kw: Any) -> Any:
         result = inner(dataset, scenarios, **kw)
-        answers = _actor_answers(dataset)
+        answers = _final_answers(dataset, agents)
         sids = dict(zip(dataset.episodes["episode_id"], dataset.episodes["scenario_id"], strict=True))
         for eid, value in zip(result.episodes["episode_id"], result.episodes[column], strict=True):
             ref = references.get(str(sids.get(eid)))
             if ref is not None:
-                sink.append((None if value is None else float(value), answer_correct(answers.get(eid), ref)))
+                sink.append((None if value is None else float(value), answer_correct(answers.get(eid), ref, match)))
         return result
 
     reward.score = score
 
 
 class ArmRun:
-    """One arm at one seed: a fresh untuned team, its training, then the held-out comparison with references."""
+    """One arm at one seed: a fresh untuned team, its training, then the held-out comparison with references. This
+    class runs the math team; `ToolsArmRun` the tool-using app."""
+
+    app_name = "math"
+    answer_agents: tuple[str, ...] = ("actor",)
+    match = "math"
+    compare_options: Mapping[str, Any] = {}
 
     def __init__(self, arm: str, seed: int, budget: Budget, model: str, work: Path):
         import torch
@@ -387,8 +460,13 @@ class ArmRun:
         problems = make_problems(budget.n_train, budget.n_heldout, seed)
         self.train, self.heldout = problems.split("train"), problems.split("heldout")
         self.reference_reward = self.math_team.reward.math_reward()
+        self.rollout_temperature = self.math_team.settings.ROLLOUT_TEMPERATURE
         self.apps: list[Any] = []
         self.team: Any = None
+
+    def question(self, scenario: Any) -> str:
+        """The text of a scenario's question, as the judge's prompt shows it."""
+        return scenario.inputs["question"]
 
     def app(self, temperature: float, trace_dir: Path) -> Any:
         from functools import partial
@@ -428,6 +506,8 @@ class ArmRun:
             row = self.train_loop() if self.arm == "production_loop" else self.train_online()
             row.update(self.compare())
             check_candidate(row)
+            if self.app_name != "math":
+                row.update({"app": self.app_name, "app_budget": asdict(self.budget)})
             row.update({"arm": self.arm, "seed": self.seed, "minutes": round((time.perf_counter() - t0) / 60, 2),
                         "simulated_judge": self.arm in SIM_ERROR, "code": code_state(),
                         "budget": self.budget.name, "budget_minutes": self.budget.minutes})
@@ -450,12 +530,12 @@ class ArmRun:
             if self.arm == "judge_base":
                 engine = self.team
             else:
-                sim = engine = SimulatedJudge({s.inputs["question"]: s.reference for s in stream}, SIM_ERROR[self.arm],
-                                              seed=self.seed)
-            reward, judge = judge_reward(engine, b, self.seed)
-            record_agreement(reward, "group_judge", refs, pairs)
+                sim = engine = SimulatedJudge({self.question(s): s.reference for s in stream}, SIM_ERROR[self.arm],
+                                              seed=self.seed, agent=self.answer_agents, match=self.match)
+            reward, judge = judge_reward(engine, b, self.seed, self.app_name)
+            record_agreement(reward, "group_judge", refs, pairs, agents=self.answer_agents, match=self.match)
         trainer = self.trainer(reward)
-        sampling = self.app(self.math_team.settings.ROLLOUT_TEMPERATURE, self.work / "traces")
+        sampling = self.app(self.rollout_temperature, self.work / "traces")
         t0 = time.perf_counter()
         why = None
         try:
@@ -550,7 +630,6 @@ class ArmRun:
                             "warm_start_kept": None if warm is None else warm.get("kept_episodes")}}
 
     def compare(self) -> dict[str, Any]:
-        from marft_lg.demo import _side_accuracy
         from marft_lg.evaluation.shadow import shadow_compare
 
         if self.arm != "production_loop":
@@ -558,15 +637,87 @@ class ArmRun:
         greedy = self.app(0.0, self.work / "compare")
         result = shadow_compare(greedy, "live", "candidate", self.heldout, self.reference_reward,
                                 samples_per_scenario=1, seed=self.seed, run_id=f"unlabeled-{self.arm}-{self.seed}",
-                                concurrency=min(2 * len(self.heldout), 48))
-        acc = _side_accuracy(result, self.heldout)
+                                **{"concurrency": min(2 * len(self.heldout), 48), **self.compare_options})
+        acc = self.accuracy(result)
         d = result.team.to_dict()
-        return {"heldout": {"n": result.n_pairs, "gain": {k: d.get(k) for k in ("mean", "low", "high", "n")},
-                            "untuned_reward": result.side_mean("baseline", "reward"),
-                            "tuned_reward": result.side_mean("candidate", "reward"),
-                            "strict": {"untuned": acc["baseline"]["strict"], "tuned": acc["candidate"]["strict"]},
-                            "lenient": {"untuned": acc["baseline"]["lenient"], "tuned": acc["candidate"]["lenient"]}},
-                "versions": {"untuned": self.untuned, "tuned": self.team.versions()}}
+        heldout = {"n": result.n_pairs, "gain": {k: d.get(k) for k in ("mean", "low", "high", "n")},
+                   "untuned_reward": result.side_mean("baseline", "reward"),
+                   "tuned_reward": result.side_mean("candidate", "reward")}
+        for key in ("strict", "lenient", "components"):
+            if key in acc["baseline"]:
+                heldout[key] = {"untuned": acc["baseline"][key], "tuned": acc["candidate"][key]}
+        return {"heldout": heldout, "versions": {"untuned": self.untuned, "tuned": self.team.versions()}}
+
+    def accuracy(self, result: Any) -> dict[str, dict[str, Any]]:
+        """Strict and lenient answer accuracy per side of the held-out comparison."""
+        from marft_lg.demo import _side_accuracy
+
+        return _side_accuracy(result, self.heldout)
+
+
+class ToolsArmRun(ArmRun):
+    """The tool-using app (examples/supervisor_tools) with credit_tools' questions, reward and trainer settings."""
+
+    app_name = "tools"
+    answer_agents = ("researcher", "mathematician")
+    match = "contains"
+    compare_options = {"concurrency": 16, "drift": False}  # as credit_tools compares
+
+    def __init__(self, arm: str, seed: int, budget: Budget, model: str, work: Path):  # the math team's is not run
+        import random
+
+        import torch
+        from credit_tools import REWARD, ROLES, SETTINGS, questions
+
+        from marft_lg.rewards.composite import CompositeReward
+
+        self.arm, self.seed, self.budget, self.model, self.work = arm, seed, budget, model, work
+        self.roles = list(ROLES)
+        self.settings = dict(SETTINGS)
+        torch.manual_seed(seed)
+        rng, taken = random.Random(seed), set()
+        self.heldout = questions(budget.n_heldout, rng, taken)  # credit_tools' order: the held-out set first
+        self.train = questions(min(budget.n_train, TOOLS_STREAM), rng, taken)
+        self.reference_reward = CompositeReward.from_yaml(REWARD)
+        self.rollout_temperature = float(SETTINGS["temperature"])
+        self.apps = []
+        self.team = None
+
+    def question(self, scenario: Any) -> str:
+        return scenario.inputs["messages"][0]["content"]
+
+    def app(self, temperature: float, trace_dir: Path) -> Any:
+        from credit_tools import EXAMPLE
+
+        from marft_lg.graph.app_spec import AppSpec
+
+        spec = AppSpec(app="app:build_graph", base_dir=str(EXAMPLE), recursion_limit=TOOLS_RECURSION_LIMIT,
+                       chat_model={"max_tokens": self.budget.max_tokens, "temperature": temperature})
+        app = spec.build_app(self.team, trace_dir)
+        self.apps.append(app)
+        return app
+
+    def trainer(self, reward: Any, **extra: Any) -> Any:
+        from marft_lg.training.config import MARFTConfig
+        from marft_lg.training.trainer import MARFTTrainer
+
+        b = self.budget
+        settings = {**self.settings, "max_new_tokens": b.max_tokens, **extra}
+        cfg = MARFTConfig(**settings, credit="group", group_size=b.group_size, seed=self.seed,
+                          rollout_concurrency=b.scenarios_per_iteration * b.group_size)
+        return MARFTTrainer(self.team, reward, cfg, self.work / "train", run_id=f"unlabeled-tools-{self.arm}",
+                            progress=False)
+
+    def accuracy(self, result: Any) -> dict[str, dict[str, Any]]:
+        """The share of held-out answers that contain the reference (the reward's `task_completion`), per side;
+        the other components' means next to it (hand-off and tool checkpoints, tool errors, steps)."""
+        comps = ("task_completion", "goal_progress", "tool_error_rate", "step_count")
+        return {side: {"strict": result.side_mean(side, "task_completion"),
+                       "components": {c: result.side_mean(side, c) for c in comps}}
+                for side in ("baseline", "candidate")}
+
+
+RUNS = {"math": ArmRun, "tools": ToolsArmRun}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -579,33 +730,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model spec or a local HF dir")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
-    ap.add_argument("--append", action="store_true", help="keep the runs in --out; skip (arm, seed) pairs it holds")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the runs in --out; skip (app, arm, seed) triples it holds")
+    ap.add_argument("--app", default="math", choices=APPS,
+                    help="math: the demo's math team; tools: examples/supervisor_tools (arms: " + ",".join(TOOLS_ARMS) + ")")
     args = ap.parse_args(argv)
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = sorted(set(arms) - set(ARMS))
+    allowed = ARMS if args.app == "math" else TOOLS_ARMS
+    arms = [a.strip() for a in (args.arms if args.arms != ",".join(ARMS) else ",".join(allowed)).split(",") if a.strip()]
+    unknown = sorted(set(arms) - set(allowed))
     if unknown:
-        ap.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+        ap.error(f"unknown arm(s) {unknown} for app {args.app}; choose from {list(allowed)}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    budget = BUDGETS[args.budget]
+    budget = (BUDGETS if args.app == "math" else TOOLS_BUDGETS)[args.budget]
     if args.minutes is not None:
         budget = replace(budget, minutes=float(args.minutes))
+    math_budget = budget if args.app == "math" else BUDGETS[args.budget]  # the file's `budget`: the math team's
     old = json.loads(args.out.read_text())["runs"] if args.append and args.out.exists() else []
-    have = {(r["arm"], r["seed"]) for r in old}
+    have = {run_key(r) for r in old}
     from marft_lg._provenance import code_state, machine
 
     work = args.work or Path(tempfile.mkdtemp(prefix="unlabeled-"))
     new: list[dict[str, Any]] = []
     for seed in seeds:
         for arm in arms:
-            if (arm, seed) in have:
-                print(f"{arm} seed {seed}: already in {args.out}, skipped", file=sys.stderr)
+            if (args.app, arm, seed) in have:
+                print(f"{args.app} {arm} seed {seed}: already in {args.out}, skipped", file=sys.stderr)
                 continue
-            print(f"== {arm} seed {seed} ({budget.name}, {budget.minutes:g} training min)", file=sys.stderr)
-            new.append(ArmRun(arm, seed, budget, args.model, work / f"{arm}-s{seed}").run())
-            doc = results_doc(merge_runs(old, new), budget, code=code_state(), machine=machine(), model=args.model)
+            print(f"== {args.app} {arm} seed {seed} ({budget.name}, {budget.minutes:g} training min)", file=sys.stderr)
+            run_dir = work / (f"{arm}-s{seed}" if args.app == "math" else f"{args.app}-{arm}-s{seed}")
+            new.append(RUNS[args.app](arm, seed, budget, args.model, run_dir).run())
+            doc = results_doc(merge_runs(old, new), math_budget, code=code_state(), machine=machine(),
+                              model=args.model)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")  # after every run: resumable
-    doc = results_doc(merge_runs(old, new), budget, code=code_state(), machine=machine(), model=args.model)
+    doc = results_doc(merge_runs(old, new), math_budget, code=code_state(), machine=machine(), model=args.model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     print(table(doc))

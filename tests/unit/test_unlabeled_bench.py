@@ -209,3 +209,79 @@ def test_smoke_run_on_the_tiny_model(tiny_model_dir, tmp_path):
     again = ub.main(["--budget", "smoke", "--seeds", "0", "--arms", "judge_sim_e10", "--model", tiny_model_dir,
                      "--out", str(out), "--work", str(tmp_path / "work2"), "--append"])
     assert len(again["runs"]) == 2
+
+
+# ---- the tool-using app (examples/supervisor_tools) -----------------------------------------------------------------
+TOOL_Q = "What is 6 times 7?"
+TOOL_SCENARIO = factory.scenario(scenario_id="times-6-7-1", inputs={"messages": [{"role": "user", "content": TOOL_Q}]})
+
+
+def _tool_episode(i: int, reply: str, last: str = "mathematician") -> dict:
+    """A supervisor hand-off, a worker's tool call and its reply, then the supervisor finishing."""
+    actions = [{"agent": "supervisor", "completion": "",
+                "tool_calls": [{"name": "transfer_to_mathematician", "args": {}, "result": "ok"}]},
+               {"agent": "mathematician", "completion": "",
+                "tool_calls": [{"name": "multiply", "args": {"a": 6, "b": 7}, "result": "42"}]},
+               {"agent": last, "completion": reply},
+               {"agent": "supervisor", "completion": "done"}]
+    return {"episode_id": f"tools-{i}", "scenario_id": "times-6-7-1", "actions": actions}
+
+
+def test_the_tool_apps_simulated_judge_checks_the_last_worker_reply_as_the_reference_reward_does():
+    replies = ["6 times 7 is 42.", "It is 41.", "The product is 42"]
+    ds = factory.make_dataset([_tool_episode(i, r) for i, r in enumerate(replies)])
+    eps = list(ds.iter_episodes({"times-6-7-1": TOOL_SCENARIO}))
+    block = render_episode(eps[0])
+    assert ub.final_answer(block, ("researcher", "mathematician")) == "6 times 7 is 42."  # not the supervisor's
+    assert ub.answer_correct("6 times 7 is 42.", "42", "contains") and not ub.answer_correct("41", "42", "contains")
+    sim = ub.SimulatedJudge({TOOL_Q: "42"}, error=0.0, agent=("researcher", "mathematician"), match="contains")
+    scores = GroupJudge(engine=sim, seed=1).score_group(eps)  # the task is the app's input messages, as JSON
+    assert [scores[e.episode_id].value for e in eps] == [1.0, 0.0, 1.0]
+    pairs: list = []
+    reward, judge = ub.judge_reward(sim, ub.TOOLS_BUDGETS["smoke"], 0, "tools")
+    assert set(reward.weights) == {"group_judge", *ub.TOOLS_LABEL_FREE}  # no term that needs the reference
+    ub.record_agreement(reward, "group_judge", {"times-6-7-1": "42"}, pairs, agents=ub.ToolsArmRun.answer_agents,
+                        match="contains")
+    reward.score(ds, {"times-6-7-1": {**TOOL_SCENARIO, "reference": None}})
+    assert pairs == [(1.0, True), (0.0, False), (1.0, True)] and judge is reward.components["group_judge"]
+
+
+def test_tool_app_runs_are_kept_apart_from_the_math_teams_in_the_results_file():
+    math_run = _run("reference", 0, 0.1, 0.02)  # written before the tool-using app: no `app` key
+    tools = [{**_run("reference", 0, 0.3, 0.1), "app": "tools"}, {**_run("judge_sim_e10", 0, -0.1, -0.2, 0.7),
+                                                                    "app": "tools"}]
+    doc = ub.results_doc([*tools, math_run], ub.BUDGETS["smoke"], code={"commit": "c"}, machine={}, model="m")
+    assert [(ub.app_of(r), r["arm"]) for r in doc["runs"]] == [("math", "reference"), ("tools", "reference"),
+                                                               ("tools", "judge_sim_e10")]
+    assert doc["summary"]["reference"]["gain_mean"] == pytest.approx(0.1)  # the math team's keys are unchanged
+    assert doc["summary"]["tools:reference"]["gain_mean"] == pytest.approx(0.3)
+    assert doc["summary"]["tools:judge_sim_e10"]["simulated_judge"] and "tools" in doc["notes"]
+    assert "| tools: judge_sim_e10 (SIMULATED judge) | 0 |" in ub.table(doc)
+    merged = ub.merge_runs([math_run, *tools], [{**_run("reference", 0, 0.5, 0.4), "app": "tools"}])
+    assert sorted((ub.app_of(r), r["heldout"]["gain"]["mean"]) for r in merged if r["arm"] == "reference") == [
+        ("math", 0.1), ("tools", 0.5)]
+
+
+def test_the_tool_app_has_no_production_loop_arm(tmp_path):
+    with pytest.raises(SystemExit):
+        ub.main(["--app", "tools", "--arms", "production_loop", "--out", str(tmp_path / "u.json")])
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_tool_app_on_the_tiny_model(tiny_model_dir, tmp_path):
+    """The tool-using app's arms end to end on the tiny model, next to a math run already in the file."""
+    out = tmp_path / "unlabeled.json"
+    out.write_text(json.dumps({"runs": [_run("reference", 0, 0.1, 0.02)]}))
+    doc = ub.main(["--app", "tools", "--budget", "smoke", "--seeds", "0", "--arms", "reference,judge_sim_e10",
+                   "--model", tiny_model_dir, "--out", str(out), "--work", str(tmp_path / "work"), "--append"])
+    runs = {(ub.app_of(r), r["arm"]): r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {("math", "reference"), ("tools", "reference"), ("tools", "judge_sim_e10")}
+    assert doc["budget"]["name"] == "smoke" and doc["budget"]["n_heldout"] == ub.BUDGETS["smoke"].n_heldout
+    for arm in ("reference", "judge_sim_e10"):
+        run = runs[("tools", arm)]
+        assert run["app_budget"]["n_heldout"] == ub.TOOLS_BUDGETS["smoke"].n_heldout
+        assert run["heldout"]["n"] == ub.TOOLS_BUDGETS["smoke"].n_heldout
+        assert set(run["heldout"]["components"]["untuned"]) == {"task_completion", "goal_progress",
+                                                                "tool_error_rate", "step_count"}
+        assert 0.0 <= run["heldout"]["strict"]["untuned"] <= 1.0
+    assert runs[("tools", "judge_sim_e10")]["judge_calls"] >= 1 and "tools:judge_sim_e10" in doc["summary"]

@@ -469,16 +469,19 @@ class ArmRun:
         return scenario.inputs["question"]
 
     def app(self, temperature: float, trace_dir: Path) -> Any:
+        """The app on the run's team, tracing to `trace_dir` (closed when the run ends)."""
+        app = self.app_spec(temperature).build_app(self.team, trace_dir)
+        self.apps.append(app)
+        return app
+
+    def app_spec(self, temperature: float) -> Any:
         from functools import partial
 
         from marft_lg.graph.app_spec import AppSpec
 
         caps = {k: min(v, self.budget.max_tokens) for k, v in self.math_team.settings.REPLY_TOKENS.items()}
-        spec = AppSpec(app=partial(self.math_team.graph.build_graph, **caps), node_roles={r: r for r in self.roles},
+        return AppSpec(app=partial(self.math_team.graph.build_graph, **caps), node_roles={r: r for r in self.roles},
                        chat_model={"max_tokens": self.budget.max_tokens, "temperature": temperature})
-        app = spec.build_app(self.team, trace_dir)
-        self.apps.append(app)
-        return app
 
     def trainer(self, reward: Any, **extra: Any) -> Any:
         from marft_lg.training.config import MARFTConfig
@@ -686,16 +689,13 @@ class ToolsArmRun(ArmRun):
     def question(self, scenario: Any) -> str:
         return scenario.inputs["messages"][0]["content"]
 
-    def app(self, temperature: float, trace_dir: Path) -> Any:
+    def app_spec(self, temperature: float) -> Any:
         from credit_tools import EXAMPLE
 
         from marft_lg.graph.app_spec import AppSpec
 
-        spec = AppSpec(app="app:build_graph", base_dir=str(EXAMPLE), recursion_limit=TOOLS_RECURSION_LIMIT,
+        return AppSpec(app="app:build_graph", base_dir=str(EXAMPLE), recursion_limit=TOOLS_RECURSION_LIMIT,
                        chat_model={"max_tokens": self.budget.max_tokens, "temperature": temperature})
-        app = spec.build_app(self.team, trace_dir)
-        self.apps.append(app)
-        return app
 
     def trainer(self, reward: Any, **extra: Any) -> Any:
         from marft_lg.training.config import MARFTConfig

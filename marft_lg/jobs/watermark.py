@@ -53,9 +53,10 @@ def window_for(watermark: str | datetime | None, now: datetime, *, settle_s: flo
 
 def hold_unsettled(dataset: TrajectoryDataset, window: Window, *, wait_s: float) -> Window:
     """`window`, ended just before its first episode that is not settled (a call still without its server record, or
-    a run still without its root span: mined column `settled` False) when that episode ended less than `wait_s` before the window's end: it and every
-    later one go to the next run, so the watermark never passes an episode still settling. One that waited longer
-    has lost its record and is taken as it is (its calls without exact token ids)."""
+    a run still without its root span: mined column `settled` False) when that episode ended less than `wait_s`
+    before the window's end: it and every later one go to the next run, so the watermark never passes an episode
+    still settling. One that waited longer has lost its record and is taken as it is (its calls without exact token
+    ids; an incomplete one stays unscored)."""
     eps = dataset.episodes
     if eps.empty or "settled" not in eps:
         return window

@@ -94,7 +94,8 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
             engine.add_adapter(name, LoraSettings())
         reqs = _requests(batch, max_tokens)
         names = ["first" if i % 2 else "second" for i in range(batch)]
-        engine.generate(reqs[:2], names[:2])  # warm-up: kernels, allocator
+        if decode != "compiled":  # warm-up: kernels, allocator (a compiled step would trace a bucket never timed)
+            engine.generate(reqs[:2], names[:2])
         warmup = None
         if decode != "eager":  # the buckets of the timed runs: traced (compiled) here, not in the timing
             _sync()
@@ -191,7 +192,10 @@ def copy_bandwidth(device: str) -> float | None:
     return nbytes / best
 
 
-def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda") -> dict:
+def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda",
+              profile_to: str | None = None) -> dict:
+    """PPO update against a plain forward+backward on the same math-team-shaped tokens; with `profile_to` (a file), one
+    profiled call of each first (`profile_call`)."""
     import torch
     from training import _mixed_records, plain_step
 
@@ -220,6 +224,12 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
     def plain() -> None:
         plain_step(pol.model, batches, names, opts)
 
+    if profile_to is not None:
+        ppo()  # warm-up, then one profiled call of each
+        plain()
+        for name, fn in (("ppo", ppo), ("plain", plain)):
+            profile_call(fn, Path(profile_to), f"{Path(model_dir).name} {dtype} {name}", device)
+
     def timed(fn) -> float:
         _sync()
         t = time.perf_counter()
@@ -239,6 +249,36 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
             "ppo_seconds": ppo_s, "ppo_tokens_per_s": n_tokens / ppo_s, "plain_seconds": plain_s,
             "plain_tokens_per_s": n_tokens / plain_s, "ratio_ppo_to_plain": plain_s / ppo_s,
             "ppo_peak_gpu_mb": peak_ppo}
+
+
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "cudaStreamSynchronize",
+            "cudaDeviceSynchronize", "cudaMemcpyAsync")
+"""Profiler events that stall the host on the device (or mark a copy that may): counted per profiled call."""
+
+
+def profile_call(fn, out: Path, title: str, device: str) -> dict:
+    """One call of `fn` under torch.profiler: the ops by device time and by host time, and the host-sync events
+    (`SYNC_OPS`) counted, appended to the file `out` under `title` (where a PPO update loses against a plain step,
+    issue #49 item 2)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    _sync()
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    wall = time.perf_counter() - t
+    ev = prof.key_averages()
+    syncs = {e.key: e.count for e in ev if e.key in SYNC_OPS}
+    by_device = "self_cuda_time_total" if device != "cpu" else "self_cpu_time_total"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as f:
+        f.write(f"# {title}: wall {wall:.4f} s (profiled), host-sync events {json.dumps(syncs)}\n\n"
+                f"## by {by_device}\n{ev.table(sort_by=by_device, row_limit=30)}\n\n"
+                f"## by cpu_time_total\n{ev.table(sort_by='cpu_time_total', row_limit=30)}\n\n")
+    print(f"profile {title}: wall {wall:.3f} s, syncs {syncs}", flush=True)
+    return {"wall_s": wall, "syncs": syncs}
 
 
 def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwidth: float | None,
@@ -286,6 +326,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", default="135m,1b")
     ap.add_argument("--dtypes", default="bfloat16", help="comma-separated, e.g. bfloat16,float32")
     ap.add_argument("--batch", default="32,128", help="comma-separated batch sizes of the engine and generate rows")
+    ap.add_argument("--pairs", help="shape:batch rows instead of every shape x batch, e.g. 135m:32,1b:128")
+    ap.add_argument("--profile-ppo", metavar="FILE", help="also profile one PPO update and one plain step per shape "
+                    "(torch.profiler tables and host-sync counts appended to FILE)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--decode", default="auto", help="engine decode modes, comma-separated, eager first (default: "
                     "eager,static,compiled on a GPU, eager,static on the CPU)")
@@ -315,15 +358,32 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--decode must start with eager and --generate with default (the rows' reference)")
     started = time.perf_counter()
     bandwidth = copy_bandwidth(args.device)
-    batches = [int(b) for b in args.batch.split(",")]
-    runs = []
+    if args.pairs:
+        pairs = [(s, int(b)) for s, b in (p.split(":") for p in args.pairs.split(","))]
+    else:
+        pairs = [(s, int(b)) for s in args.shapes.split(",") for b in args.batch.split(",")]
+    shapes = list(dict.fromkeys(s for s, _ in pairs))
+    name = torch.cuda.get_device_name(0) if args.device != "cpu" else f"cpu ({torch.get_num_threads()} threads)"
+    runs: list[dict] = []
+
+    def write(complete: bool) -> dict:
+        """The results so far (after every row: a run cut short by a timeout keeps its rows)."""
+        result = {**provenance(args.commit), "benchmark": "gpu", "device": name, "torch": torch.__version__,
+                  "transformers": transformers.__version__, "weights": "random (speed does not depend on them)",
+                  "copy_bandwidth_bytes_per_s": bandwidth, "seconds": time.perf_counter() - started,
+                  "complete": complete, "args": vars(args), "runs": runs}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     with tempfile.TemporaryDirectory() as tmp:
-        for shape in args.shapes.split(","):
+        for shape in shapes:
             model_dir = build_model(shape, args.tokenizer, Path(tmp) / shape)
             for dtype in args.dtypes.split(","):
-                ppo = bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device)
+                ppo = bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device,
+                                profile_to=args.profile_ppo)
                 _free(args.device)
-                for batch in batches:
+                for batch in [b for s, b in pairs if s == shape]:
                     engine = bench_engine(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
                     _free(args.device)
                     engines = {}
@@ -340,13 +400,8 @@ def main(argv: list[str] | None = None) -> dict:
                         _free(args.device)
                     runs.append(row(shape, dtype, engine, generate, ppo, bandwidth, engines, generate_static))
                     print(json.dumps({k: v for k, v in runs[-1].items() if not isinstance(v, dict)}), flush=True)
-    name = torch.cuda.get_device_name(0) if args.device != "cpu" else f"cpu ({torch.get_num_threads()} threads)"
-    result = {**provenance(args.commit), "benchmark": "gpu", "device": name, "torch": torch.__version__,
-              "transformers": transformers.__version__, "weights": "random (speed does not depend on them)",
-              "copy_bandwidth_bytes_per_s": bandwidth, "seconds": time.perf_counter() - started,
-              "args": vars(args), "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+                    write(complete=False)
+    result = write(complete=True)
     for r in runs:
         frac = (f", {r['engine_fraction_of_bandwidth_limit']:.1%} / {r['generate_fraction_of_bandwidth_limit']:.1%} "
                 "of the bandwidth limit" if r["bandwidth_limit_tokens_per_s"] else "")

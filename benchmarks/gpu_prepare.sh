@@ -18,7 +18,7 @@ git rev-parse HEAD > .gpu/COMMIT
 import shutil
 from pathlib import Path
 
-from marft_lg.serving.models import embedded_tokenizer_dir
+from marft_lg.serving.engine.models import embedded_tokenizer_dir
 
 src = embedded_tokenizer_dir()
 for f in src.iterdir():

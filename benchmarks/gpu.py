@@ -115,7 +115,9 @@ def bench_engine(model_dir: Path, dtype: str, batch: int, max_tokens: int, repea
         return {"batch": batch, "max_tokens": max_tokens, "tokens": tokens, "seconds": min(times),
                 "tokens_per_s": tokens / min(times), "split_batches": engine.stats.get("split_batches", 0),
                 "decode": decode, "warmup_s": warmup,
-                "buckets": sorted(dec.traced) if dec is not None else None}
+                "buckets": sorted(dec.traced) if dec is not None else None,
+                "cuda_graphs": None if dec is None or dec.graphs is None else
+                {"captured": dec.graphs.captures, "failed": dec.graphs.failed}}
     finally:
         engine.close()
 
@@ -193,7 +195,7 @@ def copy_bandwidth(device: str) -> float | None:
 
 
 def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda",
-              profile_to: str | None = None) -> dict:
+              profile_to: str | None = None, micro_batch_tokens: int | None = 8192) -> dict:
     """PPO update against a plain forward+backward on the same math-team-shaped tokens; with `profile_to` (a file), one
     profiled call of each first (`profile_call`)."""
     import torch
@@ -202,18 +204,18 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
     from marft_lg.training.batch import BaseModel, build_batch
     from marft_lg.training.buffer import RolloutBuffer, collate
     from marft_lg.training.config import MARFTConfig
-    from marft_lg.training.policy import LocalPolicy, adapter_parameters
+    from marft_lg.training.policy import LocalPolicy, adam, adapter_parameters
     from marft_lg.training.ppo import ppo_update
 
     roles = ["reasoner", "actor"]
     pol = LocalPolicy(model_dir, roles, device=device, dtype=dtype)
     cfg = MARFTConfig(update_scheme="simultaneous", use_critic=False, group_size=2, kl_cut=None, learning_rate=1e-5,
-                      micro_batch_tokens=8192)
+                      micro_batch_tokens=micro_batch_tokens)
     pad = pol.tokenizer.pad_token_id
     names = {r: pol.adapter_name(r) for r in roles}
     buf = build_batch(RolloutBuffer(_mixed_records(pol.tokenizer, per_role)), {"": BaseModel(pol.model, pad)}, cfg,
                       agents=roles, adapter_for=lambda r: names[r.agent], critic=None)
-    opts = {r: torch.optim.Adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}
+    opts = {r: adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}  # the trainer's optimizer
     batches = {r: collate([x for x in buf.records if x.agent == r], pad, device) for r in roles}
     n_tokens = sum(r.n_tokens for r in buf.records)
 
@@ -228,7 +230,8 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
         ppo()  # warm-up, then one profiled call of each
         plain()
         for name, fn in (("ppo", ppo), ("plain", plain)):
-            profile_call(fn, Path(profile_to), f"{Path(model_dir).name} {dtype} {name}", device)
+            profile_call(fn, Path(profile_to), f"{Path(model_dir).name} {dtype} {name} "
+                         f"(micro_batch_tokens {micro_batch_tokens})", device)
 
     def timed(fn) -> float:
         _sync()
@@ -248,6 +251,7 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
             "sequence_tokens": sum(len(r.prompt_ids) + r.n_tokens for r in buf.records),
             "ppo_seconds": ppo_s, "ppo_tokens_per_s": n_tokens / ppo_s, "plain_seconds": plain_s,
             "plain_tokens_per_s": n_tokens / plain_s, "ratio_ppo_to_plain": plain_s / ppo_s,
+            "micro_batch_tokens": micro_batch_tokens,
             "ppo_peak_gpu_mb": peak_ppo}
 
 
@@ -336,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "on a GPU, default on the CPU)")
     ap.add_argument("--static-max-len", type=int, default=512, help="the static engines' cache length per row")
     ap.add_argument("--per-role", type=int, default=64, help="math-team episodes in the PPO batch")
+    ap.add_argument("--ppo-micro-tokens", default="8192", help="the PPO update's micro_batch_tokens, comma-separated "
+                    "('none': one micro-batch per agent, as the plain step); the first gives ppo_over_plain, each "
+                    "one a row of ppo_by_micro_tokens")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu, for a like-for-like CPU row")
     ap.add_argument("--commit", help="the commit measured, where this copy of the code has no git history")
@@ -380,9 +387,13 @@ def main(argv: list[str] | None = None) -> dict:
         for shape in shapes:
             model_dir = build_model(shape, args.tokenizer, Path(tmp) / shape)
             for dtype in args.dtypes.split(","):
-                ppo = bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device,
-                                profile_to=args.profile_ppo)
-                _free(args.device)
+                ppos = []
+                for micro in args.ppo_micro_tokens.split(","):
+                    ppos.append(bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device,
+                                          profile_to=args.profile_ppo,
+                                          micro_batch_tokens=None if micro == "none" else int(micro)))
+                    _free(args.device)
+                ppo = {**ppos[0], "by_micro_tokens": ppos[1:]} if len(ppos) > 1 else ppos[0]
                 for batch in [b for s, b in pairs if s == shape]:
                     engine = bench_engine(model_dir, dtype, batch, args.max_tokens, args.repeats, args.device)
                     _free(args.device)

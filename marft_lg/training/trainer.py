@@ -33,7 +33,7 @@ from marft_lg.training.config import MARFTConfig
 from marft_lg.training.credit import ReplayBudget, Replayed, replay_credit, scenario_objects
 from marft_lg.training.critic import ValueHead
 from marft_lg.training.metrics import MetricsLog, plot_run
-from marft_lg.training.policy import adapter_parameters
+from marft_lg.training.policy import adam, adapter_parameters
 from marft_lg.training.ppo import UpdateStats, explained_variance, post_update_check, ppo_update, value_update
 from marft_lg.training.protocols import (
     Collector,
@@ -662,7 +662,7 @@ class MARFTTrainer:
         params = adapter_parameters(self._model(role), adapter)
         if not params:
             raise ValueError(f"adapter {adapter!r} of role {role!r} has no parameters in the model; is it loaded?")
-        return torch.optim.Adam(params, lr=self.cfg.lr_for(role), eps=self.cfg.adam_eps)
+        return adam(params, lr=self.cfg.lr_for(role), eps=self.cfg.adam_eps)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def _adapters(self) -> dict[str, list[torch.nn.Parameter]]:

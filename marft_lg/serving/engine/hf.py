@@ -121,8 +121,8 @@ class HFEngine:
     ``"auto"`` (a CUDA GPU when present), ``"cpu"``, ``"cuda:1"``...; `dtype` of the base weights:
     ``"auto"`` (float32 on CPU, bfloat16 on a GPU; adapters stay float32) or a name.
     `decode`: ``"eager"`` (the default: a growing `DynamicCache`), ``"static"`` (keys and values preallocated per
-    batch slot, one step function per batch/width bucket, `static_decode.py`) or ``"compiled"`` (that step through
-    ``torch.compile``, `compile_mode` its mode: ``"reduce-overhead"`` (CUDA graphs) on a GPU by default). In the
+    batch slot, one step function per batch/width bucket, `static_decode.py`; on a GPU each bucket's step is captured
+    as a CUDA graph) or ``"compiled"`` (that step through ``torch.compile``, `compile_mode` its mode). In the
     static modes the cache holds `max_batch_size` rows of `static_max_len` tokens (default: the context length),
     allocated on the first request, and the context length is at most `static_max_len`.
     """

@@ -6,7 +6,10 @@ prefilled row is then copied, without its padding, into a slot of a `SlotCache`:
 ``[capacity, kv_heads, max_len, head_dim]`` tensor allocated once. A decode step runs over the first B slots
 (B: the smallest batch bucket holding the highest slot in use) and the first W cache columns (W: a power of two
 holding the longest row): every tensor the step touches has a static shape and a fixed address, so the step is
-one function that ``torch.compile`` (CUDA graphs with ``mode="reduce-overhead"``) traces once per (B, W) bucket.
+one function that ``torch.compile`` traces once per (B, W) bucket and, on a GPU, is captured as one CUDA graph per
+bucket (`StepGraphs`) and replayed: one launch per step instead of hundreds. The capture is our own
+(``torch.cuda.CUDAGraph``), not inductor's ``mode="reduce-overhead"``, whose graph trees live in the thread that
+first imported them and fail in the engine's scheduler thread of any later engine.
 
 Inside the step each row writes its new key and value at its own position (a scatter, no padding hole) and
 attends to its first ``length + 1`` columns (a 4D mask). Rows on different adapters decode together: every
@@ -177,6 +180,67 @@ class SlotAdapters:
         self.handles = []
 
 
+class StepGraphs:
+    """One CUDA graph of the decode step per (batch, width, adapters-on) bucket, captured on first use and replayed.
+
+    Every input the step reads (token ids, positions, the slot cache, the adapter index and stacked LoRA matrices,
+    the weights) keeps its address, so a replay after writing new values into them computes the new step. The
+    graphs share one memory pool; a replay's logits live there until the next replay, so callers copy what they
+    keep (`StaticDecoder.step` indexes them). A capture that fails (an op that syncs with the host, an old driver)
+    is logged once and the step runs uncaptured from then on: slower, never wrong.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: dict[Any, tuple[Any, Any]] = {}
+        self.pool: Any = None
+        self.failed: str | None = None
+        self.captures = 0
+
+    def clear(self) -> None:
+        """Forget every graph (the stacked adapter matrices they read were replaced)."""
+        self.graphs = {}
+
+    def run(self, key: Any, fn: Any, *args: Any) -> Any:
+        if self.failed is not None:
+            return fn(*args)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self._capture(fn, args)
+            if entry is None:
+                return fn(*args)
+            self.graphs[key] = entry
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _capture(self, fn: Any, args: tuple) -> tuple[Any, Any] | None:
+        """Warm `fn` up on a side stream (compilation, library workspaces), then record one call. A step writes
+        each row's key and value at that row's position, the same values every time for the same inputs, so the
+        warm-up calls leave the cache as one call would."""
+        import torch
+
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a step that cannot be captured still decodes, uncaptured
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("static decode: the step could not be captured as a CUDA graph (%s); it runs uncaptured",
+                        self.failed)
+            torch.cuda.synchronize()
+            return None
+        self.captures += 1
+        return graph, out
+
+
 class StaticDecoder:
     """The engine's decode steps in ``"static"`` or ``"compiled"`` mode (see the module docstring).
 
@@ -205,7 +269,9 @@ class StaticDecoder:
         self._weights: Any = None  # the adapters' weight versions the stacked matrices must match
         self._fallback = False  # adapters RowAdapters cannot stack (DoRA...): peft's per-row path, not compiled
         self._compiled: Any = None
-        self.compile_mode = compile_mode or ("reduce-overhead" if str(device).startswith("cuda") else "default")
+        self.compile_mode = compile_mode or "default"
+        # on a GPU each bucket's step is one CUDA graph (ours, see the module docstring); None on the CPU
+        self.graphs = StepGraphs() if str(device).startswith("cuda") else None
         self.steps = 0
         self.traced: set[tuple[int, int]] = set()  # the (batch, width) buckets a step ran in
 
@@ -224,6 +290,8 @@ class StaticDecoder:
         if self._adapters is not None:
             self._adapters.remove()
         self._adapters, self._adapters_key, self._compiled = None, None, None
+        if self.graphs is not None:
+            self.graphs.clear()
 
     def _plan(self, epoch: int) -> SlotAdapters | None:
         model = self.engine.model
@@ -329,8 +397,16 @@ class StaticDecoder:
         return out.logits[:, -1, :]
 
     def _run(self, view: _SlotView) -> Any:
+        fn = self._step_function()
+        if self.graphs is None:
+            return fn(view)
+        return self.graphs.run((view.batch, view.width, self._adapters is not None), fn, view)
+
+    def _step_function(self) -> Any:
+        """The eager step (``"static"``) or its ``torch.compile`` (``"compiled"``; CUDA graphs are ours, not
+        inductor's: `compile_mode` defaults to ``"default"``)."""
         if self.mode != "compiled":
-            return self._forward_step(view)
+            return self._forward_step
         if self._compiled is None:
             import torch
             import torch._dynamo.config as dynamo_config
@@ -343,4 +419,4 @@ class StaticDecoder:
                     setattr(dynamo_config, name, max(getattr(dynamo_config, name), buckets))
                     break
             self._compiled = torch.compile(self._forward_step, dynamic=False, mode=self.compile_mode)
-        return self._compiled(view)
+        return self._compiled

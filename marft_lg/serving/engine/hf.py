@@ -282,7 +282,12 @@ class HFEngine:
         if self._exclusive_owner == threading.get_ident():
             raise RuntimeError("cannot generate inside exclusive(): serving is paused by this very thread")
         # validation and tokenizing (chat template) run in a worker thread: a long prompt never stalls the event loop
-        items = await asyncio.to_thread(self._enqueue, requests, adapter_names, listeners)
+        queueing = _Queueing()
+        try:
+            items = await asyncio.to_thread(queueing.run, self._enqueue, requests, adapter_names, listeners)
+        except BaseException:  # the caller gave up while its requests were being queued: drop them once queued
+            queueing.give_up()
+            raise
         try:
             return list(await asyncio.gather(*(asyncio.wrap_future(it.future) for it in items)))
         except BaseException:
@@ -295,3 +300,33 @@ class HFEngine:
             return
         self._closed = True
         self._scheduler.close()
+
+
+
+class _Queueing:
+    """Requests being queued from a worker thread for a caller who may give up meanwhile: whichever comes second,
+    the queued items or the giving up, marks the items cancelled (the scheduler drops them at its next step). The
+    worker thread outlives a cancelled `to_thread` and even the caller's event loop, so no loop callback would do."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[Item] | None = None
+        self._gave_up = False
+
+    def run(self, enqueue: Any, *args: Any) -> list[Item]:
+        items = enqueue(*args)
+        with self._lock:
+            self._items = items
+            if self._gave_up:
+                self._cancel()
+        return items
+
+    def give_up(self) -> None:
+        with self._lock:
+            self._gave_up = True
+            if self._items is not None:
+                self._cancel()
+
+    def _cancel(self) -> None:
+        for it in self._items or []:
+            it.cancelled = True

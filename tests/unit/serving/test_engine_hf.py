@@ -130,6 +130,37 @@ def test_agenerate_batches_concurrent_coroutines(engine):
     assert engine.stats["batches"] - before < 4
 
 
+def test_a_caller_that_gives_up_while_its_request_is_queued_stops_it(engine, monkeypatch):
+    """Cancelled while its prompt is still being tokenized (the worker thread of `agenerate`), the request still
+    reaches the queue; it must be dropped there, not decoded to its end for nobody."""
+    queued = threading.Event()
+    enqueue = engine._enqueue
+
+    def slow_enqueue(*args):
+        time.sleep(0.3)
+        items = enqueue(*args)
+        queued.set()
+        return items
+
+    monkeypatch.setattr(engine, "_enqueue", slow_enqueue)
+    before = engine.stats["cancelled"]
+
+    async def main():
+        long = ChatRequest(MSG, max_tokens=engine.max_context() - 64, ignore_eos=True)
+        task = asyncio.ensure_future(engine.agenerate([long], ["ad1"]))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert queued.wait(5)
+    deadline = time.time() + 30
+    while engine.stats["cancelled"] == before and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.stats["cancelled"] == before + 1
+
+
 def test_prompt_longer_than_context_is_refused_not_truncated(engine):
     long = [{"role": "user", "content": "word " * 2100}]
     with pytest.raises(ContextLengthError, match="maximum context length is 2048"):

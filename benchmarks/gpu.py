@@ -10,7 +10,8 @@ Generation forces every completion to `--max-tokens` (``ignore_eos`` / ``min_new
 shape x dtype x batch:
 - engine: `HFEngine.generate` tokens/s on `batch` chat requests, half the rows on each of two adapters, for each
   `--decode` mode (`HFEngine(decode=...)`: ``eager``, the default engine; ``static``, keys and values preallocated
-  per batch slot; ``compiled``, that step through torch.compile with CUDA graphs): `engine_tokens_per_s` is eager's,
+  per batch slot, each bucket's step a CUDA graph on a GPU; ``compiled``, that step through torch.compile as well):
+  `engine_tokens_per_s` is eager's,
   `engine_static_tokens_per_s` / `engine_compiled_tokens_per_s` the others', `static_over_eager` /
   `compiled_over_eager` their ratios; a static engine first answers the whole batch once untimed (`warmup_s`: the
   compilation of its buckets, for ``compiled``);
@@ -313,13 +314,15 @@ def row(shape: str, dtype: str, engine: dict, generate: dict, ppo: dict, bandwid
 
 
 def provenance(commit: str | None) -> dict:
-    """The commit from git; where the device machine's copy has no git history, `--commit` (said so)."""
+    """`--commit` where given (gpu_check.sh passes .gpu/COMMIT, the tree committed before the call: a device machine's
+    copy can carry the .git of an older checkout), git's view kept beside it where they differ; else git's."""
     from marft_lg._provenance import code_state
 
     state = code_state()
-    if state["commit"] is None and commit:
-        state = {"commit": commit, "dirty": None,
-                 "commit_note": "from --commit: the device machine's copy of the tree has no git history"}
+    if commit and state["commit"] != commit:
+        note = ("from --commit: the device machine's copy of the tree has no git history" if state["commit"] is None
+                else f"from --commit; git on the measuring machine said {state['commit'][:7]}")
+        state = {"commit": commit, "dirty": None, "git_commit": state["commit"], "commit_note": note}
     return state
 
 

@@ -32,7 +32,9 @@ timeout "${GPU_TESTS_TIMEOUT:-240}" "$PY" -m pytest -q -p no:cacheprovider -rs -
 tail -n 15 "$OUT/tests.log"
 
 say "benchmarks/gpu.py"
-commit=$(git rev-parse HEAD 2>/dev/null || cat .gpu/COMMIT 2>/dev/null || true)
+# .gpu/COMMIT first: gpu_prepare.sh wrote it from the committed tree that travels; the device copy's .git can be an
+# older checkout's (seen 2026-11-28: it named the session's first commit)
+commit=$(cat .gpu/COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || true)
 tok=()
 [ -f .gpu/tokenizer/tokenizer_config.json ] && tok=(--tokenizer .gpu/tokenizer)
 if [ "${GPU_CHECK_DEVICE:-cuda}" = cpu ]; then

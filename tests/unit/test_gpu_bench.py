@@ -40,13 +40,17 @@ def test_gpu_benchmark_writes_its_rows_on_a_bare_machine(tmp_path):
     assert "engine/generate" in proc.stdout and "PPO/plain" in proc.stdout and "x eager" in proc.stdout
 
 
-def test_commit_comes_from_the_flag_where_there_is_no_git(monkeypatch):
+def test_commit_comes_from_the_flag_first_then_git(monkeypatch):
     spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu.py")
     gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu)
     import marft_lg._provenance as prov
 
-    assert gpu.provenance("f" * 40)["commit"] == prov.code_state()["commit"]  # git wins where there is one
+    here = prov.code_state()["commit"]
+    assert gpu.provenance(None)["commit"] == here  # git where no commit is given
+    state = gpu.provenance("f" * 40)  # the flag wins (a device copy's .git can be stale); git's view kept beside it
+    assert state["commit"] == "f" * 40 and state["git_commit"] == here and here[:7] in state["commit_note"]
+    assert gpu.provenance(here) == prov.code_state()  # the same: nothing to note
     monkeypatch.setattr(prov, "code_state", lambda: {"commit": None, "dirty": None})
     state = gpu.provenance("f" * 40)
     assert state["commit"] == "f" * 40 and "--commit" in state["commit_note"]

@@ -117,18 +117,23 @@ def _policy_step(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
     n_rows, n_tok = len(idx), max(1, sum(batch.records[i].n_tokens for i in idx))
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, torch.Tensor] = {}
-    finite = True
+    finite_parts: list[torch.Tensor] = []
     with only_adapter_trainable(model, adapter):
         for mb in index_batches(batch.records, idx, cfg.micro_batch_tokens, groups=cfg.grad_accum_steps):
             loss, info = _policy_loss(model, batch, mb, cfg, unit, pad_id, n_rows, n_tok)
-            if not torch.isfinite(loss):
-                finite = False
-                break
+            ok = torch.isfinite(loss.detach())
+            finite_parts.append(ok)
+            # a non-finite loss is seen after the pass (one host sync per step, not per micro-batch): its
+            # gradients are then dropped with the step, and its statistics left out of the totals
             loss.backward()
             del loss
             for k, v in info.items():
+                v = torch.where(ok, v, torch.zeros_like(v))
                 totals[k] = totals[k] + v if k in totals else v
-    mb_info = {k: float(v) for k, v in totals.items()}
+    keys = list(totals)
+    values = torch.stack([*(totals[k].float() for k in keys), torch.stack(finite_parts).all().float()]).tolist()
+    mb_info = dict(zip(keys, values[:-1], strict=True))
+    finite = bool(values[-1])
     st.minibatches += 1
     tokens = int(mb_info.get("tokens", 0))
     st.tokens += tokens
@@ -146,13 +151,13 @@ def _policy_step(model: torch.nn.Module, batch: TrainBatch, idx: list[int], cfg:
     elif cfg.kl_cut is not None and mb_info.get("approx_kl", 0.0) > cfg.kl_cut:
         st.skipped_kl_cut += 1
     else:
-        norm = torch.nn.utils.clip_grad_norm_(adapter_parameters(model, adapter), cfg.max_grad_norm)
-        if not torch.isfinite(norm):
+        norm = float(torch.nn.utils.clip_grad_norm_(adapter_parameters(model, adapter), cfg.max_grad_norm))
+        if not math.isfinite(norm):
             st.skipped_nonfinite += 1
             stats.nonfinite.append(f"{agent}: non-finite gradient norm")
         else:
             optimizer.step()
-            st.grad_norm += float(norm)
+            st.grad_norm += norm
             st.steps += 1
     optimizer.zero_grad(set_to_none=True)  # no agent's gradients stay alive while the next one trains
 

@@ -184,3 +184,29 @@ def test_simultaneous_update_equals_each_agent_alone(chain_dataset, two_agent_po
         alone, _ = _sgd_update(two_agent_policy, buf, cfg, [role])
         for a, b in zip(joint[role], alone[role], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_non_finite_micro_batch_drops_its_agents_step_and_keeps_the_statistics_finite(chain_dataset,
+                                                                                       two_agent_policy):
+    """The finiteness of the loss is read once per step (after the pass, not per micro-batch): a NaN in one
+    micro-batch of the actor still skips the actor's whole step, leaves its adapter as it was, keeps its
+    statistics finite (that micro-batch left out) and lets the reasoner train."""
+    import math
+
+    _randomise_adapters(two_agent_policy)
+    cfg = MARFTConfig(use_critic=False, group_size=2, kl_cut=None, max_grad_norm=1e9, micro_batch_tokens=120,
+                      update_scheme="simultaneous")
+    buf = _buffer(chain_dataset, two_agent_policy, cfg)
+    actor = [i for i, r in enumerate(buf.records) if r.agent == "actor"]
+    assert len(micro_batches([buf.records[i] for i in actor], 120)) >= 2
+    adv = list(buf.advantages)
+    adv[actor[0]] = torch.full_like(adv[actor[0]], float("nan"))
+    buf = replace(buf, advantages=tuple(adv))
+    delta, stats = _sgd_update(two_agent_policy, buf, cfg, ROLES)
+    st = stats.agents["actor"]
+    assert st.skipped_nonfinite == 1 and st.steps == 0 and stats.nonfinite == ["actor: non-finite policy loss"]
+    assert all(torch.equal(d, torch.zeros_like(d)) for d in delta["actor"])
+    assert all(math.isfinite(getattr(st, k)) for k in ("policy_loss", "approx_kl", "entropy", "clip_fraction"))
+    assert 0 < st.tokens < sum(buf.records[i].n_tokens for i in actor)  # the bad micro-batch's tokens left out
+    assert stats.agents["reasoner"].steps == 1 and any(d.abs().sum() > 0 for d in delta["reasoner"])
+    assert all(p.grad is None for p in two_agent_policy.model.parameters())

@@ -302,7 +302,6 @@ class HFEngine:
         self._scheduler.close()
 
 
-
 class _Queueing:
     """Requests being queued from a worker thread for a caller who may give up meanwhile: whichever comes second,
     the queued items or the giving up, marks the items cancelled (the scheduler drops them at its next step). The

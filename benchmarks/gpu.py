@@ -196,9 +196,11 @@ def copy_bandwidth(device: str) -> float | None:
 
 
 def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: str = "cuda",
-              profile_to: str | None = None, micro_batch_tokens: int | None = 8192) -> dict:
+              profile_to: str | None = None, micro_batch_tokens: int | None = 8192,
+              profile_plain: bool = True) -> dict:
     """PPO update against a plain forward+backward on the same math-team-shaped tokens; with `profile_to` (a file), one
-    profiled call of each first (`profile_call`)."""
+    profiled call of each first (`profile_call`; the plain step only with `profile_plain`: it does not depend on the
+    PPO micro-batches)."""
     import torch
     from training import _mixed_records, plain_step
 
@@ -230,7 +232,7 @@ def bench_ppo(model_dir: Path, dtype: str, per_role: int, repeats: int, device: 
     if profile_to is not None:
         ppo()  # warm-up, then one profiled call of each
         plain()
-        for name, fn in (("ppo", ppo), ("plain", plain)):
+        for name, fn in (("ppo", ppo), ("plain", plain))[: 2 if profile_plain else 1]:
             profile_call(fn, Path(profile_to), f"{Path(model_dir).name} {dtype} {name} "
                          f"(micro_batch_tokens {micro_batch_tokens})", device)
 
@@ -391,9 +393,9 @@ def main(argv: list[str] | None = None) -> dict:
             model_dir = build_model(shape, args.tokenizer, Path(tmp) / shape)
             for dtype in args.dtypes.split(","):
                 ppos = []
-                for micro in args.ppo_micro_tokens.split(","):
+                for k, micro in enumerate(args.ppo_micro_tokens.split(",")):
                     ppos.append(bench_ppo(model_dir, dtype, args.per_role, args.repeats, args.device,
-                                          profile_to=args.profile_ppo,
+                                          profile_to=args.profile_ppo, profile_plain=k == 0,
                                           micro_batch_tokens=None if micro == "none" else int(micro)))
                     _free(args.device)
                 ppo = {**ppos[0], "by_micro_tokens": ppos[1:]} if len(ppos) > 1 else ppos[0]

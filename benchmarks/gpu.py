@@ -346,11 +346,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--static-max-len", type=int, default=512, help="the static engines' cache length per row")
     ap.add_argument("--per-role", type=int, default=64, help="math-team episodes in the PPO batch")
     ap.add_argument("--ppo-micro-tokens", default="8192", help="the PPO update's micro_batch_tokens, comma-separated "
-                    "('none': one micro-batch per agent, as the plain step); the first gives ppo_over_plain, each "
-                    "one a row of ppo_by_micro_tokens")
+                    "('none': one micro-batch per agent, as the plain step); the first gives ppo_over_plain, the "
+                    "others are the rows' ppo.by_micro_tokens")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu, for a like-for-like CPU row")
-    ap.add_argument("--commit", help="the commit measured, where this copy of the code has no git history")
+    ap.add_argument("--commit", help="the commit measured; recorded instead of git's (a device machine's copy can "
+                    "carry an older checkout's .git), git's kept as git_commit where they differ")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu.json"))
     args = ap.parse_args(argv)
     import torch

@@ -28,6 +28,9 @@ Arms (each per seed, each on a fresh untuned team, each given the same `--minute
   (``MARFTTrainer.fit_warm_start`` with ``WarmStartConfig(keep="feedback", feedback="thumbs")``), then offline MARFT
   iterations until the arm's minutes are spent. Serving the traffic is production's cost, not training's: it is
   timed and reported apart.
+- ``production_loop_format``: the same loop with the thumbs beside the math reward's ``format_compliance`` (0.5, no
+  reference needed), the label-free term the judge arms also carry: an answer the token cap cuts off before its
+  ``\\boxed{}`` is then penalised directly, not only through the users' noisy thumbs.
 
 ``--app tools`` runs the arms other than the production loop on a tool-using app instead: examples/supervisor_tools
 (a supervisor that hands off by a forced tool call to a researcher with ``lookup`` and a mathematician with add /
@@ -46,13 +49,13 @@ reported for the users' thumbs.
 
 Usage (do not run the full benchmark on a busy machine):
 
-    python benchmarks/unlabeled.py                         # full: 5 arms x seeds 0,1,2
+    python benchmarks/unlabeled.py                         # full: 6 arms x seeds 0,1,2
     python benchmarks/unlabeled.py --arms reference,judge_sim_e10 --seeds 0 --append
     python benchmarks/unlabeled.py --budget smoke --model DIR --out /tmp/u.json   # seconds, tiny model
     python benchmarks/unlabeled.py --app tools --seeds 0 --append   # the tool-using app: 4 arms
 
 Expected time on 2 quiet CPU cores (full budget): about 15 min per arm and seed (8 min of training, the rest the
-held-out comparison on 128 problems, serving, and for the loop its traffic), i.e. (4 arms + loop) x 3 seeds x
+held-out comparison on 128 problems, serving, and for the loop its traffic), i.e. (4 arms + 2 loops) x 3 seeds x
 ~15 min, about 4 hours. ``--append`` keeps the runs already in the results file and skips (arm, seed) pairs it
 holds, so an interrupted run resumes. Writes benchmarks/results/unlabeled.json (top-level ``commit``: the code
 measured, ``marft_lg._provenance.code_state``) and prints a table.
@@ -83,17 +86,19 @@ if str(ROOT / "benchmarks") not in sys.path:  # credit_tools.py: the tool-using 
 DEMO_FULL = DEMO_BUDGETS["full"]
 RESULTS = ROOT / "benchmarks" / "results" / "unlabeled.json"
 APPS = ("math", "tools")
-ARMS = ("reference", "judge_base", "judge_sim_e10", "judge_sim_e30", "production_loop")
+LOOP_ARMS = ("production_loop", "production_loop_format")
+ARMS = ("reference", "judge_base", "judge_sim_e10", "judge_sim_e30", *LOOP_ARMS)
 SIM_ERROR = {"judge_sim_e10": 0.1, "judge_sim_e30": 0.3}
 JUDGE_ARMS = ("judge_base", *SIM_ERROR)
-TOOLS_ARMS = ("reference", *JUDGE_ARMS)  # the production loop runs on the math team only
+TOOLS_ARMS = ("reference", *JUDGE_ARMS)  # the production loops run on the math team only
 TOOLS_LABEL_FREE = ("tool_error_rate", "step_count")  # the tool app reward's terms that need no reference
 FEEDBACK_KEY = "thumbs"
 SIMULATED_NOTE = ("judge_sim_* arms use a SIMULATED strong judge: it checks each attempt's final answer against the "
                   "reference (given to it out of band) and flips each verdict with probability e; no model judges")
 REWARD_NOTE = ("judge arms: group_judge (weight 1) + format_compliance (weight 0.5, no reference needed); "
                "goal_progress left out (its checkpoints are written intermediate results); training problems given "
-               "without reference or checkpoints. production_loop: feedback (key thumbs) only.")
+               "without reference or checkpoints. production_loop: feedback (key thumbs) only; production_loop_format: "
+               "feedback 1 + format_compliance 0.5.")
 TOOLS_NOTE = ("app tools: examples/supervisor_tools (a supervisor handing off by tool call to a researcher with lookup "
               "and a mathematician with add/multiply/divide), benchmarks/credit_tools.py's generated questions, "
               "trainer settings and reward (reference arm: task_completion contains the reference 1.0, goal_progress "
@@ -410,6 +415,20 @@ def judge_reward(engine: Any, budget: Budget, seed: int, app: str = "math") -> t
     return reward, judge
 
 
+def loop_reward(arm: str) -> Any:
+    """The production loop's reward: the users' thumbs, and for ``production_loop_format`` the math reward's
+    ``format_compliance`` beside them (it needs no reference)."""
+    from marft_lg.examples.math_team.reward import REWARD_CONFIG
+    from marft_lg.rewards.composite import CompositeReward
+
+    if arm == "production_loop":
+        return CompositeReward({"feedback": 1.0}, {"feedback": {"key": FEEDBACK_KEY}})
+    return CompositeReward({"feedback": 1.0, "format_compliance": 0.5},
+                           {"feedback": {"key": FEEDBACK_KEY},
+                            "format_compliance": REWARD_CONFIG["components"]["format_compliance"]},
+                           credit="terminal", answer_agents=["actor"])
+
+
 def _final_answers(dataset: Any, agents: Sequence[str] = ("actor",)) -> dict[str, str]:
     """Episode id -> the completion of its last action by one of `agents` (the reference reward's answer)."""
     acts = dataset.actions
@@ -506,7 +525,7 @@ class ArmRun:
             self.team.registry.promote(self.untuned, reason="unlabeled bench: untuned is live")
             for r, v in self.untuned.items():
                 self.team.load_version(r, v)
-            row = self.train_loop() if self.arm == "production_loop" else self.train_online()
+            row = self.train_loop() if self.arm in LOOP_ARMS else self.train_online()
             row.update(self.compare())
             check_candidate(row)
             if self.app_name != "math":
@@ -565,7 +584,6 @@ class ArmRun:
         """Production traffic (no references) -> users' thumbs by thread id -> mine -> warm start + offline."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from marft_lg.rewards.composite import CompositeReward
         from marft_lg.tracing.feedback import record_feedback
         from marft_lg.training.checks import TrainingDataError
         from marft_lg.training.warm_start import WarmStartConfig
@@ -606,7 +624,7 @@ class ArmRun:
         dataset.episodes["scenario_id"] = [by_question.get((_outcome(o) or {}).get("question"))
                                            for o in dataset.episodes["outcome"]]
         fb = [(row.get("feedback") or {}).get(FEEDBACK_KEY) for row in dataset.episodes.to_dict("records")]
-        reward = CompositeReward({"feedback": 1.0}, {"feedback": {"key": FEEDBACK_KEY}})
+        reward = loop_reward(self.arm)
         trainer = self.trainer(reward, offline_episodes_per_iteration=max(8, b.scenarios_per_iteration * b.group_size))
         t1, why, warm = time.perf_counter(), None, None
         try:
@@ -635,7 +653,7 @@ class ArmRun:
     def compare(self) -> dict[str, Any]:
         from marft_lg.evaluation.shadow import shadow_compare
 
-        if self.arm != "production_loop":
+        if self.arm not in LOOP_ARMS:
             self.team.registry.set_alias("candidate", self.team.versions(), reason="unlabeled bench: tuned")
         greedy = self.app(0.0, self.work / "compare")
         result = shadow_compare(greedy, "live", "candidate", self.heldout, self.reference_reward,

@@ -95,6 +95,21 @@ def test_an_unknown_question_leaves_the_group_unscored_never_zero():
     assert not result.episodes["scored"].any()
 
 
+def test_the_loops_reward_is_the_thumbs_and_for_the_format_arm_the_boxed_answer_beside_them():
+    """Two approved episodes, one answer cut off before its box: thumbs alone score them alike, the format arm
+    scores the boxed one higher; both need no reference."""
+    eps = _episodes(["The answer is \\boxed{7}", "Sam gets 4 more, so add: 3 + 4 = 7. The answer is"])
+    for ep in eps:
+        ep["feedback"] = {ub.FEEDBACK_KEY: 1.0}
+    ds = factory.make_dataset(eps)
+    no_ref = {"math-train-0000": {**SCENARIO, "reference": None}}
+    thumbs = ub.loop_reward("production_loop").score(ds, no_ref).episodes
+    both = ub.loop_reward("production_loop_format").score(ds, no_ref).episodes
+    assert thumbs["scored"].all() and both["scored"].all()
+    assert thumbs["reward"].tolist() == [1.0, 1.0]
+    assert both["reward"].tolist() == [1.5, 1.0] and both["format_compliance"].tolist() == [1.0, 0.0]
+
+
 @pytest.mark.parametrize("error", [0.1, 0.3])
 def test_the_simulated_judge_flips_about_e_of_its_verdicts(error):
     blocks = [f"step 0 [actor]: \\boxed{{{i % 9}}}" for i in range(20)]

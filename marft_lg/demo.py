@@ -58,9 +58,9 @@ class DemoBudget:
         return {**asdict(self), "n_stream": self.n_stream, "n_train": self.n_train}
 
 
-# Timed on 2 quiet CPU cores (2026-11-25, benchmarks/results/demo.json): full 13.0-13.5 min (offline 1.0-1.2,
-# on-policy 7.5-7.9, comparison 4.0-4.2); an on-policy iteration of 16 episodes takes ~14 s of rollouts + ~27 s
-# of update.
+# Timed on 2 quiet CPU cores (benchmarks/results/demo.json, seeds 0-4 at b4b9d1a): full 16.1-18.4 min (offline
+# 1.8-2.1, on-policy 6.7-7.4, comparison 6.4-7.8), over the 15 minutes `minutes` promises; an on-policy iteration
+# of 16 episodes takes 22-29 s of rollouts + 40-70 s of update (seed 1, 2026-11-28).
 BUDGETS: dict[str, DemoBudget] = {
     "full": DemoBudget("full", 15, n_traced=16, n_heldout=128, traces_per_problem=2, offline_passes=1,
                        online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,

@@ -421,6 +421,8 @@ def loop_reward(arm: str) -> Any:
     from marft_lg.examples.math_team.reward import REWARD_CONFIG
     from marft_lg.rewards.composite import CompositeReward
 
+    if arm not in LOOP_ARMS:
+        raise ValueError(f"{arm!r} is not a production loop arm; choose one of {list(LOOP_ARMS)}")
     if arm == "production_loop":
         return CompositeReward({"feedback": 1.0}, {"feedback": {"key": FEEDBACK_KEY}})
     return CompositeReward({"feedback": 1.0, "format_compliance": 0.5},

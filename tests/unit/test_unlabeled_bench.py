@@ -108,6 +108,8 @@ def test_the_loops_reward_is_the_thumbs_and_for_the_format_arm_the_boxed_answer_
     assert thumbs["scored"].all() and both["scored"].all()
     assert thumbs["reward"].tolist() == [1.0, 1.0]
     assert both["reward"].tolist() == [1.5, 1.0] and both["format_compliance"].tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="not a production loop arm"):
+        ub.loop_reward("judge_base")
 
 
 @pytest.mark.parametrize("error", [0.1, 0.3])

@@ -406,29 +406,30 @@ def judge_reward(engine: Any, budget: Budget, seed: int, app: str = "math") -> t
         reward = CompositeReward({"group_judge": 1.0, **costs}, {"group_judge": judge}, credit="terminal",
                                  answer_agents=TOOLS_REWARD["answer_agents"])
         return reward, judge
-    from marft_lg.examples.math_team.reward import REWARD_CONFIG
+    return with_math_format("group_judge", judge), judge
 
-    reward = CompositeReward({"group_judge": 1.0, "format_compliance": 0.5},
-                             {"group_judge": judge,
-                              "format_compliance": REWARD_CONFIG["components"]["format_compliance"]},
-                             credit="terminal", answer_agents=["actor"])
-    return reward, judge
+
+def with_math_format(name: str, component: Any) -> Any:
+    """A label-free signal `name` (its component or options) at weight 1 beside the math reward's ``format_compliance``
+    (0.5): the one term of the math reward that needs no reference, shared by the judge arms and the format loop."""
+    from marft_lg.examples.math_team.reward import REWARD_CONFIG
+    from marft_lg.rewards.composite import CompositeReward
+
+    return CompositeReward({name: 1.0, "format_compliance": 0.5},
+                           {name: component, "format_compliance": REWARD_CONFIG["components"]["format_compliance"]},
+                           credit="terminal", answer_agents=["actor"])
 
 
 def loop_reward(arm: str) -> Any:
     """The production loop's reward: the users' thumbs, and for ``production_loop_format`` the math reward's
     ``format_compliance`` beside them (it needs no reference)."""
-    from marft_lg.examples.math_team.reward import REWARD_CONFIG
     from marft_lg.rewards.composite import CompositeReward
 
     if arm not in LOOP_ARMS:
         raise ValueError(f"{arm!r} is not a production loop arm; choose one of {list(LOOP_ARMS)}")
     if arm == "production_loop":
         return CompositeReward({"feedback": 1.0}, {"feedback": {"key": FEEDBACK_KEY}})
-    return CompositeReward({"feedback": 1.0, "format_compliance": 0.5},
-                           {"feedback": {"key": FEEDBACK_KEY},
-                            "format_compliance": REWARD_CONFIG["components"]["format_compliance"]},
-                           credit="terminal", answer_agents=["actor"])
+    return with_math_format("feedback", {"key": FEEDBACK_KEY})
 
 
 def _final_answers(dataset: Any, agents: Sequence[str] = ("actor",)) -> dict[str, str]:

@@ -7,8 +7,9 @@ grid of settings, each a whole `marft-lg demo` run in its own run directory.
     python benchmarks/learn.py --arms baseline --grid 'learning_rate=1e-4,1e-3;group_size=4,8' --append
     python benchmarks/learn.py --table                                    # the Markdown table of the results file
 
-Arms (`ARMS`): `baseline` (today's demo defaults), `dynamic_sampling` (``marft.dynamic_sampling: true``), `warm_start`
-(the warm start's defaults before offline MARFT), `both`. `--grid 'key=v1,v2;key2=...'` crosses every arm with every
+Arms (`ARMS`): `baseline` (the demo without dynamic sampling or a warm start, its defaults until dynamic sampling
+was measured here), `dynamic_sampling` (``marft.dynamic_sampling: true``, the demo's default since), `warm_start`
+(the warm start's defaults before offline MARFT, no dynamic sampling), `both`. `--grid 'key=v1,v2;key2=...'` crosses every arm with every
 point of the grid; a key is a `MARFTConfig` field (passed as the demo's `credit` overrides), a `DemoBudget` field
 (group_size, scenarios_per_iteration, online_iterations, online_minutes, offline_passes, traces_per_problem, n_traced,
 max_tokens), ``warm_start.<WarmStartConfig field>`` (only on arms with the warm start), ``lora.<LoraSettings field>``
@@ -44,11 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "learn.json"
 MODEL = "embedded:smollm2-135m-instruct"
 
-# arm -> what it changes over the demo's defaults (run_demo's `credit` and `warm_start`)
+# arm -> what it passes to run_demo (`credit` over the demo's settings, `warm_start`); each arm says whether dynamic
+# sampling is on, so an arm means the same runs whatever the demo's default (on since learn.json's seeds 0-2 of it)
 ARMS: dict[str, dict[str, Any]] = {
-    "baseline": {"credit": {}, "warm_start": None},
+    "baseline": {"credit": {"dynamic_sampling": False}, "warm_start": None},
     "dynamic_sampling": {"credit": {"dynamic_sampling": True}, "warm_start": None},
-    "warm_start": {"credit": {}, "warm_start": {}},
+    "warm_start": {"credit": {"dynamic_sampling": False}, "warm_start": {}},
     "both": {"credit": {"dynamic_sampling": True}, "warm_start": {}},
 }
 
@@ -222,11 +224,12 @@ def demo_kwargs(arm: str, settings: dict[str, Any], budget_name: str, seed: int)
 
 def _check_marft(credit: dict[str, Any], budget: Any) -> None:
     """Build the MARFTConfig the demo would build (its settings, these overrides, the budget's values)."""
+    from marft_lg.demo import DEMO_SETTINGS
     from marft_lg.examples.math_team.settings import MARFT_SETTINGS
     from marft_lg.training.config import ConfigError, MARFTConfig
 
     try:
-        MARFTConfig(**{**MARFT_SETTINGS, **credit}, group_size=budget.group_size, max_new_tokens=budget.max_tokens)
+        MARFTConfig(**{**MARFT_SETTINGS, **DEMO_SETTINGS, **credit}, group_size=budget.group_size, max_new_tokens=budget.max_tokens)
     except (ConfigError, TypeError) as exc:
         raise ValueError(f"--grid: {exc}") from None
 

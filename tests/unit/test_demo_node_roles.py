@@ -77,6 +77,33 @@ def test_the_warm_start_and_dynamic_sampling_flags_reach_the_run(tmp_path, monke
     out = CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(tmp_path / "r"), "--warm-start",
                                    "--dynamic-sampling"])
     assert out.exit_code == 0, out.output
-    assert seen["warm_start"] == {} and seen["credit"] == {"dynamic_sampling": True}
+    assert seen["warm_start"] == {} and seen["credit"] is None  # dynamic sampling is the demo's default
     CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(tmp_path / "r2")])
     assert seen["warm_start"] is None and seen["credit"] is None
+    out = CliRunner().invoke(cli, ["demo", "--budget", "smoke", "--run-dir", str(tmp_path / "r3"),
+                                   "--no-dynamic-sampling"])
+    assert out.exit_code == 0, out.output
+    assert seen["credit"] == {"dynamic_sampling": False}
+
+
+def test_the_demo_trains_with_dynamic_sampling_unless_told_not_to(tmp_path, monkeypatch):
+    """The trainer's config is the math team's settings, the demo's and the caller's, in that order."""
+    from marft_lg.demo import DemoRun
+
+    configs = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_trainer(team, reward, cfg, *a, **kw):
+        configs.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", fake_trainer)
+    for credit in (None, {"dynamic_sampling": False}):
+        run = DemoRun(BUDGETS["smoke"], tmp_path / f"run{len(configs)}", model="unused", seed=0,
+                      trace_root=tmp_path / "traces", console=None, node_roles=None, credit=credit)
+        run.dataset, run.n_traced = [], 2
+        with pytest.raises(Stop):
+            run.train_offline()
+    assert [c.dynamic_sampling for c in configs] == [True, False]

@@ -66,13 +66,13 @@ def test_label_is_a_safe_directory_name():
 
 
 def test_arms_map_onto_credit_and_warm_start():
-    base = learn.demo_kwargs("baseline", {}, "full", 0)
-    assert base["credit"] is None and base["warm_start"] is None and base["seed"] == 0
+    base = learn.demo_kwargs("baseline", {}, "full", 0)  # the demo's default is on: the arms without it say off
+    assert base["credit"] == {"dynamic_sampling": False} and base["warm_start"] is None and base["seed"] == 0
     assert base["budget"] == BUDGETS["full"]
     ds = learn.demo_kwargs("dynamic_sampling", {}, "quick", 1)
     assert ds["credit"] == {"dynamic_sampling": True} and ds["warm_start"] is None and ds["budget"].name == "quick"
     ws = learn.demo_kwargs("warm_start", {}, "full", 2)
-    assert ws["credit"] is None and ws["warm_start"] == {}
+    assert ws["credit"] == {"dynamic_sampling": False} and ws["warm_start"] == {}
     both = learn.demo_kwargs("both", {}, "smoke", 0)
     assert both["credit"] == {"dynamic_sampling": True} and both["warm_start"] == {}
 
@@ -92,7 +92,7 @@ def test_lora_and_the_rollout_temperature_reach_run_demo():
     kw = learn.demo_kwargs("baseline", learn.parse_grid(
         "lora.r=4;lora.target_modules=q_proj+v_proj;rollout_temperature=0.7")[0], "full", 0)
     assert kw["lora"] == {"r": 4, "target_modules": "q_proj+v_proj"} and kw["rollout_temperature"] == 0.7
-    assert kw["credit"] is None and kw["warm_start"] is None
+    assert kw["credit"] == {"dynamic_sampling": False} and kw["warm_start"] is None
     plain = learn.demo_kwargs("baseline", {}, "full", 0)
     assert plain["lora"] is None and plain["rollout_temperature"] is None
     item = learn.plan(["baseline"], learn.parse_grid("lora.r=4;rollout_temperature=0.7"), [0], "smoke")[0]
@@ -368,7 +368,7 @@ def test_main_runs_the_missing_runs_and_append_resumes(tmp_path, monkeypatch, ca
     argv = ["--budget", "smoke", "--arms", "baseline,dynamic_sampling", "--out", str(out), "--runs-root",
             str(runs_root)]
     assert learn.main([*argv, "--seeds", "0"]) == 0
-    assert [(c["seed"], c["credit"]) for c in children] == [(0, None), (0, {"dynamic_sampling": True})]
+    assert [(c["seed"], c["credit"]) for c in children] == [(0, {"dynamic_sampling": False}), (0, {"dynamic_sampling": True})]
     assert children[0]["budget"]["name"] == "smoke" and children[0]["run_dir"] == str(runs_root / "baseline-seed0")
     data = json.loads(out.read_text())
     assert data["benchmark"] == "learn" and data["budget"] == "smoke" and "machine" in data and "commit" in data

@@ -23,7 +23,8 @@ accuracy untuned -> tuned, each reward component's gain and CI (task_completion:
 the waste measured in train/metrics.jsonl: mean `equal_groups_share`, `zero_advantage_share`, `tokens_per_min`,
 dynamic sampling's draws and skipped iterations) and `aggregate` per arm (promote count, mean gain, worst seed, seeds
 whose task_completion CI is above 0, seeds where the tuned team is significantly worse). `--append` keeps the runs
-already in the file (same budget and model) and runs only the missing ones.
+already in the file (same budget and model) and runs only the missing ones; with `--replace` it runs the planned ones
+again too, moving each older run to `superseded` (kept, with the reason).
 """
 
 from __future__ import annotations
@@ -493,6 +494,15 @@ def run_child(spec: dict[str, Any]) -> None:
                    cwd=ROOT)
 
 
+def _supersede(runs: list[dict[str, Any]], planned: set[tuple[str, int]], superseded: list[dict[str, Any]],
+               commit: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(`runs` without the planned ones, `superseded` with them added, each saying what replaces it)."""
+    kept = [r for r in runs if (r["label"], r["seed"]) not in planned]
+    moved = [{"reason": f"re-run by `benchmarks/learn.py --append --replace` at {commit[:7]}", "run": r}
+             for r in runs if (r["label"], r["seed"]) in planned]
+    return kept, superseded + moved
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
@@ -504,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-root", type=Path, default=ROOT / "runs" / "learn")
     ap.add_argument("--append", action="store_true",
                     help="keep the runs already in --out (same budget and model); run only the missing ones")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --append: run the planned runs the file already holds again; each older run moves to "
+                         "`superseded` with the reason")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
@@ -539,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--append: {args.out} was measured with budget {before.get('budget')!r} and model "
                      f"{before.get('model')!r}")
         out["runs"] = [{**r, "commit": r.get("commit", before.get("commit"))} for r in before.get("runs", [])]
+        out.update({k: v for k, v in before.items() if k not in out})  # superseded, reference_runs: kept as they are
+        if args.replace:
+            out["runs"], out["superseded"] = _supersede(out["runs"], {(i["label"], i["seed"]) for i in items},
+                                                        list(out.get("superseded") or []), out["commit"])
+    elif args.replace:
+        ap.error("--replace needs --append (the file whose runs it replaces)")
     done = {(r["label"], r["seed"]) for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for item in items:

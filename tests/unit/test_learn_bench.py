@@ -361,7 +361,8 @@ def test_main_runs_the_missing_runs_and_append_resumes(tmp_path, monkeypatch, ca
 
     def child(spec):  # stands in for the demo's child process: a finished run in its run directory
         children.append(spec)
-        fake_run(tmp_path, spec["seed"], run=Path(spec["run_dir"]), dynamic=bool(spec["credit"]))
+        fake_run(tmp_path, spec["seed"], run=Path(spec["run_dir"]),
+                 dynamic=bool((spec["credit"] or {}).get("dynamic_sampling")))
 
     monkeypatch.setattr(learn, "run_child", child)
     monkeypatch.setattr(learn, "ROOT", tmp_path)  # the traces removed before each run are under tmp_path
@@ -384,3 +385,19 @@ def test_main_runs_the_missing_runs_and_append_resumes(tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit):  # another budget's results are not resumed
         learn.main([*argv, "--budget", "quick", "--seeds", "0", "--append"])
     assert "was measured with budget 'smoke'" in capsys.readouterr().err
+
+    # what an earlier session put beside the runs stays; --replace runs a held run again and keeps the old one
+    data["reference_runs"] = [{"label": "elsewhere"}]
+    out.write_text(json.dumps(data))
+    children.clear()
+    assert learn.main([*argv, "--seeds", "1", "--arms", "dynamic_sampling", "--append", "--replace"]) == 0
+    assert [(c["seed"], c["credit"]) for c in children] == [(1, {"dynamic_sampling": True})]
+    again = json.loads(out.read_text())
+    assert again["reference_runs"] == [{"label": "elsewhere"}]
+    assert [(r["label"], r["seed"]) for r in again["runs"]] == [("baseline", 0), ("dynamic_sampling", 0),
+                                                                  ("baseline", 1), ("dynamic_sampling", 1)]
+    old = [s for s in again["superseded"] if (s["run"]["label"], s["run"]["seed"]) == ("dynamic_sampling", 1)]
+    assert len(old) == 1 and old[0]["run"] == data["runs"][3] and "--replace" in old[0]["reason"]
+    with pytest.raises(SystemExit):  # nothing to replace in a new file
+        learn.main([*argv, "--seeds", "0", "--replace"])
+    assert "--replace needs --append" in capsys.readouterr().err

@@ -225,12 +225,11 @@ def demo_kwargs(arm: str, settings: dict[str, Any], budget_name: str, seed: int)
 
 def _check_marft(credit: dict[str, Any], budget: Any) -> None:
     """Build the MARFTConfig the demo would build (its settings, these overrides, the budget's values)."""
-    from marft_lg.demo import DEMO_SETTINGS
-    from marft_lg.examples.math_team.settings import MARFT_SETTINGS
+    from marft_lg.demo import marft_settings
     from marft_lg.training.config import ConfigError, MARFTConfig
 
     try:
-        MARFTConfig(**{**MARFT_SETTINGS, **DEMO_SETTINGS, **credit}, group_size=budget.group_size, max_new_tokens=budget.max_tokens)
+        MARFTConfig(**marft_settings(credit), group_size=budget.group_size, max_new_tokens=budget.max_tokens)
     except (ConfigError, TypeError) as exc:
         raise ValueError(f"--grid: {exc}") from None
 

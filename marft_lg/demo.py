@@ -79,6 +79,13 @@ BUDGETS: dict[str, DemoBudget] = {
 # 2026-11-28 and level within noise when re-run at one commit on 2026-11-29 (demo.json against learn.json's baseline).
 DEMO_SETTINGS: dict[str, Any] = {"dynamic_sampling": True}
 
+
+def marft_settings(credit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The demo trainer's MARFT settings: the math team's, then `DEMO_SETTINGS`, then the caller's `credit`."""
+    from marft_lg.examples.math_team.settings import MARFT_SETTINGS
+
+    return {**MARFT_SETTINGS, **DEMO_SETTINGS, **(credit or {})}
+
 DEMO_GATE = {
     "min_team_reward_gain": 0.0,
     "require_ci_lower_above_zero": True,
@@ -290,7 +297,7 @@ class DemoRun:
 
         self.log.stage("4/8 offline MARFT from the traces")
         b = self.budget
-        cfg = MARFTConfig(**{**self.math_team.settings.MARFT_SETTINGS, **DEMO_SETTINGS, **self.credit}, group_size=b.group_size,
+        cfg = MARFTConfig(**marft_settings(self.credit), group_size=b.group_size,
                           max_new_tokens=b.max_tokens, max_context=1024, seed=self.seed,
                           offline_passes=b.offline_passes, offline_episodes_per_iteration=max(8, self.n_traced // 2),
                           checkpoint_every=1000, rollout_concurrency=b.scenarios_per_iteration * b.group_size,

@@ -56,8 +56,37 @@ def collect(run_dir: Path) -> dict:
         "difference": {k: d.get(k) for k in ("mean", "low", "high", "n")},
         "mde": summary["heldout"].get("mde"), "accuracy": summary["heldout"].get("accuracy"),
         "task_completion": _ci(_components(run_dir).get("task_completion")),
+        "setup_split": setup_split(run_dir, summary),
         "promote": summary["gate"]["promote"], "reasons": summary["gate"]["reasons"],
     }
+
+
+def setup_split(run_dir: Path, summary: dict) -> dict | None:
+    """Per side of the held-out comparison: the share of episodes whose set-up was written in full (the reward's
+    `goal_progress` = 1) and the answer's accuracy (`task_completion`) with and without it; so a gain in accuracy
+    reads as "set the problem up more often" or "computed better once it was set up". None when the comparison's
+    traces are gone."""
+    from marft_lg.examples.math_team.reward import math_reward
+    from marft_lg.trajectories.mining import mine
+    from marft_lg.trajectories.scenarios import ScenarioSet
+
+    traces = Path(summary["trace_dir"]) / "compare"
+    traces = traces if traces.is_absolute() else ROOT / traces
+    if not traces.is_dir():
+        return None
+    dataset = mine([traces])
+    scored = math_reward().score(dataset, ScenarioSet.load(run_dir / "scenarios.jsonl").split("heldout")).episodes
+    side = dataset.episodes.set_index("episode_id")["metadata"].map(lambda m: (m or {}).get("marft.compare.side"))
+    scored = scored.assign(side=scored["episode_id"].map(side))
+    out = {}
+    for name, g in scored.groupby("side"):
+        full = g["goal_progress"] >= 1.0
+        out[name] = {"n": len(g), "answer": round(float(g["task_completion"].mean()), 4),
+                     "setup": round(float(full.mean()), 4),
+                     "answer_given_setup": round(float(g.loc[full, "task_completion"].mean()), 4) if full.any() else None,
+                     "answer_without_setup": (round(float(g.loc[~full, "task_completion"].mean()), 4)
+                                              if (~full).any() else None)}
+    return out
 
 
 def table(results: dict) -> str:
@@ -77,6 +106,21 @@ def table(results: dict) -> str:
             f"{b.get('strict', float('nan')):.2f} -> {c.get('strict', float('nan')):.2f} | "
             f"{b.get('lenient', float('nan')):.2f} -> {c.get('lenient', float('nan')):.2f} | "
             f"{'**promote**' if r['promote'] else 'reject'} |")
+    return "\n".join(lines)
+
+
+def setup_table(results: dict) -> str:
+    """Where the answers' accuracy came from, per seed: set-up written in full, and the answer right given it."""
+    def cell(split: dict | None, side: str, key: str) -> str:
+        v = ((split or {}).get(side) or {}).get(key)
+        return "n/a" if v is None else f"{v:.2f}"
+
+    lines = ["| seed | set-up written in full, untuned -> tuned | answer right given the set-up | "
+             "answer right without it |", "|---:|---|---|---|"]
+    for r in results["runs"]:
+        sp = r.get("setup_split")
+        lines.append(f"| {r['seed']} | " + " | ".join(f"{cell(sp, 'baseline', k)} -> {cell(sp, 'candidate', k)}" for k in
+                                                 ("setup", "answer_given_setup", "answer_without_setup")) + " |")
     return "\n".join(lines)
 
 
@@ -121,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(table(results))
+    print()
+    print(setup_table(results))
     print(f"\npromoted on {results['promoted']} of {len(runs)} seeds; longest run {results['max_minutes']} min; "
           f"wrote {args.out}")
     return results

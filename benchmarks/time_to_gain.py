@@ -1,340 +1,48 @@
 """Time to a significant gain of the main job (`marft-lg demo`): minutes of on-policy MARFT on 2 CPU cores
 until the held-out paired 95% CI of the math team's reward difference (tuned - untuned) excludes 0. Goal: 8 min.
 
-It reads finished demo runs (`marft-lg demo --run-dir runs/<name>`) and changes none of them:
+For each finished demo run given, `marft_lg.demo.add_curve` (what `marft-lg demo-curve` runs) replays the team
+every `--every`-th on-policy iteration had published against the untuned team on the run's held-out problems (the
+demo's own comparison; the last checkpoint reproduces it) and writes the run's `curve.json`, `curve.png` and a
+section of its report. This script then collects the runs: minutes to a significant gain per run and their median
+(a run that never got there counting as infinitely slow, so the median is None when half or more never did), and
+one plot of all runs.
 
-- `train/metrics.jsonl`: one row per training iteration. The on-policy minutes at iteration k are the sum of
-  `rollout_s + time_s` over the online rows up to and including k (the offline rows' `time_s` are reported
-  apart, as are the demo's wall minutes from `summary.json`).
-- `registry/`: every online iteration publishes one version per trained role (`MARFTTrainer._publish`). Its
-  manifest's `metrics.iteration` is the trainer's iteration count *after* the update (`_iteration` increments it
-  before `_publish` runs), so a version with `metrics.iteration == m` was published by metrics row `m - 1`; the
-  manifest's `reward_mean` is checked against that row's. (The metrics rows themselves do not name the versions:
-  they are logged before `_publish`.) A manifest without `iteration` falls back on order: a role's n-th published
-  version belongs to the n-th online row that trained the role. The untuned versions are `summary.json`'s
-  `versions.untuned` (what alias "live" mapped before any promotion).
-- At every `--every`-th online iteration and at the last one, the team those iterations had published is
-  shadow-compared with the untuned team on the run's held-out problems (`scenarios.jsonl`, split heldout),
-  exactly as the demo's stage 6 does: the same `Team`, `wrap`, `TeamChatModel` at temperature 0, math_team graph
-  with the reply caps, reward, `shadow_compare(..., samples_per_scenario=1, seed=<run seed>)`, except that the
-  baseline and candidate are explicit ``{role: version}`` maps (no alias is set; the registry is only read;
-  the policy-drift KL, which no CI here uses, is skipped). The untuned side is the same greedy replay (same
-  episode ids, seeds and versions) at every checkpoint, so it is run once and reused; `--rerun-baseline` replays
-  it at every checkpoint as the demo does. Traces go to a temporary directory.
-- `minutes_to_significant_gain` is the on-policy minutes of the first checkpoint whose CI low is above 0 (None if
-  none). With several runs (one per seed) their median is reported too, a run that never got there counting as
-  infinitely slow (so the median is None when half or more never did).
+Usage (a full demo run takes ~14 min on 2 cores; each checkpoint then replays the 128 held-out problems with the
+candidate team, about 1.5 min on 2026-11-29's host, plus the untuned side once per run):
 
-Usage (a full demo run takes ~15 min on 2 cores; each checkpoint then replays the 128 held-out problems with the
-candidate team, roughly half the demo's 3.4-min comparison, plus the untuned side once per run):
-
-    marft-lg demo --run-dir runs/ttg-s0 --seed 0
-    marft-lg demo --run-dir runs/ttg-s1 --seed 1
-    python benchmarks/time_to_gain.py --run-dir runs/ttg-s0 --run-dir runs/ttg-s1 [--every 2] [--out PATH]
+    python benchmarks/demo.py --seeds 0,1,2,3,4        # or any finished `marft-lg demo --run-dir` runs
+    python benchmarks/time_to_gain.py --run-dir runs/demo-bench-seed0 --run-dir runs/demo-bench-seed1 [--every 2]
 
 writes benchmarks/results/time_to_gain.json and a plot beside it (time_to_gain.png: the CI at each checkpoint
-against on-policy minutes, one line per seed).
+against on-policy minutes, one line per run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import shutil
-import statistics
 import sys
-import tempfile
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "time_to_gain.json"
 GOAL_MINUTES = 8.0
-SIDE_KEY = "marft.compare.side"
 
 
-# ---- pure parts (unit-tested) -------------------------------------------------------------------------------------
-def online_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The on-policy metrics rows, in iteration order."""
-    return sorted((r for r in rows if r.get("phase") == "online"), key=lambda r: int(r["iteration"]))
+def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per run its minutes to a significant gain, their median and how many runs got there."""
+    from marft_lg.demo_curve import median_minutes
 
-
-def online_minutes(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """iteration -> minutes of on-policy training up to and including it: the running sum of `rollout_s + time_s`
-    over the online rows (offline rows add nothing)."""
-    out, total = {}, 0.0
-    for r in online_rows(rows):
-        total += float(r.get("rollout_s") or 0.0) + float(r.get("time_s") or 0.0)
-        out[int(r["iteration"])] = total / 60
-    return out
-
-
-def offline_minutes(rows: Iterable[Mapping[str, Any]]) -> float:
-    """Minutes of offline updates (`time_s` of the offline rows)."""
-    return sum(float(r.get("time_s") or 0.0) for r in rows if r.get("phase") == "offline") / 60
-
-
-def _vnum(version: str) -> int:
-    return int(version.lstrip("v"))
-
-
-def version_iterations(manifests: Mapping[str, Mapping[str, Mapping[str, Any]]], rows: Iterable[Mapping[str, Any]],
-                       untuned: Mapping[str, str]) -> tuple[dict[str, dict[str, int]], str]:
-    """({role: {version: metrics-row iteration that published it}}, how it was told).
-
-    `manifests` is {role: {version: manifest}}; versions up to the untuned one are not training's. The trainer
-    writes `metrics.iteration` = the iteration count after the update, i.e. row iteration + 1 ("manifest"); when a
-    role's manifests lack it, its n-th published version is the n-th online row that trained it ("order").
-    Raises ValueError when the two disagree with the rows (a version past the last online row, a reward mismatch).
-    """
-    online = online_rows(rows)
-    by_iter = {int(r["iteration"]): r for r in online}
-    out: dict[str, dict[str, int]] = {}
-    methods = set()
-    for role, versions in manifests.items():
-        floor = _vnum(untuned[role]) if role in untuned else 0
-        published = sorted((v for v in versions if _vnum(v) > floor), key=_vnum)
-        iters = [(versions[v].get("metrics") or {}).get("iteration") for v in published]
-        out[role] = {}
-        if published and all(i is not None for i in iters):
-            methods.add("manifest")
-            for v, i in zip(published, iters, strict=True):
-                it = int(i) - 1
-                row = by_iter.get(it)
-                if row is None:
-                    raise ValueError(f"{role}/{v}: manifest iteration {i} -> metrics row {it}, which is no online row")
-                want, got = row.get("reward_mean"), (versions[v].get("metrics") or {}).get("reward_mean")
-                if want is not None and got is not None and not math.isclose(float(want), float(got), abs_tol=1e-9):
-                    raise ValueError(f"{role}/{v}: manifest reward_mean {got} but metrics row {it} has {want}")
-                out[role][v] = it
-        elif published:
-            methods.add("order")
-            trained = [int(r["iteration"]) for r in online if role in (r.get("trained_agents") or [])]
-            if len(published) > len(trained):
-                raise ValueError(f"{role}: {len(published)} published versions but only {len(trained)} online rows "
-                                 "trained it")
-            out[role] = dict(zip(published, trained, strict=False))
-    return out, "+".join(sorted(methods)) or "none"
-
-
-def versions_at(iteration: int, published: Mapping[str, Mapping[str, int]], untuned: Mapping[str, str]
-                ) -> dict[str, str]:
-    """The team after `iteration`: per role the newest version published at or before it, else the untuned one."""
-    out = dict(untuned)
-    for role, versions in published.items():
-        done = [v for v, it in versions.items() if it <= iteration]
-        if done:
-            out[role] = max(done, key=_vnum)
-    return out
-
-
-def checkpoint_iterations(iterations: Sequence[int], every: int) -> list[int]:
-    """Every `every`-th of the (online) iterations, and the last one."""
-    if every < 1:
-        raise ValueError(f"--every must be >= 1, got {every}")
-    its = sorted(iterations)
-    picked = [it for n, it in enumerate(its, start=1) if n % every == 0]
-    if its and (not picked or picked[-1] != its[-1]):
-        picked.append(its[-1])
-    return picked
-
-
-def excludes_zero(low: float | None, high: float | None) -> bool:
-    return (low is not None and low > 0) or (high is not None and high < 0)
-
-
-def first_significant(checkpoints: Sequence[Mapping[str, Any]]) -> float | None:
-    """The on-policy minutes of the first checkpoint (by minutes) whose CI low is above 0, else None."""
-    for c in sorted(checkpoints, key=lambda c: c["online_minutes"]):
-        if c.get("low") is not None and c["low"] > 0:
-            return c["online_minutes"]
-    return None
-
-
-def median_minutes(values: Sequence[float | None]) -> float | None:
-    """Median over seeds, a None (never significant) counting as infinity; None if the median is infinite."""
-    if not values:
-        return None
-    m = statistics.median([math.inf if v is None else v for v in values])
-    return None if math.isinf(m) else m
-
-
-# ---- the evaluation ---------------------------------------------------------------------------------------------
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _node_roles(run_dir: Path, roles: list[str]) -> dict[str, str]:
-    for row in _read_jsonl(run_dir / "demo_log.jsonl"):
-        if row.get("event") == "start" and row.get("node_roles"):
-            return dict(row["node_roles"])
-    return {r: r for r in roles}
-
-
-def _registry_state(root: Path) -> dict[str, Any]:
-    """What must not change: the alias file's bytes and the version directories."""
-    aliases = root / "aliases.json"
-    return {"aliases": aliases.read_bytes() if aliases.exists() else None,
-            "versions": sorted(str(p.relative_to(root)) for p in root.glob("*/v*"))}
-
-
-class BaselineOnce:
-    """A `shadow_compare` runner: the replays run through the app (`GraphCollector`, as the trainer runs episodes),
-    but the baseline side, identical at every checkpoint (same ids, seeds, versions, greedy), only the first time."""
-
-    def __init__(self, app: Any, concurrency: int):
-        from marft_lg.graph.collect import GraphCollector
-
-        self.collector = GraphCollector(app, concurrency=concurrency)
-        self.baseline: Any = None
-        self.baseline_ids: set[str] = set()
-        self.baseline_failures: list[Any] = []
-        self.failures: list[Any] = []
-        """The episodes of the last call that raised (`EpisodeFailure`), the reused baseline's included: what
-        `shadow_compare` reads from a runner, as from `GraphCollector`."""
-
-    def run(self, jobs: list[Any]) -> Any:
-        from marft_lg.trajectories.dataset import TrajectoryDataset
-
-        base_ids = {j.episode_id for j in jobs if (j.metadata or {}).get(SIDE_KEY) == "baseline"}
-        reuse = self.baseline is not None and base_ids == self.baseline_ids
-        todo = [j for j in jobs if not (reuse and j.episode_id in base_ids)]
-        ds = self.collector.run(todo)
-        ran = list(self.collector.failures)
-        if not reuse:
-            self.baseline, self.baseline_ids = ds.select(sorted(base_ids)), base_ids
-            self.baseline_failures = [f for f in ran if f.episode_id in base_ids]
-            self.failures = ran
-            return ds
-        self.failures = self.baseline_failures + ran
-        return TrajectoryDataset.concat([self.baseline, ds])
-
-
-def evaluate_run(run_dir: Path, every: int, *, rerun_baseline: bool = False, progress: Any = None,
-                 console: Any = None) -> dict[str, Any]:
-    """The checkpoints of one finished demo run, each shadow-compared with the untuned team on its held-out problems."""
-    from marft_lg.demo import _examples
-    from marft_lg.evaluation.shadow import shadow_compare
-    from marft_lg.graph.chat_model import TeamChatModel
-    from marft_lg.graph.wrap import wrap
-    from marft_lg.serving.registry.store import AdapterRegistry
-    from marft_lg.serving.team import Team
-    from marft_lg.training.metrics import read_metrics
-    from marft_lg.trajectories.scenarios import ScenarioSet
-
-    summary = json.loads((run_dir / "summary.json").read_text())
-    seed, model, budget = int(summary["seed"]), summary["model"], summary["budget"]
-    untuned, tuned = dict(summary["versions"]["untuned"]), dict(summary["versions"]["tuned"])
-    rows = read_metrics(run_dir / "train" / "metrics.jsonl")
-    minutes = online_minutes(rows)
-    if not minutes:
-        raise ValueError(f"{run_dir}: no online rows in train/metrics.jsonl")
-    heldout = ScenarioSet.load(run_dir / "scenarios.jsonl").split("heldout")
-    registry = AdapterRegistry(run_dir / "registry", create=False)
-    before = _registry_state(registry.root)
-    manifests = {role: {v: registry.manifest(role, v) for v in registry.versions(role)} for role in registry.roles()}
-    published, method = version_iterations(manifests, rows, untuned)
-    online_its = sorted(minutes)
-    if versions_at(online_its[-1], published, untuned) != tuned:
-        raise ValueError(f"{run_dir}: the versions published by the last online iteration "
-                         f"{versions_at(online_its[-1], published, untuned)} are not the run's tuned team {tuned}")
-    picks = checkpoint_iterations(online_its, every)
-
-    math_team = _examples()
-    roles = list(math_team.graph.ROLES)
-    node_roles = _node_roles(run_dir, roles)
-    reward = math_team.reward.math_reward()
-    max_tokens = int(budget["max_tokens"])
-    caps = {k: min(v, max_tokens) for k, v in math_team.settings.REPLY_TOKENS.items()}
-    concurrency = min(2 * len(heldout), 48)
-    trace_dir = Path(tempfile.mkdtemp(prefix=f"ttg-{run_dir.name}-"))
-    task = progress.add_task(f"{run_dir.name}: checkpoints", total=len(picks)) if progress is not None else None
-    checkpoints = []
-    t0 = time.perf_counter()
-    team = Team(model, roles, registry=registry, versions=untuned, seed=seed)
-    greedy = None
-    try:
-        greedy = wrap(math_team.graph.build_graph(TeamChatModel(team=team, max_tokens=max_tokens, temperature=0.0),
-                                                  **caps),
-                      team=team, trace_dir=trace_dir / "compare", node_roles=node_roles)
-        runner = None if rerun_baseline else BaselineOnce(greedy, concurrency)
-        for it in picks:
-            cand = versions_at(it, published, untuned)
-            t = time.perf_counter()
-            result = shadow_compare(greedy, untuned, cand, heldout, reward, samples_per_scenario=1, seed=seed,
-                                    run_id=f"ttg-{run_dir.name}", concurrency=concurrency, drift=False,
-                                    progress=False, runner=runner)
-            d = result.team.to_dict()
-            row = {"iteration": it, "online_iteration": online_its.index(it) + 1,
-                   "online_minutes": round(minutes[it], 3), "versions": cand, "mean": d.get("mean"),
-                   "low": d.get("low"), "high": d.get("high"), "n": d.get("n"),
-                   "excludes_zero": excludes_zero(d.get("low"), d.get("high")),
-                   "baseline_reward": result.side_mean("baseline", "reward"),
-                   "candidate_reward": result.side_mean("candidate", "reward"),
-                   "invoke_failures": result.meta.get("invoke_failures"), "eval_s": round(time.perf_counter() - t, 1)}
-            checkpoints.append(row)
-            if console is not None:
-                console.print(f"{run_dir.name} it {it} ({row['online_minutes']:.2f} on-policy min, {cand}): "
-                              f"{_ci(row)}", highlight=False)
-            if progress is not None:
-                progress.advance(task)
-    finally:
-        if greedy is not None:
-            greedy.close()
-        team.close()
-        shutil.rmtree(trace_dir, ignore_errors=True)
-    if _registry_state(registry.root) != before:
-        raise RuntimeError(f"{registry.root} changed during the evaluation")
-    return {
-        "run_dir": str(run_dir), "seed": seed, "model": model, "budget": budget.get("name"),
-        "demo_minutes": summary.get("minutes"), "offline_minutes": round(offline_minutes(rows), 3),
-        "online_minutes": round(minutes[online_its[-1]], 3), "online_iterations": len(online_its),
-        "heldout_problems": len(heldout), "untuned": untuned, "tuned": tuned,
-        "version_iteration_source": method, "baseline_reused": runner is not None,
-        "demo_heldout_difference": summary.get("heldout", {}).get("difference"),
-        "checkpoints": checkpoints, "minutes_to_significant_gain": first_significant(checkpoints),
-        "eval_minutes": round((time.perf_counter() - t0) / 60, 2),
-    }
-
-
-def _ci(c: Mapping[str, Any]) -> str:
-    def f(v: Any) -> str:
-        return "n/a" if v is None else f"{v:+.3f}"
-
-    return f"diff {f(c['mean'])}, 95% CI [{f(c['low'])}, {f(c['high'])}], n={c['n']}"
-
-
-def plot(runs: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """The CI at each checkpoint against on-policy minutes, one line per seed, a line at 0 and at the goal."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for k, run in enumerate(runs):
-        cps = [c for c in run["checkpoints"] if c["mean"] is not None]
-        if not cps:
-            continue
-        x = [c["online_minutes"] + 0.03 * k for c in cps]  # a little offset so seeds' bars do not hide each other
-        y = [c["mean"] for c in cps]
-        err = [[c["mean"] - (c["low"] if c["low"] is not None else c["mean"]) for c in cps],
-               [(c["high"] if c["high"] is not None else c["mean"]) - c["mean"] for c in cps]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"seed {run['seed']} ({Path(run['run_dir']).name})")
-    ax.axhline(0, color="black", linewidth=1)
-    ax.axvline(GOAL_MINUTES, color="grey", linestyle="--", linewidth=1, label=f"goal {GOAL_MINUTES:g} min")
-    ax.set_xlabel("on-policy training minutes (rollouts + updates, 2 CPU cores)")
-    ax.set_ylabel("held-out team reward, tuned - untuned (95% CI)")
-    ax.set_title("time to a significant gain (math team)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    per_seed = [r["minutes_to_significant_gain"] for r in runs]
+    median = median_minutes(per_seed)
+    return {"minutes_to_significant_gain": {
+                "per_seed": [{"seed": r["seed"], "run_dir": r["run_dir"], "minutes": r["minutes_to_significant_gain"]}
+                             for r in runs],
+                "median": median, "seeds_significant": sum(m is not None for m in per_seed), "seeds": len(runs)},
+            "meets_goal": median is not None and median <= GOAL_MINUTES}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -346,44 +54,35 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="replay the untuned side at every checkpoint (as the demo does) instead of once")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results JSON (the plot goes beside it, .png)")
     args = ap.parse_args(argv)
+    if args.every < 1:
+        ap.error(f"--every must be >= 1, got {args.every}")
     for d in args.run_dir:
         if not (d / "summary.json").is_file():
             ap.error(f"{d} is not a finished demo run (no summary.json)")
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from marft_lg._provenance import code_state, machine
+    from marft_lg.demo import add_curve
+    from marft_lg.demo_curve import plot
 
     provenance = {**code_state(), "machine": machine()}
     console = Console()
-    runs = []
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        for d in args.run_dir:
-            runs.append(evaluate_run(d, args.every, rerun_baseline=args.rerun_baseline, progress=progress,
-                                     console=console))
-    per_seed = [r["minutes_to_significant_gain"] for r in runs]
-    median = median_minutes(per_seed)
-    result = {
-        **provenance, "benchmark": "time_to_gain", "goal_minutes": GOAL_MINUTES, "every": args.every,
-        "run_dirs": [str(d) for d in args.run_dir], "seeds": [r["seed"] for r in runs], "runs": runs,
-        "minutes_to_significant_gain": {"per_seed": [{"seed": r["seed"], "run_dir": r["run_dir"],
-                                                      "minutes": r["minutes_to_significant_gain"]} for r in runs],
-                                        "median": median,
-                                        "seeds_significant": sum(m is not None for m in per_seed),
-                                        "seeds": len(runs)},
-        "meets_goal": median is not None and median <= GOAL_MINUTES,
-    }
+    runs = [add_curve(d, args.every, rerun_baseline=args.rerun_baseline, console=console) for d in args.run_dir]
+    result = {**provenance, "benchmark": "time_to_gain", "goal_minutes": GOAL_MINUTES, "every": args.every,
+              "run_dirs": [str(d) for d in args.run_dir], "seeds": [r["seed"] for r in runs], "runs": runs,
+              **summarise(runs)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    png = plot(runs, args.out.with_suffix(".png"))
+    png = plot(runs, args.out.with_suffix(".png"), goal_minutes=GOAL_MINUTES,
+               title="time to a significant gain (math team)")
     for r in runs:
         m = r["minutes_to_significant_gain"]
         console.print(f"seed {r['seed']} ({r['run_dir']}): "
                       f"{'never significant' if m is None else f'{m:.2f} on-policy min'} "
                       f"(on-policy {r['online_minutes']:.2f} min over {r['online_iterations']} iterations, offline "
                       f"{r['offline_minutes']:.2f} min, demo wall {r['demo_minutes']} min)", highlight=False)
+    median = result["minutes_to_significant_gain"]["median"]
     console.print(f"median minutes to a significant gain: {'none' if median is None else f'{median:.2f}'} "
                   f"(goal {GOAL_MINUTES:g}); wrote {args.out} and {png}", highlight=False)
     return result

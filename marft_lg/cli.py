@@ -32,6 +32,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("retrain", "marft_lg.jobs.commands", "retrain"),
     ("schedule", "marft_lg.jobs.commands", "schedule"),
     ("demo", "marft_lg.demo", "demo"),
+    ("demo-curve", "marft_lg.demo", "demo_curve"),
 ]
 # (group name, module, typer app attribute)
 _GROUPS: list[tuple[str, str, str]] = [

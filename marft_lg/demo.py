@@ -147,7 +147,7 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
              console: Any = None, node_roles: dict[str, str] | str | None = None,
              report_to: list[str] | None = None, credit: dict[str, Any] | None = None,
              warm_start: dict[str, Any] | None = None, lora: dict[str, Any] | None = None,
-             rollout_temperature: float | None = None) -> dict[str, Any]:
+             rollout_temperature: float | None = None, curve_every: int = 0) -> dict[str, Any]:
     """Run every stage of the main job; returns the summary written to `run_dir/summary.json`.
 
     `node_roles` (``{node: role}`` or ``"node=role,..."``) maps the math team's graph nodes to agent roles for
@@ -155,7 +155,9 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
     `credit`: MARFT settings over the math team's and the demo's `DEMO_SETTINGS` (``{"credit": "counterfactual",
     "replays_per_action": 1}``, ``{"dynamic_sampling": False}``); `warm_start`: `WarmStartConfig` keys: the traced episodes' best teach each agent
     before offline MARFT (None: no warm start); `lora`: `LoraSettings` keys of the agents' fresh adapters (None: the
-    defaults); `rollout_temperature`: the on-policy sampler's (None: the math team's ``ROLLOUT_TEMPERATURE``).
+    defaults); `rollout_temperature`: the on-policy sampler's (None: the math team's ``ROLLOUT_TEMPERATURE``);
+    `curve_every` > 0: after the report, the held-out gain at every `curve_every`-th on-policy iteration
+    (`marft_lg.demo_curve`), into the report; its minutes are not the demo's.
     """
     run = DemoRun(budget, run_dir, model=model, seed=seed, trace_root=trace_root, console=console,
                   node_roles=node_roles, report_to=report_to, credit=credit, warm_start=warm_start, lora=lora,
@@ -163,9 +165,41 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
     try:
         for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
             stage()
-        return run.report()
+        summary = run.report()
     finally:
         run.close()
+    if curve_every:
+        summary = _add_curve(run_dir, curve_every, run.console) or summary
+    return summary
+
+
+def _add_curve(run_dir: Path, every: int, console: Any) -> dict[str, Any] | None:
+    """`add_curve` at the end of a demo; the summary with the curve, or None when the run has no on-policy
+    iteration to replay (said, not fatal: the demo itself finished)."""
+    console.rule("[bold]held-out gain over training time[/bold]")
+    try:
+        add_curve(run_dir, every, console=console)
+    except ValueError as exc:
+        console.print(f"no curve: {exc}", markup=False, highlight=False)
+        return None
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def add_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, console: Any = None) -> dict[str, Any]:
+    """A finished run's held-out gain at every `every`-th on-policy iteration (`demo_curve.write_curve`), rendered
+    into its report; returns the curve. ValueError when the run is unfinished or has no on-policy iteration."""
+    from marft_lg.demo_curve import write_curve
+
+    curve = write_curve(run_dir, every, rerun_baseline=rerun_baseline, console=console)
+    render_report(run_dir, json.loads((run_dir / "summary.json").read_text()))
+    if console is not None:
+        first = curve["minutes_to_significant_gain"]
+        console.print(("no checkpoint's 95% CI lies above 0" if first is None
+                       else f"first significant held-out gain after {first:.2f} on-policy minutes")
+                      + f" ({len(curve['checkpoints'])} checkpoints, {curve['eval_minutes']} min of replays); "
+                      f"report {run_dir / 'report.md'}, plot {run_dir / 'curve.png'}", markup=False, highlight=False,
+                      soft_wrap=True)
+    return curve
 
 
 def _lora_settings(lora: dict[str, Any] | None) -> Any:
@@ -381,13 +415,13 @@ class DemoRun:
         from marft_lg.evaluation.report import log_comparison, print_summary, write_report
 
         self.log.stage("8/8 report")
-        compare_files = write_report(self.result, self.run_dir / "compare", self.decision)
+        write_report(self.result, self.run_dir / "compare", self.decision)
         if self.report_to:  # the comparison, a child run of the training run
             log_comparison(self.trainer.tracker.child("compare", self.run_dir / "compare"), self.result,
                            self.decision, self.run_dir / "compare", finish=True)
         summary = self._summary()
         write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-        report = _write_report(self.run_dir, summary, compare_files)
+        report = render_report(self.run_dir, summary)
         self.log.record("done", report=str(report), minutes=summary["minutes"])
         print_summary(self.result, self.decision, console=self.console)
         for line in _summary_lines(summary):
@@ -485,8 +519,9 @@ def _signed(value: Any) -> str:
     return "n/a" if value is None else f"{value:+.3f}"
 
 
-def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Path]) -> Path:
-    """`report.md` at the top of the run: what ran, the curves, before/after with CIs, the decision.
+def render_report(run_dir: Path, s: dict[str, Any]) -> Path:
+    """`report.md` (and `report.html`) at the top of the run from its summary: what ran, the curves, before/after
+    with CIs, the held-out curve when measured (`demo_curve`), the decision.
 
     Lines stay near 80 columns (long facts are split into sub-items) so the Markdown reads in a terminal.
     """
@@ -525,6 +560,7 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
         "", "![per-component deltas with CIs](compare/plots/component_deltas.png)", "",
         "![per-agent deltas](compare/plots/agent_deltas.png)", "",
         "Full comparison: [report.md](compare/report.md), [HTML](compare/report.html).", "",
+        *_curve_lines(run_dir, s),
         "## Promotion", "",
         f"- gate: **{'promote' if s['gate']['promote'] else 'reject'}**",
         *[f"  - {r}" for r in s["gate"]["reasons"]],
@@ -543,6 +579,26 @@ def _write_report(run_dir: Path, s: dict[str, Any], compare_files: dict[str, Pat
     return path
 
 
+def _curve_lines(run_dir: Path, s: dict[str, Any]) -> list[str]:
+    """The report's section on how the held-out gain grew with on-policy minutes, or how to measure it."""
+    head = ["## Held-out gain over training time", ""]
+    c = s.get("curve")
+    if not c:
+        return [*head, "Not measured for this run; `marft-lg demo-curve` replays the team every 2nd",
+                "on-policy iteration had published on the held-out problems:", "",
+                f"    marft-lg demo-curve {run_dir}", ""]
+    first = c["minutes_to_significant_gain"]
+    rows = [f"| {cp['online_iteration']} | {cp['online_minutes']:.2f} | "
+            f"{', '.join(f'{r} {v}' for r, v in cp['versions'].items())} | "
+            f"{_signed(cp['mean'])} [{_signed(cp['low'])}, {_signed(cp['high'])}] |" for cp in c["checkpoints"]]
+    return [*head, "The team published by each checkpoint against the untuned team, on the same",
+            "held-out problems (greedy, paired 95% CI); the last row replays the comparison above.", "",
+            "| on-policy iteration | on-policy minutes | versions | gain, 95% CI |", "|---:|---:|---|---|", *rows, "",
+            "- first significant gain: " + ("none of these checkpoints" if first is None
+                                             else f"after {first:.2f} on-policy minutes"),
+            "", "![held-out gain over training time](curve.png)", ""]
+
+
 def demo(
     quick: bool = typer.Option(False, "--quick", help="About 3 minutes: smaller, and says so in the report."),
     budget: str = typer.Option("", help="Budget name: full (default, ~15 min), quick (~3 min) or smoke (~2 min, for CI)."),
@@ -558,6 +614,11 @@ def demo(
     dynamic_sampling: bool = typer.Option(True, "--dynamic-sampling/--no-dynamic-sampling",
                                           help="Groups whose K returns are all equal leave the update and on-policy "
                                           "iterations draw fresh problems instead (on by default; docs/training.md)."),
+    curve_every: int = typer.Option(0, "--curve-every", min=0,
+                                    help="After the report, replay the team of every N-th on-policy iteration on "
+                                    "the held-out problems: the gain against training minutes, in the report "
+                                    "(~1.5 min per checkpoint on 2 cores; `marft-lg demo-curve` does it later). "
+                                    "0: off."),
 ) -> None:
     """The main job: serve, trace, mine, train offline then on-policy, compare, promote, report."""
     from rich.console import Console
@@ -575,4 +636,19 @@ def demo(
 
     run_demo(b, out, model=model, seed=seed, trace_root=trace_root, console=console, node_roles=node_roles,
              report_to=report_to_option(report_to), credit=None if dynamic_sampling else {"dynamic_sampling": False},
-             warm_start={} if warm_start else None)
+             warm_start={} if warm_start else None, curve_every=curve_every)
+
+
+def demo_curve(
+    run_dir: Path = typer.Argument(..., help="A finished `marft-lg demo` run directory."),
+    every: int = typer.Option(2, min=1, help="Replay every N-th on-policy iteration's team (and the last)."),
+    rerun_baseline: bool = typer.Option(False, "--rerun-baseline",
+                                        help="Replay the untuned side at every checkpoint instead of once."),
+) -> None:
+    """How a finished demo run's held-out gain grew with on-policy minutes: curve.json, curve.png, its report."""
+    from rich.console import Console
+
+    try:
+        add_curve(run_dir, every, rerun_baseline=rerun_baseline, console=Console())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="RUN_DIR") from None

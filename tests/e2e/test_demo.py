@@ -1,6 +1,7 @@
 """`marft-lg demo` end to end on the real embedded model (smoke budget), from an installed wheel: the package is
 built, installed into a fresh venv (its dependencies from this environment) and run from a temp dir outside the
-checkout; every stage runs, the report exists, and its numbers agree with the run's own logs."""
+checkout; every stage runs, the report exists, and its numbers agree with the run's own logs; the held-out curve
+(`--curve-every`) replays the run's published teams into the report."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def demo_run(tmp_path_factory, embedded_model_dir):
     assert str(REPO) not in where and str(root / "venv") in where, where  # the wheel, not the checkout
     run_dir, traces = root / "run", root / "traces"
     proc = subprocess.run(
-        [str(bin_dir / "marft-lg"), "demo", "--budget", "smoke", "--run-dir", str(run_dir), "--trace-root", str(traces)],
+        [str(bin_dir / "marft-lg"), "demo", "--budget", "smoke", "--run-dir", str(run_dir), "--trace-root", str(traces),
+         "--curve-every", "1"],
         capture_output=True, text=True, timeout=1500, cwd=away, env=env,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -78,9 +80,11 @@ def test_report_and_plots_exist_and_say_where(demo_run):
     assert '<img src="train/reward.png"' in page and "<table>" in page
     assert "answer accuracy" in text and "minimum detectable gain" in text
     assert "held-out answer accuracy" in stdout and "smallest gain detectable" in stdout
-    # printed last: the decision with its reason, then where the report is
+    # printed last: the decision with its reason, then where the report is (then, asked for here, the curve's line,
+    # which names the report again)
     last = stdout[stdout.rindex("decision: "):]
-    assert ("PROMOTE" in last or "REJECT" in last) and "report:" in last and last.rstrip().endswith("beside it)")
+    assert ("PROMOTE" in last or "REJECT" in last) and "report:" in last and "beside it)" in last
+    assert stdout.rstrip().endswith(f"report {report}, plot {run_dir / 'curve.png'}")
 
 
 def test_report_numbers_match_the_logs(demo_run):
@@ -130,3 +134,44 @@ def test_gate_decision_matches_the_registry(demo_run):
         assert decision["reasons"]
     # whichever way it went, it follows from the comparison's numbers
     assert_decision_follows_from_the_comparison(run_dir, _log(run_dir)["compare"])
+
+
+def test_the_curve_replays_the_published_teams_into_the_report(demo_run):
+    run_dir, stdout = demo_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    curve = json.loads((run_dir / "curve.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
+    online = [m for m in metrics if m["phase"] == "online"]
+    assert [c["iteration"] for c in curve["checkpoints"]] == [m["iteration"] for m in online]  # every 1st
+    last = curve["checkpoints"][-1]
+    assert last["versions"] == summary["versions"]["tuned"] and last["n"] == summary["heldout"]["pairs"]
+    assert last["online_minutes"] == pytest.approx(sum(m["rollout_s"] + m["time_s"] for m in online) / 60, abs=1e-3)
+    # the demo's own greedy comparison replayed; the engine batches rows as threads arrive, so one problem's reward
+    # (at most 2.0: answer, format, set-up) may differ
+    assert abs(last["mean"] - summary["heldout"]["difference"]["mean"]) <= 2.0 / last["n"] + 1e-9
+    assert summary["curve"]["checkpoints"] == curve["checkpoints"]
+    assert summary["versions"]["live"] == json.loads((run_dir / "registry" / "aliases.json").read_text())[
+        "aliases"]["live"]  # the replays only read the registry
+    assert (run_dir / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![held-out gain over training time](curve.png)" in (run_dir / "report.md").read_text()
+    assert '<img src="curve.png"' in (run_dir / "report.html").read_text()
+    assert "min of replays" in stdout  # the curve's closing line
+
+
+def test_the_demo_benchmark_splits_the_answers_by_set_up(demo_run):
+    """benchmarks/demo.py's `setup_split` re-scores the comparison's traces: its answer rates are the comparison's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_bench", REPO / "benchmarks" / "demo.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run_dir, _ = demo_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    split = bench.setup_split(run_dir, summary)
+    assert set(split) == {"baseline", "candidate"}
+    for side in split.values():
+        assert side["n"] == summary["heldout"]["pairs"]
+        parts = [(side["setup"], side["answer_given_setup"]), (1 - side["setup"], side["answer_without_setup"])]
+        assert sum(w * (a or 0.0) for w, a in parts) == pytest.approx(side["answer"], abs=1e-3)
+    delta = _log(run_dir)["compare"]["components"]["task_completion"]["mean"]
+    assert split["candidate"]["answer"] - split["baseline"]["answer"] == pytest.approx(delta, abs=1e-3)

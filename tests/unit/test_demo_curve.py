@@ -1,17 +1,13 @@
-"""benchmarks/time_to_gain.py: its pure parts on hand-made metrics rows and manifests (no model is loaded)."""
+"""marft_lg.demo_curve: reading a finished run's metrics rows and manifests, choosing checkpoints, the reused
+baseline, the plot and the report section (no model is loaded; the replays run end to end in tests/e2e/test_demo.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_gain.py"
-_spec = importlib.util.spec_from_file_location("time_to_gain_bench", _PATH)
-ttg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ttg)
+from marft_lg import demo_curve as dc
 
 # two offline rows, then three online ones (iterations 2..4); iteration 3 trained only the actor
 ROWS = [
@@ -42,27 +38,27 @@ def _manifests(with_iteration: bool = True) -> dict:
 
 
 def test_online_minutes_sum_rollout_and_update_of_online_rows_only():
-    minutes = ttg.online_minutes(list(reversed(ROWS)))  # row order does not matter
+    minutes = dc.online_minutes(list(reversed(ROWS)))  # row order does not matter
     assert list(minutes) == [2, 3, 4]
     assert minutes[2] == pytest.approx(1.0)
     assert minutes[3] == pytest.approx(2.5)
     assert minutes[4] == pytest.approx(3.0)
-    assert ttg.offline_minutes(ROWS) == pytest.approx(1.0)
+    assert dc.offline_minutes(ROWS) == pytest.approx(1.0)
 
 
 def test_online_minutes_treat_a_missing_rollout_time_as_zero():
     rows = [{"iteration": 0, "phase": "online", "rollout_s": None, "time_s": 60.0}]
-    assert ttg.online_minutes(rows) == {0: pytest.approx(1.0)}
+    assert dc.online_minutes(rows) == {0: pytest.approx(1.0)}
 
 
 def test_version_iterations_from_the_manifest_iteration_minus_one():
-    published, how = ttg.version_iterations(_manifests(), ROWS, UNTUNED)
+    published, how = dc.version_iterations(_manifests(), ROWS, UNTUNED)
     assert how == "manifest"
     assert published == {"reasoner": {"v2": 2, "v3": 4}, "actor": {"v2": 2, "v3": 3, "v4": 4}}
 
 
 def test_version_iterations_by_order_without_a_manifest_iteration():
-    published, how = ttg.version_iterations(_manifests(with_iteration=False), ROWS, UNTUNED)
+    published, how = dc.version_iterations(_manifests(with_iteration=False), ROWS, UNTUNED)
     assert how == "order"
     assert published == {"reasoner": {"v2": 2, "v3": 4}, "actor": {"v2": 2, "v3": 3, "v4": 4}}
 
@@ -71,56 +67,56 @@ def test_version_iterations_refuse_a_reward_that_is_not_the_rows():
     manifests = _manifests()
     manifests["actor"]["v3"]["metrics"]["reward_mean"] = 0.9
     with pytest.raises(ValueError, match="actor/v3"):
-        ttg.version_iterations(manifests, ROWS, UNTUNED)
+        dc.version_iterations(manifests, ROWS, UNTUNED)
 
 
 def test_version_iterations_refuse_a_version_past_the_online_rows():
     manifests = _manifests()
     manifests["actor"]["v5"] = _manifest(9.0, 0.5)
     with pytest.raises(ValueError, match="no online row"):
-        ttg.version_iterations(manifests, ROWS, UNTUNED)
+        dc.version_iterations(manifests, ROWS, UNTUNED)
 
 
 def test_versions_at_take_the_newest_published_else_untuned():
-    published, _ = ttg.version_iterations(_manifests(), ROWS, UNTUNED)
-    assert ttg.versions_at(1, published, UNTUNED) == UNTUNED
-    assert ttg.versions_at(2, published, UNTUNED) == {"reasoner": "v2", "actor": "v2"}
-    assert ttg.versions_at(3, published, UNTUNED) == {"reasoner": "v2", "actor": "v3"}
-    assert ttg.versions_at(4, published, UNTUNED) == {"reasoner": "v3", "actor": "v4"}
+    published, _ = dc.version_iterations(_manifests(), ROWS, UNTUNED)
+    assert dc.versions_at(1, published, UNTUNED) == UNTUNED
+    assert dc.versions_at(2, published, UNTUNED) == {"reasoner": "v2", "actor": "v2"}
+    assert dc.versions_at(3, published, UNTUNED) == {"reasoner": "v2", "actor": "v3"}
+    assert dc.versions_at(4, published, UNTUNED) == {"reasoner": "v3", "actor": "v4"}
 
 
 def test_checkpoints_every_nth_online_iteration_and_the_last():
-    assert ttg.checkpoint_iterations([2, 3, 4, 5, 6], 2) == [3, 5, 6]
-    assert ttg.checkpoint_iterations([2, 3, 4, 5], 2) == [3, 5]
-    assert ttg.checkpoint_iterations([2], 2) == [2]
-    assert ttg.checkpoint_iterations([4, 2, 3], 1) == [2, 3, 4]
-    assert ttg.checkpoint_iterations([], 2) == []
+    assert dc.checkpoint_iterations([2, 3, 4, 5, 6], 2) == [3, 5, 6]
+    assert dc.checkpoint_iterations([2, 3, 4, 5], 2) == [3, 5]
+    assert dc.checkpoint_iterations([2], 2) == [2]
+    assert dc.checkpoint_iterations([4, 2, 3], 1) == [2, 3, 4]
+    assert dc.checkpoint_iterations([], 2) == []
     with pytest.raises(ValueError):
-        ttg.checkpoint_iterations([1], 0)
+        dc.checkpoint_iterations([1], 0)
 
 
 def test_first_significant_is_the_first_checkpoint_with_ci_low_above_zero():
     cps = [{"online_minutes": 6.0, "low": 0.01}, {"online_minutes": 2.0, "low": -0.1},
            {"online_minutes": 4.0, "low": 0.0}, {"online_minutes": 8.0, "low": 0.2}]
-    assert ttg.first_significant(cps) == 6.0
-    assert ttg.first_significant([{"online_minutes": 1.0, "low": None}, {"online_minutes": 2.0, "low": -0.3}]) is None
-    assert ttg.first_significant([]) is None
+    assert dc.first_significant(cps) == 6.0
+    assert dc.first_significant([{"online_minutes": 1.0, "low": None}, {"online_minutes": 2.0, "low": -0.3}]) is None
+    assert dc.first_significant([]) is None
 
 
 def test_excludes_zero_either_side():
-    assert ttg.excludes_zero(0.1, 0.3)
-    assert ttg.excludes_zero(-0.3, -0.1)
-    assert not ttg.excludes_zero(-0.1, 0.1)
-    assert not ttg.excludes_zero(0.0, 0.2)
-    assert not ttg.excludes_zero(None, None)
+    assert dc.excludes_zero(0.1, 0.3)
+    assert dc.excludes_zero(-0.3, -0.1)
+    assert not dc.excludes_zero(-0.1, 0.1)
+    assert not dc.excludes_zero(0.0, 0.2)
+    assert not dc.excludes_zero(None, None)
 
 
 def test_median_counts_never_significant_as_infinitely_slow():
-    assert ttg.median_minutes([3.0, 5.0, None]) == 5.0
-    assert ttg.median_minutes([3.0, None, None]) is None
-    assert ttg.median_minutes([3.0, 5.0]) == 4.0
-    assert ttg.median_minutes([]) is None
-    assert not math.isinf(ttg.median_minutes([1.0]))
+    assert dc.median_minutes([3.0, 5.0, None]) == 5.0
+    assert dc.median_minutes([3.0, None, None]) is None
+    assert dc.median_minutes([3.0, 5.0]) == 4.0
+    assert dc.median_minutes([]) is None
+    assert not math.isinf(dc.median_minutes([1.0]))
 
 
 class _FakeCollector:
@@ -150,7 +146,7 @@ def _jobs(candidate: str) -> list:
     from marft_lg.trajectories.scenarios import Scenario
 
     def job(side: str, eid: str, versions: dict) -> EpisodeJob:
-        return EpisodeJob(Scenario(eid, {}), eid, 1, versions, {ttg.SIDE_KEY: side})
+        return EpisodeJob(Scenario(eid, {}), eid, 1, versions, {dc.SIDE_KEY: side})
 
     return [job("baseline", "b-s1", UNTUNED), job("baseline", "b-s2-crash", UNTUNED),
             job("candidate", f"c{candidate}-s1", {"actor": candidate}),
@@ -159,7 +155,7 @@ def _jobs(candidate: str) -> list:
 
 def test_baseline_once_replays_the_untuned_side_only_at_the_first_checkpoint(monkeypatch):
     monkeypatch.setattr("marft_lg.graph.collect.GraphCollector", _FakeCollector)
-    runner = ttg.BaselineOnce(app=None, concurrency=4)
+    runner = dc.BaselineOnce(app=None, concurrency=4)
     first = runner.run(_jobs("v2"))
     assert sorted(first.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
     assert [str(f) for f in runner.failures] == ["b-s2-crash: RuntimeError: boom"]
@@ -174,7 +170,76 @@ def test_baseline_once_is_a_runner_shadow_compare_can_use(monkeypatch):
     from marft_lg.evaluation.shadow import _replay
 
     monkeypatch.setattr("marft_lg.graph.collect.GraphCollector", _FakeCollector)
-    runner = ttg.BaselineOnce(app=None, concurrency=4)
+    runner = dc.BaselineOnce(app=None, concurrency=4)
     replayed, failed = _replay(None, _jobs("v2"), runner, None, 4, False)
     assert sorted(replayed.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
     assert [f.episode_id for f in failed] == ["b-s2-crash"]
+
+
+# ---- the report section and the plot ------------------------------------------------------------------------------
+def _summary() -> dict:
+    """A demo summary as `DemoRun._summary` writes it (numbers made up)."""
+    acc = {"strict": 0.15, "lenient": 0.16, "n": 8}
+    return {
+        "budget": {"name": "full", "minutes": 15, "scenarios_per_iteration": 4, "online_minutes": 8.0},
+        "model": "embedded:smollm2-135m-instruct", "seed": 3, "trace_dir": "traces/demo-x", "episodes_traced": 4,
+        "episodes_mined": 4, "actions_per_agent": {"reasoner": 4, "actor": 4}, "untuned_train_reward": 0.5,
+        "problems": {"traced": 2, "stream": 8, "online_seen": 8, "heldout": 8}, "train_iterations": 3,
+        "train_reward_curve": [0.5, 0.6, 0.7],
+        "heldout": {"pairs": 8, "baseline_reward": 0.8, "candidate_reward": 0.95,
+                    "difference": {"mean": 0.15, "low": 0.02, "high": 0.3, "n": 8},
+                    "mde": {"mde": 0.2, "n": 8, "sd": 0.4}, "accuracy": {"baseline": acc, "candidate": acc}},
+        "gate": {"promote": True, "reasons": []},
+        "versions": {"untuned": UNTUNED, "tuned": {"reasoner": "v3", "actor": "v4"},
+                     "live": {"reasoner": "v3", "actor": "v4"}},
+        "minutes": 14.0,
+    }
+
+
+CHECKPOINTS = [
+    {"iteration": 3, "online_iteration": 2, "online_minutes": 2.5, "versions": {"reasoner": "v2", "actor": "v3"},
+     "mean": 0.05, "low": -0.04, "high": 0.14, "n": 8},
+    {"iteration": 4, "online_iteration": 3, "online_minutes": 3.0, "versions": {"reasoner": "v3", "actor": "v4"},
+     "mean": 0.15, "low": 0.02, "high": 0.3, "n": 8},
+]
+
+
+def test_the_report_shows_each_checkpoint_and_the_first_significant_one(tmp_path):
+    from marft_lg.demo import render_report
+
+    summary = {**_summary(), "curve": {"every": 2, "checkpoints": CHECKPOINTS, "minutes_to_significant_gain": 3.0}}
+    md = render_report(tmp_path, summary).read_text()
+    section = md[md.index("## Held-out gain over training time"):md.index("## Promotion")]
+    assert "| 2 | 2.50 | reasoner v2, actor v3 | +0.050 [-0.040, +0.140] |" in section
+    assert "| 3 | 3.00 | reasoner v3, actor v4 | +0.150 [+0.020, +0.300] |" in section
+    assert "first significant gain: after 3.00 on-policy minutes" in section
+    assert "![held-out gain over training time](curve.png)" in section
+    assert "curve.png" in (tmp_path / "report.html").read_text()
+
+
+def test_a_report_without_a_curve_says_how_to_measure_it(tmp_path):
+    from marft_lg.demo import render_report
+
+    md = render_report(tmp_path, _summary()).read_text()
+    section = md[md.index("## Held-out gain over training time"):md.index("## Promotion")]
+    assert f"marft-lg demo-curve {tmp_path}" in section
+    assert "curve.png" not in section
+
+
+def test_a_curve_that_never_got_significant_says_so(tmp_path):
+    from marft_lg.demo import render_report
+
+    summary = {**_summary(), "curve": {"every": 2, "checkpoints": CHECKPOINTS[:1], "minutes_to_significant_gain": None}}
+    assert "first significant gain: none of these checkpoints" in render_report(tmp_path, summary).read_text()
+
+
+def test_the_plot_is_a_png_with_one_line_per_run(tmp_path):
+    runs = [{"seed": 0, "run_dir": "runs/a", "checkpoints": CHECKPOINTS},
+            {"seed": 1, "run_dir": "runs/b", "checkpoints": [{**CHECKPOINTS[0], "mean": None}]}]  # nothing to draw
+    path = dc.plot(runs, tmp_path / "sub" / "curve.png", goal_minutes=8.0)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluate_run_refuses_an_unfinished_run(tmp_path):
+    with pytest.raises(ValueError, match="not a finished demo run"):
+        dc.evaluate_run(tmp_path)

@@ -4,7 +4,7 @@
 Every on-policy iteration publishes the team it trained (`MARFTTrainer._publish`), so the run's registry holds the
 whole path. At every `every`-th on-policy iteration and the last one, the team published by then is shadow-compared
 with the untuned team on the run's held-out problems, exactly as the demo's comparison (same app, reward, greedy
-decoding, episode ids and seeds): the last checkpoint reproduces the demo's own result. The untuned side is the same
+decoding and episode seeds): the last checkpoint reproduces the demo's own result. The untuned side is the same
 replay at every checkpoint, so it runs once. The x axis is on-policy minutes (rollouts + updates, from
 `train/metrics.jsonl`); the first checkpoint whose CI lies above 0 is the run's minutes to a significant gain.
 
@@ -243,7 +243,7 @@ def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
             cand = versions_at(it, published, untuned)
             t = time.perf_counter()
             result = shadow_compare(greedy, untuned, cand, heldout, score, samples_per_scenario=1, seed=seed,
-                                    run_id=f"ttg-{run_dir.name}", concurrency=concurrency, drift=False,
+                                    run_id=f"curve-{run_dir.name}", concurrency=concurrency, drift=False,
                                     progress=False, runner=runner)
             d = result.team.to_dict()
             row = {"iteration": it, "online_iteration": online_its.index(it) + 1,

@@ -584,15 +584,15 @@ def _curve_lines(run_dir: Path, s: dict[str, Any]) -> list[str]:
     head = ["## Held-out gain over training time", ""]
     c = s.get("curve")
     if not c:
-        return [*head, "Not measured for this run; `marft-lg demo-curve` replays the team every 2nd",
-                "on-policy iteration had published on the held-out problems:", "",
-                f"    marft-lg demo-curve {run_dir}", ""]
+        return [*head, "Not measured for this run: `marft-lg demo-curve RUN_DIR` (RUN_DIR: the folder",
+                "of this report) replays the team every 2nd on-policy iteration had published",
+                "on the held-out problems and adds the curve here.", ""]
     first = c["minutes_to_significant_gain"]
     rows = [f"| {cp['online_iteration']} | {cp['online_minutes']:.2f} | "
             f"{', '.join(f'{r} {v}' for r, v in cp['versions'].items())} | "
             f"{_signed(cp['mean'])} [{_signed(cp['low'])}, {_signed(cp['high'])}] |" for cp in c["checkpoints"]]
     return [*head, "The team published by each checkpoint against the untuned team, on the same",
-            "held-out problems (greedy, paired 95% CI); the last row replays the comparison above.", "",
+            "held-out problems (greedy, paired 95% CI); the last row replays the", "comparison above.", "",
             "| on-policy iteration | on-policy minutes | versions | gain, 95% CI |", "|---:|---:|---|---|", *rows, "",
             "- first significant gain: " + ("none of these checkpoints" if first is None
                                              else f"after {first:.2f} on-policy minutes"),

@@ -214,6 +214,7 @@ def test_the_report_shows_each_checkpoint_and_the_first_significant_one(tmp_path
     assert "| 3 | 3.00 | reasoner v3, actor v4 | +0.150 [+0.020, +0.300] |" in section
     assert "first significant gain: after 3.00 on-policy minutes" in section
     assert "![held-out gain over training time](curve.png)" in section
+    assert max(len(line) for line in section.splitlines() if not line.startswith("|")) <= 80
     assert "curve.png" in (tmp_path / "report.html").read_text()
 
 
@@ -222,8 +223,9 @@ def test_a_report_without_a_curve_says_how_to_measure_it(tmp_path):
 
     md = render_report(tmp_path, _summary()).read_text()
     section = md[md.index("## Held-out gain over training time"):md.index("## Promotion")]
-    assert f"marft-lg demo-curve {tmp_path}" in section
+    assert "`marft-lg demo-curve RUN_DIR` (RUN_DIR: the folder" in section
     assert "curve.png" not in section
+    assert max(map(len, section.splitlines())) <= 80  # the report reads in a terminal
 
 
 def test_a_curve_that_never_got_significant_says_so(tmp_path):

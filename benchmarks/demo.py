@@ -66,6 +66,7 @@ def setup_split(run_dir: Path, summary: dict) -> dict | None:
     `goal_progress` = 1) and the answer's accuracy (`task_completion`) with and without it; so a gain in accuracy
     reads as "set the problem up more often" or "computed better once it was set up". None when the comparison's
     traces are gone."""
+    from marft_lg.evaluation.shadow import SIDE_KEY
     from marft_lg.examples.math_team.reward import math_reward
     from marft_lg.trajectories.mining import mine
     from marft_lg.trajectories.scenarios import ScenarioSet
@@ -76,7 +77,7 @@ def setup_split(run_dir: Path, summary: dict) -> dict | None:
         return None
     dataset = mine([traces])
     scored = math_reward().score(dataset, ScenarioSet.load(run_dir / "scenarios.jsonl").split("heldout")).episodes
-    side = dataset.episodes.set_index("episode_id")["metadata"].map(lambda m: (m or {}).get("marft.compare.side"))
+    side = dataset.episodes.set_index("episode_id")["metadata"].map(lambda m: (m or {}).get(SIDE_KEY))
     scored = scored.assign(side=scored["episode_id"].map(side))
     out = {}
     for name, g in scored.groupby("side"):

@@ -169,20 +169,22 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
     finally:
         run.close()
     if curve_every:
-        summary = _add_curve(run_dir, curve_every, run.console) or summary
+        summary = _add_curve(run_dir, curve_every, run.console, summary)
     return summary
 
 
-def _add_curve(run_dir: Path, every: int, console: Any) -> dict[str, Any] | None:
-    """`add_curve` at the end of a demo; the summary with the curve, or None when the run has no on-policy
+def _add_curve(run_dir: Path, every: int, console: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """`add_curve` at the end of a demo; the summary with the curve, or as it was when the run has no on-policy
     iteration to replay (said, not fatal: the demo itself finished)."""
+    from marft_lg.demo_curve import summary_curve
+
     console.rule("[bold]held-out gain over training time[/bold]")
     try:
-        add_curve(run_dir, every, console=console)
+        curve = add_curve(run_dir, every, console=console)
     except ValueError as exc:
         console.print(f"no curve: {exc}", markup=False, highlight=False)
-        return None
-    return json.loads((run_dir / "summary.json").read_text())
+        return summary
+    return {**summary, "curve": summary_curve(curve)}
 
 
 def add_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, console: Any = None) -> dict[str, Any]:
@@ -190,8 +192,8 @@ def add_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, co
     into its report; returns the curve. ValueError when the run is unfinished or has no on-policy iteration."""
     from marft_lg.demo_curve import write_curve
 
-    curve = write_curve(run_dir, every, rerun_baseline=rerun_baseline, console=console)
-    render_report(run_dir, json.loads((run_dir / "summary.json").read_text()))
+    curve, summary = write_curve(run_dir, every, rerun_baseline=rerun_baseline, console=console)
+    render_report(run_dir, summary)
     if console is not None:
         first = curve["minutes_to_significant_gain"]
         console.print(("no checkpoint's 95% CI lies above 0" if first is None
@@ -272,14 +274,8 @@ class DemoRun:
         self.apps: list[Any] = []
 
     def _app(self, temperature: float, trace_dir: Path) -> Any:
-        """The math team's graph on the team (`AppSpec.build_app`), at `temperature`, traced into `trace_dir`."""
-        from functools import partial
-
-        from marft_lg.graph.app_spec import AppSpec
-
-        caps = {k: min(v, self.budget.max_tokens) for k, v in self.math_team.settings.REPLY_TOKENS.items()}
-        spec = AppSpec(app=partial(self.math_team.graph.build_graph, **caps), node_roles=self.node_roles,
-                       chat_model={"max_tokens": self.budget.max_tokens, "temperature": temperature})
+        """The math team's app (`math_team.graph.app_spec`) on the team, at `temperature`, traced into `trace_dir`."""
+        spec = self.math_team.graph.app_spec(self.budget.max_tokens, temperature, self.node_roles)
         app = spec.build_app(self.team, trace_dir)
         self.apps.append(app)
         return app

@@ -26,8 +26,6 @@ from typing import Any
 
 from marft_lg._durable import write_atomic
 
-SIDE_KEY = "marft.compare.side"  # the episode metadata key `shadow_compare` names each side with
-
 
 # ---- reading the run (pure) ---------------------------------------------------------------------------------------
 def online_rows(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -170,6 +168,7 @@ class BaselineOnce:
         `shadow_compare` reads from a runner, as from `GraphCollector`."""
 
     def run(self, jobs: list[Any]) -> Any:
+        from marft_lg.evaluation.shadow import SIDE_KEY
         from marft_lg.trajectories.dataset import TrajectoryDataset
 
         base_ids = {j.episode_id for j in jobs if (j.metadata or {}).get(SIDE_KEY) == "baseline"}
@@ -194,8 +193,6 @@ def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
     versions must be the run's tuned team), RuntimeError when the registry changed during the replays.
     """
     from marft_lg.evaluation.shadow import shadow_compare
-    from marft_lg.graph.chat_model import TeamChatModel
-    from marft_lg.graph.wrap import wrap
     from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
     from marft_lg.training.metrics import read_metrics
@@ -221,12 +218,11 @@ def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
                          f"{versions_at(online_its[-1], published, untuned)} are not the run's tuned team {tuned}")
     picks = checkpoint_iterations(online_its, every)
 
-    from marft_lg.examples.math_team import graph, reward, settings
+    from marft_lg.examples.math_team import graph, reward
 
     roles = list(graph.ROLES)
     score = reward.math_reward()
     max_tokens = int(budget["max_tokens"])
-    caps = {k: min(v, max_tokens) for k, v in settings.REPLY_TOKENS.items()}
     concurrency = min(2 * len(heldout), 48)
     trace_dir = Path(tempfile.mkdtemp(prefix=f"curve-{run_dir.name}-"))
     task = progress.add_task(f"{run_dir.name}: checkpoints", total=len(picks)) if progress is not None else None
@@ -235,9 +231,7 @@ def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
     team = Team(model, roles, registry=registry, versions=untuned, seed=seed)
     greedy = runner = None
     try:
-        greedy = wrap(graph.build_graph(TeamChatModel(team=team, max_tokens=max_tokens, temperature=0.0),
-                                                  **caps),
-                      team=team, trace_dir=trace_dir / "compare", node_roles=_node_roles(run_dir, roles))
+        greedy = graph.app_spec(max_tokens, 0.0, _node_roles(run_dir, roles)).build_app(team, trace_dir / "compare")
         runner = None if rerun_baseline else BaselineOnce(greedy, concurrency)
         for it in picks:
             cand = versions_at(it, published, untuned)
@@ -321,9 +315,15 @@ def plot(runs: Sequence[Mapping[str, Any]], path: Path, *, goal_minutes: float |
     return path
 
 
-def write_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, console: Any = None) -> dict[str, Any]:
+def summary_curve(curve: dict[str, Any]) -> dict[str, Any]:
+    """What a run's `summary.json` keeps of its curve (`curve.json` has the rest)."""
+    return {k: curve[k] for k in ("every", "checkpoints", "minutes_to_significant_gain", "eval_minutes")}
+
+
+def write_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
+                console: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """`evaluate_run`, then `curve.json` and `curve.png` in the run directory and the curve in its `summary.json`
-    (`marft_lg.demo.add_curve` also renders it into the report). Returns the curve."""
+    (`marft_lg.demo.add_curve` also renders it into the report). Returns the curve and the updated summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from marft_lg._provenance import code_state
@@ -337,7 +337,7 @@ def write_curve(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, 
          title=f"held-out gain over on-policy training time (seed {curve['seed']})")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
-    summary["curve"] = {k: curve[k] for k in ("every", "checkpoints", "minutes_to_significant_gain", "eval_minutes")}
+    summary["curve"] = summary_curve(curve)
     write_atomic(summary_path, json.dumps(summary, indent=2, default=str))
-    return curve
+    return curve, summary
 

@@ -29,6 +29,7 @@ logger = logging.getLogger("marft_lg.evaluation")
 
 VersionSpec = str | Mapping[str, str]
 FRESH = "init"  # the version name of a freshly initialised adapter (marft_lg.serving.team.FRESH)
+SIDE_KEY = "marft.compare.side"  # the episode metadata key naming a compared episode's side (baseline / candidate)
 
 
 def resolve_versions(spec: VersionSpec, registry: Any, roles: Iterable[str] | None = None) -> dict[str, str]:
@@ -182,7 +183,7 @@ def _plan_replays(scenarios: list[Scenario], samples: int, seed: int, run_id: st
             s = derive_seed(seed, scen.scenario_id, j)
             for side, versions in (("baseline", base_map), ("candidate", cand_map)):
                 eid = f"{run_id}-{side}-{scen.scenario_id}-{j}"
-                meta = {"marft.compare.run": run_id, "marft.compare.side": side, "marft.compare.sample": j}
+                meta = {"marft.compare.run": run_id, SIDE_KEY: side, "marft.compare.sample": j}
                 jobs.append(EpisodeJob(scen, eid, s, dict(versions), meta))
                 side_of[eid] = side
     return jobs, side_of

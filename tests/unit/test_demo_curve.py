@@ -142,11 +142,12 @@ class _FakeCollector:
 
 
 def _jobs(candidate: str) -> list:
+    from marft_lg.evaluation.shadow import SIDE_KEY
     from marft_lg.graph.collect import EpisodeJob
     from marft_lg.trajectories.scenarios import Scenario
 
     def job(side: str, eid: str, versions: dict) -> EpisodeJob:
-        return EpisodeJob(Scenario(eid, {}), eid, 1, versions, {dc.SIDE_KEY: side})
+        return EpisodeJob(Scenario(eid, {}), eid, 1, versions, {SIDE_KEY: side})
 
     return [job("baseline", "b-s1", UNTUNED), job("baseline", "b-s2-crash", UNTUNED),
             job("candidate", f"c{candidate}-s1", {"actor": candidate}),

@@ -73,3 +73,17 @@ def build_graph(llm: Any, *, reasoner_tokens: int | None = None, actor_tokens: i
     g.add_edge("reasoner", "actor")
     g.add_edge("actor", END)
     return g.compile()
+
+
+def app_spec(max_tokens: int, temperature: float, node_roles: dict[str, str] | None = None) -> Any:
+    """The math team as the demo runs it, an `AppSpec` on `TeamChatModel`: each agent's reply capped at its
+    `settings.REPLY_TOKENS` (never above `max_tokens`), every call at `temperature`. The demo's rollouts, its
+    held-out comparison and the curve's replays all build their app here, so they run the same app."""
+    from functools import partial
+
+    from marft_lg.examples.math_team.settings import REPLY_TOKENS
+    from marft_lg.graph.app_spec import AppSpec
+
+    caps = {k: min(v, max_tokens) for k, v in REPLY_TOKENS.items()}
+    return AppSpec(app=partial(build_graph, **caps), node_roles=node_roles,
+                   chat_model={"max_tokens": max_tokens, "temperature": temperature})

@@ -17,8 +17,18 @@ The questions are generated (arithmetic with fresh numbers, the three facts aske
 training and a disjoint held-out set. The supervisor's hand-offs are tool calls, so every worker step has tool calls
 upstream: counterfactual replays run those tools again (`replay_tools: rerun`; they have no side effects). Writes
 benchmarks/results/credit_tools.json: `commit`, settings, `runs: [{estimator, seed, minutes, iterations, gain, ci_low,
-ci_high, minutes_to_significance, ...}]` (as credit.json: `minutes` counts rollouts, updates and replays;
-`minutes_to_significance` is measured at the end of the budget only).
+ci_high, minutes_to_significance, components, checkpoints, agents, ...}]` (as credit.json: `minutes` counts
+rollouts, updates, replays and the warm start; `minutes_to_significance` is measured at the end of the budget only).
+
+Each run also says where its gain came from: per reward component (`components`: the answer, the checkpoints, tool
+errors, steps), per checkpoint (`checkpoints`: the right hand-off and the right tool, each scored alone) and per agent
+(`agents`: the reward each agent earned and its tool accuracy), each a paired 95% CI over the held-out questions.
+`--warm-start N` first runs the untuned team K times on N training questions and fine-tunes each agent on its own
+actions in the best episode of each question (`training.warm_start`), inside the same time budget.
+
+    python benchmarks/credit_tools.py --estimators group --seeds 0,1,2 --online-minutes 12 --heldout 24 \
+        --out benchmarks/results/tools_learn.json
+    python benchmarks/credit_tools.py --table benchmarks/results/tools_learn.json
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "supervisor_tools"
@@ -50,6 +61,7 @@ ESTIMATORS = {
                        "replay_tools": "rerun"},
 }
 TOOL_OF = {"plus": "add", "times": "multiply", "divided by": "divide"}
+CHECKPOINTS = ("handoff", "tool")  # what each question's two checkpoints ask, in order
 # The team's reward: the answer names the reference, and partial credit for the steps to it (the supervisor's
 # hand-off to the right worker, that worker's right tool), which an untuned team sometimes takes; tool errors and
 # steps cost a little. (With the example's own reward.yaml, answer or nothing, the untuned team almost never earned
@@ -89,17 +101,44 @@ def questions(n: int, rng: random.Random, taken: set[str]) -> list:
     return out
 
 
+def checkpoint_gains(baseline: Any, candidate: Any, scenarios: list, *, seed: int = 0) -> dict[str, dict]:
+    """Per checkpoint position (`CHECKPOINTS`), the paired gain in the share of questions that met it: both sides'
+    episodes scored by `goal_progress` against that one checkpoint only, so "right hand-off" and "right tool" read
+    apart where the reward sums them."""
+    from marft_lg.evaluation.comparison import compare_datasets
+    from marft_lg.rewards.composite import CompositeReward
+
+    alone = CompositeReward.from_yaml({"weights": {"goal_progress": 1.0}})
+    out = {}
+    for i, name in enumerate(CHECKPOINTS):
+        by_id = {s.scenario_id: {**s.to_dict(), "checkpoints": s.checkpoints[i:i + 1]} for s in scenarios}
+        out[name] = compare_datasets(baseline, candidate, alone, scenarios=by_id, seed=seed).team.to_dict()
+    return out
+
+
+def where_from(result: Any, scenarios: list, *, seed: int = 0) -> dict[str, Any]:
+    """A comparison's gain by reward component, by checkpoint and by agent (its reward and tool accuracy)."""
+    agents = {a: {m: ms[m].to_dict() for m in ("reward", "tool_accuracy") if m in ms}
+              for a, ms in result.agents.items()}
+    return {"components": {k: v.to_dict() for k, v in result.components.items()},
+            "checkpoints": checkpoint_gains(result.datasets["baseline"], result.datasets["candidate"], scenarios,
+                                            seed=seed),
+            "agents": agents}
+
+
 def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work: Path, *, per_iteration: int = 4,
-            recursion_limit: int | None = None) -> dict:
+            recursion_limit: int | None = None, warm_start: int = 0) -> dict:
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.app_spec import AppSpec
+    from marft_lg.graph.collect import GraphCollector
     from marft_lg.rewards.composite import CompositeReward
     from marft_lg.serving.errors import RegistryError
     from marft_lg.training.config import MARFTConfig
     from marft_lg.training.metrics import read_metrics
     from marft_lg.training.trainer import MARFTTrainer
+    from marft_lg.training.warm_start import WarmStartConfig
 
-    run = work / f"{estimator}-s{seed}"
+    run = work / f"{estimator}-w{warm_start}-s{seed}"
     rng, taken = random.Random(seed), set()
     test = questions(heldout, rng, taken)
     stream = questions(400, rng, taken)
@@ -119,7 +158,17 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         est = ESTIMATORS[estimator]
         cfg = MARFTConfig(**SETTINGS, **est, seed=seed, rollout_concurrency=4 * est["group_size"])
         trainer = MARFTTrainer(team, reward, cfg, run / "train", run_id=f"credit-tools-{estimator}", progress=False)
-        trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=online_minutes * 60)
+        warm = {}
+        if warm_start:  # K untuned episodes on the stream's first questions, then their best teach each agent
+            w0 = time.perf_counter()
+            episodes = GraphCollector(sampling, concurrency=16, run_id="warm").collect(
+                stream[:warm_start], est["group_size"], 0, seed)
+            row = trainer.fit_warm_start(episodes, stream[:warm_start], WarmStartConfig())
+            warm = {"warm_start_questions": warm_start, "warm_start_episodes": len(episodes),
+                    "kept_episodes": row["kept_episodes"], "warm_start_minutes": round((time.perf_counter() - w0) / 60, 2)}
+            stream = stream[warm_start:]
+        left = online_minutes * 60 - 60 * warm.get("warm_start_minutes", 0.0)
+        trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=left)
         trainer.close("FINISHED")
         tuned, not_updated = dict(team.versions()), []
         for role, version in tuned.items():  # a role no update reached has no new version: its candidate is untuned
@@ -138,12 +187,14 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         for app in apps:
             app.close()
         team.close()
-    rows = read_metrics(run / "train" / "metrics.jsonl")
+    rows = [r for r in read_metrics(run / "train" / "metrics.jsonl") if r.get("phase") != "warm_start"]
     train_s = sum(float(r.get(k) or 0) for r in rows for k in ("time_s", "rollout_s", "replay_s"))  # replays too
+    train_s += 60 * warm.get("warm_start_minutes", 0.0)
     d = result.team.to_dict()
     significant = d.get("low") is not None and d["low"] > 0
     return {
-        "estimator": estimator, "seed": seed, "minutes": round(train_s / 60, 2), "iterations": len(rows),
+        "estimator": estimator, "warm_start": warm_start, "seed": seed, "minutes": round(train_s / 60, 2),
+        "iterations": len(rows), **warm,
         "gain": d["mean"], "ci_low": d.get("low"), "ci_high": d.get("high"), "pairs": d.get("n"),
         "minutes_to_significance": round(train_s / 60, 2) if significant else None,
         "replays": sum(int(r.get("replays") or 0) for r in rows),
@@ -155,7 +206,30 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         "roles_not_updated": not_updated,
         "wall_minutes": round((time.perf_counter() - t0) / 60, 2),
         "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        **where_from(result, test, seed=seed),
     }
+
+
+def _ci(d: dict | None) -> str:
+    if not d or d.get("mean") is None:
+        return "n/a"
+    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def table(results: dict) -> str:
+    """One row per run: the team's gain, and where it came from (the answer, the hand-off, the tool, each agent)."""
+    roles = sorted({a for r in results["runs"] for a in r.get("agents", {})})
+    lines = ["| estimator | warm start | seed | minutes (iterations) | team reward gain | answer right | right hand-off | "
+             "right tool | " + " | ".join(f"{a} reward" for a in roles) + " |",
+             "|---|---:|---:|---|---|---|---|---|" + "---|" * len(roles)]
+    for r in results["runs"]:
+        team = {"mean": r["gain"], "low": r["ci_low"], "high": r["ci_high"]}
+        cps, comps = r.get("checkpoints", {}), r.get("components", {})
+        lines.append(f"| {r['estimator']} | {r.get('warm_start', 0)} | {r['seed']} | {r['minutes']:.1f} "
+                     f"({r['iterations']}) | {_ci(team)} | {_ci(comps.get('task_completion'))} | "
+                     f"{_ci(cps.get('handoff'))} | {_ci(cps.get('tool'))} | "
+                     + " | ".join(_ci(r.get("agents", {}).get(a, {}).get("reward")) for a in roles) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,10 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-iteration", type=int, default=4, help="questions per on-policy iteration")
     ap.add_argument("--recursion-limit", type=int, default=8,
                     help="LangGraph step limit of each episode (a worker's tool loop ends before it); 0: LangGraph's own")
+    ap.add_argument("--warm-start", type=int, default=0,
+                    help="questions whose K untuned episodes' best teach each agent first (0: no warm start)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--table", type=Path, default=None, help="print the Markdown table of this results file and exit")
     ap.add_argument("--append", action="store_true",
                     help="keep the runs already in --out (same settings) and run only the missing estimator x seed")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return 0
     import torch
 
     from marft_lg._durable import write_atomic
@@ -191,19 +271,19 @@ def main(argv: list[str] | None = None) -> int:
                 k: v for k, v in json.loads(json.dumps(out["settings"])).items() if k != "estimators"}:
             ap.error(f"--append: {args.out} was measured with other settings")
         out["runs"] = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
-    done = {(r["estimator"], r["seed"]) for r in out["runs"]}
+    done = {(r["estimator"], r.get("warm_start", 0), r["seed"]) for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             for estimator in args.estimators.split(","):
-                if (estimator, seed) in done:
+                if (estimator, args.warm_start, seed) in done:
                     continue
                 run = one_run(estimator, seed, args.online_minutes, args.heldout, work, per_iteration=args.per_iteration,
-                              recursion_limit=limit)
+                              recursion_limit=limit, warm_start=args.warm_start)
                 out["runs"].append({**run, "commit": out["commit"]})
-                print(json.dumps({k: run[k] for k in ("estimator", "seed", "minutes", "iterations", "gain", "ci_low",
-                                                      "ci_high", "replays")}), flush=True)
+                print(json.dumps({k: run[k] for k in ("estimator", "warm_start", "seed", "minutes", "iterations", "gain",
+                                                      "ci_low", "ci_high", "replays")}), flush=True)
                 write_atomic(args.out, json.dumps(out, indent=2) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,80 @@
+"""benchmarks/credit_tools.py: where a tool-using team's gain came from (per checkpoint, per component, per agent)
+and its table, on hand-made episodes; the script's model runs are the benchmark itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from marft_lg.evaluation.comparison import compare_datasets
+from marft_lg.rewards import CompositeReward
+from marft_lg.trajectories.scenarios import Scenario
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ct = _load("credit_tools_bench", _ROOT / "benchmarks" / "credit_tools.py")
+factory = _load("credit_tools_rewards_factory", _ROOT / "tests" / "unit" / "rewards" / "rewards_factory.py")
+SCENARIOS = [Scenario(f"q{i}", {"messages": []}, reference="7", checkpoints=["agent:researcher", "tool:lookup"])
+             for i in range(6)]
+
+
+def _side(tag: str, handoff: list[bool], tool: list[bool], answer: list[bool]) -> object:
+    episodes = []
+    for i, (h, t, a) in enumerate(zip(handoff, tool, answer, strict=True)):
+        actions = [{"agent": "supervisor", "completion": "routing"}]
+        if h:
+            actions.append({"agent": "researcher", "completion": "7" if a else "no idea",
+                            "tool_calls": [factory.tool("lookup" if t else "search")]})
+        else:
+            actions.append({"agent": "mathematician", "completion": "7" if a else "no idea"})
+        episodes.append({"episode_id": f"{tag}-{i}", "scenario_id": f"q{i}", "actions": actions,
+                         "outcome": "7" if a else "no idea"})
+    return factory.make_dataset(episodes)
+
+
+def test_checkpoint_gains_score_each_checkpoint_alone():
+    # the candidate hands off right on every question (baseline: 2 of 6) but picks the right tool no more often
+    base = _side("b", [True, True, False, False, False, False], [True, False, False, False, False, False], [False] * 6)
+    cand = _side("c", [True] * 6, [True, False, False, False, False, False], [False] * 6)
+    gains = ct.checkpoint_gains(base, cand, SCENARIOS, seed=0)
+    assert set(gains) == set(ct.CHECKPOINTS)
+    assert gains["handoff"]["mean"] == pytest.approx(4 / 6)
+    assert gains["handoff"]["low"] > 0
+    assert gains["tool"]["mean"] == pytest.approx(0.0)
+    # summed, as the reward's goal_progress sees them, the two would be one number: half of the hand-off's gain
+    both = compare_datasets(base, cand, CompositeReward.from_yaml({"weights": {"goal_progress": 1.0}}),
+                            scenarios={s.scenario_id: s.to_dict() for s in SCENARIOS}, seed=0)
+    assert both.team.mean == pytest.approx(gains["handoff"]["mean"] / 2 + gains["tool"]["mean"] / 2)
+
+
+def test_where_from_and_the_table_name_components_checkpoints_and_agents():
+    base = _side("b", [False] * 6, [False] * 6, [False] * 6)
+    cand = _side("c", [True] * 6, [True] * 6, [True, True, True, False, False, False])
+    reward = CompositeReward.from_yaml({**ct.REWARD, "components": {"task_completion": {"match": "contains"}}})
+    result = compare_datasets(base, cand, reward, scenarios={s.scenario_id: s.to_dict() for s in SCENARIOS}, seed=0)
+    result.datasets = {"baseline": base, "candidate": cand}
+    where = ct.where_from(result, SCENARIOS, seed=0)
+    assert where["components"]["task_completion"]["mean"] == pytest.approx(0.5)
+    assert where["checkpoints"]["tool"]["mean"] == pytest.approx(1.0)
+    assert {"supervisor", "researcher", "mathematician"} <= set(where["agents"])
+    assert where["agents"]["researcher"]["reward"]["mean"] > 0
+    run = {"estimator": "group", "warm_start": 8, "seed": 2, "minutes": 11.5, "iterations": 4, "gain": 0.25,
+           "ci_low": 0.1, "ci_high": 0.4, **where}
+    lines = ct.table({"runs": [run]}).splitlines()
+    assert len(lines) == 3 and "researcher reward" in lines[0]
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:5] == ["group", "8", "2", "11.5 (4)", "+0.250 [+0.100, +0.400]"]
+    assert cells[5].startswith("+0.500") and cells[7].startswith("+1.000")
+    assert len(cells) == len([c for c in lines[0].strip("|").split("|")])

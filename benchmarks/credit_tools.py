@@ -127,7 +127,7 @@ def where_from(result: Any, scenarios: list, *, seed: int = 0) -> dict[str, Any]
 
 
 def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work: Path, *, per_iteration: int = 4,
-            recursion_limit: int | None = None, warm_start: int = 0) -> dict:
+            recursion_limit: int | None = None, warm_start: int = 0, overrides: dict | None = None) -> dict:
     from marft_lg.evaluation.shadow import shadow_compare
     from marft_lg.graph.app_spec import AppSpec
     from marft_lg.graph.collect import GraphCollector
@@ -138,7 +138,8 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     from marft_lg.training.trainer import MARFTTrainer
     from marft_lg.training.warm_start import WarmStartConfig
 
-    run = work / f"{estimator}-w{warm_start}-s{seed}"
+    overrides = dict(overrides or {})
+    run = work / f"{estimator}-w{warm_start}-{'-'.join(f'{k}{v}' for k, v in sorted(overrides.items()))}-s{seed}"
     rng, taken = random.Random(seed), set()
     test = questions(heldout, rng, taken)
     stream = questions(400, rng, taken)
@@ -156,7 +157,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         sampling = spec.build_app(team, run / "traces")
         apps.append(sampling)
         est = ESTIMATORS[estimator]
-        cfg = MARFTConfig(**SETTINGS, **est, seed=seed, rollout_concurrency=4 * est["group_size"])
+        cfg = MARFTConfig(**{**SETTINGS, **overrides}, **est, seed=seed, rollout_concurrency=4 * est["group_size"])
         trainer = MARFTTrainer(team, reward, cfg, run / "train", run_id=f"credit-tools-{estimator}", progress=False)
         warm = {}
         if warm_start:  # K untuned episodes on the stream's first questions, then their best teach each agent
@@ -193,7 +194,8 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     d = result.team.to_dict()
     significant = d.get("low") is not None and d["low"] > 0
     return {
-        "estimator": estimator, "warm_start": warm_start, "seed": seed, "minutes": round(train_s / 60, 2),
+        "estimator": estimator, "warm_start": warm_start, "overrides": overrides, "seed": seed,
+        "minutes": round(train_s / 60, 2),
         "iterations": len(rows), **warm,
         "gain": d["mean"], "ci_low": d.get("low"), "ci_high": d.get("high"), "pairs": d.get("n"),
         "minutes_to_significance": round(train_s / 60, 2) if significant else None,
@@ -210,6 +212,18 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     }
 
 
+def parse_set(item: str) -> tuple[str, Any]:
+    """``key=value`` -> (key, the value as YAML reads it); a key MARFTConfig lacks is an error naming it."""
+    import yaml
+
+    from marft_lg.training.config import MARFTConfig
+
+    key, sep, value = item.partition("=")
+    if not sep or key.strip() not in MARFTConfig.__dataclass_fields__:
+        raise SystemExit(f"--set {item!r}: expected KEY=VALUE with KEY a MARFTConfig field")
+    return key.strip(), yaml.safe_load(value)
+
+
 def _ci(d: dict | None) -> str:
     if not d or d.get("mean") is None:
         return "n/a"
@@ -219,13 +233,14 @@ def _ci(d: dict | None) -> str:
 def table(results: dict) -> str:
     """One row per run: the team's gain, and where it came from (the answer, the hand-off, the tool, each agent)."""
     roles = sorted({a for r in results["runs"] for a in r.get("agents", {})})
-    lines = ["| estimator | warm start | seed | minutes (iterations) | team reward gain | answer right | right hand-off | "
+    lines = ["| estimator | warm start, settings | seed | minutes (iterations) | team reward gain | answer right | right hand-off | "
              "right tool | " + " | ".join(f"{a} reward" for a in roles) + " |",
              "|---|---:|---:|---|---|---|---|---|" + "---|" * len(roles)]
     for r in results["runs"]:
         team = {"mean": r["gain"], "low": r["ci_low"], "high": r["ci_high"]}
         cps, comps = r.get("checkpoints", {}), r.get("components", {})
-        lines.append(f"| {r['estimator']} | {r.get('warm_start', 0)} | {r['seed']} | {r['minutes']:.1f} "
+        extra = "".join(f", {k}={v}" for k, v in sorted((r.get("overrides") or {}).items()))
+        lines.append(f"| {r['estimator']} | {r.get('warm_start', 0)}{extra} | {r['seed']} | {r['minutes']:.1f} "
                      f"({r['iterations']}) | {_ci(team)} | {_ci(comps.get('task_completion'))} | "
                      f"{_ci(cps.get('handoff'))} | {_ci(cps.get('tool'))} | "
                      + " | ".join(_ci(r.get("agents", {}).get(a, {}).get("reward")) for a in roles) + " |")
@@ -243,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="LangGraph step limit of each episode (a worker's tool loop ends before it); 0: LangGraph's own")
     ap.add_argument("--warm-start", type=int, default=0,
                     help="questions whose K untuned episodes' best teach each agent first (0: no warm start)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a MARFTConfig setting over SETTINGS for these runs (repeatable; recorded per run)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--table", type=Path, default=None, help="print the Markdown table of this results file and exit")
     ap.add_argument("--append", action="store_true",
@@ -271,16 +288,18 @@ def main(argv: list[str] | None = None) -> int:
                 k: v for k, v in json.loads(json.dumps(out["settings"])).items() if k != "estimators"}:
             ap.error(f"--append: {args.out} was measured with other settings")
         out["runs"] = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
-    done = {(r["estimator"], r.get("warm_start", 0), r["seed"]) for r in out["runs"]}
+    overrides = dict(parse_set(item) for item in args.set)
+    done = {(r["estimator"], r.get("warm_start", 0), json.dumps(r.get("overrides") or {}, sort_keys=True), r["seed"])
+            for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             for estimator in args.estimators.split(","):
-                if (estimator, args.warm_start, seed) in done:
+                if (estimator, args.warm_start, json.dumps(overrides, sort_keys=True), seed) in done:
                     continue
                 run = one_run(estimator, seed, args.online_minutes, args.heldout, work, per_iteration=args.per_iteration,
-                              recursion_limit=limit, warm_start=args.warm_start)
+                              recursion_limit=limit, warm_start=args.warm_start, overrides=overrides)
                 out["runs"].append({**run, "commit": out["commit"]})
                 print(json.dumps({k: run[k] for k in ("estimator", "warm_start", "seed", "minutes", "iterations", "gain",
                                                       "ci_low", "ci_high", "replays")}), flush=True)

@@ -20,7 +20,7 @@ What depends on the action/token unit is asked of the config's `Unit` (`units.un
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -372,6 +372,22 @@ def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], base
     return out
 
 
+def normalize_advantages(advantages: list[torch.Tensor], records: Sequence[ActionRecord], trained: Sequence[int],
+                         zero: Collection[int], agents: Sequence[str], cfg: MARFTConfig) -> None:
+    """`normalize_advantages`, in place: the trained records' advantages made zero-mean and divided by their std, or
+    by `advantage_std_floor` when that is larger (returns that differ by a few hundredths, e.g. a step cost, are
+    not blown up into full-size pushes), jointly or per agent (`credit_normalize: per_agent`, Dr. MAS). A record
+    whose advantage is 0 (its group's returns all equal) stays 0 and out of the statistics: moved by the batch's
+    mean it would push what no return preferred."""
+    if not cfg.normalize_advantages:
+        return
+    signal = [i for i in trained if i not in zero]
+    parts = ([[i for i in signal if records[i].agent == a] for a in agents] if cfg.credit_normalize == "per_agent"
+             else [signal])
+    for idx in parts:
+        unit_for(cfg).normalize(advantages, idx, floor=cfg.advantage_std_floor)
+
+
 def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARFTConfig, *,
                 agents: Sequence[str], adapter_for: Callable[[ActionRecord], str],
                 critic: Critic | None, on_policy: Callable[[ActionRecord], bool] | None = None,
@@ -397,11 +413,7 @@ def build_batch(buffer: RolloutBuffer, bases: Mapping[str, BaseModel], cfg: MARF
     features, values = critic_values(records, bases, critic, cfg)
     advantages, returns = compute_advantages(records, values, cfg)
     zero = frozenset(i for i in trained if not bool(advantages[i].any()))
-    if cfg.normalize_advantages and cfg.credit_normalize == "per_agent":  # Dr. MAS: each agent on its own scale
-        for agent in agents:
-            unit_for(cfg).normalize(advantages, [i for i in trained if records[i].agent == agent])
-    elif cfg.normalize_advantages:
-        unit_for(cfg).normalize(advantages, trained)
+    normalize_advantages(advantages, records, trained, zero, agents, cfg)
     ref = reference_logprobs(records, trained, bases, cfg, masks) if cfg.kl_ref_coef > 0 else {}
     return TrainBatch(records=records, behaviour=tuple(behaviour), proximal=tuple(proximal), off_policy=n_stale,
                       advantages=tuple(advantages),

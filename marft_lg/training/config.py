@@ -43,6 +43,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool, bool, bool]] = {
     "entropy_coef": (0.0, None, False, False, False),
     "kl_cut": (0.0, None, True, False, True),
     "kl_ref_coef": (0.0, None, False, False, False),
+    "advantage_std_floor": (0.0, None, False, False, False),
     "importance_cap": (1.0, None, False, False, False),  # an on-policy unit's weight is 1: never capped below it
     "gamma": (0.0, 1.0, False, False, False),
     "gae_lambda": (0.0, 1.0, False, False, False),
@@ -125,6 +126,10 @@ class MARFTConfig:
     kl_ref_coef: float = 0.0
     """Penalty on KL to the reference (base model with adapters disabled); 0 disables (no extra pass)."""
     normalize_advantages: bool = True
+    advantage_std_floor: float = 0.0
+    """`normalize_advantages` divides by the advantages' std or by this, whichever is larger (in the reward's units):
+    a batch whose returns differ only by small amounts (a step cost, a formatting term) then trains little instead
+    of being scaled up to the size of a solved-or-not difference. 0: always the std."""
     offline_anchor: str = "current"
     """What the ratio of a record the current weights did not sample (a mined trace, data from before an earlier
     update or a warm start) is clipped around. `current`: the policy at the start of the iteration (one no-grad pass

@@ -45,8 +45,9 @@ class Unit(Protocol):
         """GAE over one episode's records in order: (advantages per completion token, returns like `values`)."""
         ...
 
-    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int]) -> None:
-        """Zero-mean, unit-std advantages over the units of the records at `idx`, in place."""
+    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int], floor: float = 0.0) -> None:
+        """Zero-mean advantages over the units of the records at `idx`, divided by their std or `floor` when that is
+        larger, in place."""
         ...
 
     def reduce(self, x: torch.Tensor, mask: torch.Tensor, words: torch.Tensor | None = None,
@@ -86,13 +87,13 @@ class ActionUnit:
         adv = [torch.full((r.n_tokens,), float(a[k])) for k, r in enumerate(records)]
         return adv, [g[k:k + 1] for k in range(len(records))]
 
-    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int]) -> None:
+    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int], floor: float = 0.0) -> None:
         if not idx:
             return
         a = torch.stack([advantages[i][0] for i in idx])
         if a.numel() < 2:
             return
-        a = (a - a.mean()) / (a.std(unbiased=False) + 1e-8)
+        a = (a - a.mean()) / (a.std(unbiased=False).clamp(min=floor) + 1e-8)
         for i, v in zip(idx, a.tolist(), strict=True):
             advantages[i] = torch.full_like(advantages[i], v)
 
@@ -147,13 +148,13 @@ class TokenUnit:
             start += r.n_tokens
         return adv, ret
 
-    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int]) -> None:
+    def normalize(self, advantages: list[torch.Tensor], idx: Sequence[int], floor: float = 0.0) -> None:
         if not idx:
             return
         flat = torch.cat([advantages[i] for i in idx])
         if flat.numel() < 2:
             return
-        mean, std = flat.mean(), flat.std(unbiased=False) + 1e-8
+        mean, std = flat.mean(), flat.std(unbiased=False).clamp(min=floor) + 1e-8
         for i in idx:
             advantages[i] = (advantages[i] - mean) / std
 

@@ -70,11 +70,20 @@ def test_where_from_and_the_table_name_components_checkpoints_and_agents():
     assert where["checkpoints"]["tool"]["mean"] == pytest.approx(1.0)
     assert {"supervisor", "researcher", "mathematician"} <= set(where["agents"])
     assert where["agents"]["researcher"]["reward"]["mean"] > 0
-    run = {"estimator": "group", "warm_start": 8, "seed": 2, "minutes": 11.5, "iterations": 4, "gain": 0.25,
+    run = {"estimator": "group", "warm_start": 8, "overrides": {"advantage_std_floor": 0.1}, "seed": 2, "minutes": 11.5, "iterations": 4, "gain": 0.25,
            "ci_low": 0.1, "ci_high": 0.4, **where}
     lines = ct.table({"runs": [run]}).splitlines()
     assert len(lines) == 3 and "researcher reward" in lines[0]
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert cells[:5] == ["group", "8", "2", "11.5 (4)", "+0.250 [+0.100, +0.400]"]
+    assert cells[:5] == ["group", "8, advantage_std_floor=0.1", "2", "11.5 (4)", "+0.250 [+0.100, +0.400]"]
     assert cells[5].startswith("+0.500") and cells[7].startswith("+1.000")
     assert len(cells) == len([c for c in lines[0].strip("|").split("|")])
+
+
+def test_set_reads_yaml_values_and_refuses_unknown_keys():
+    assert ct.parse_set("advantage_std_floor=0.1") == ("advantage_std_floor", 0.1)
+    assert ct.parse_set("dynamic_sampling=true") == ("dynamic_sampling", True)
+    with pytest.raises(SystemExit, match="learning_rat"):
+        ct.parse_set("learning_rat=1e-4")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        ct.parse_set("learning_rate")

@@ -1,0 +1,68 @@
+"""`normalize_advantages`: an action whose advantage is 0 (its group's returns all equal) stays 0 whatever the rest of
+the batch holds, and `advantage_std_floor` keeps returns that differ by a few hundredths from being scaled up to
+full-size advantages; per action and per token, jointly and per agent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marft_lg._config import ConfigError
+from marft_lg.training.batch import normalize_advantages
+from marft_lg.training.buffer import ActionRecord
+from marft_lg.training.config import MARFTConfig
+
+
+def _record(agent: str, n_tokens: int = 1) -> ActionRecord:
+    return ActionRecord(episode_id="e", scenario_id="s", order=0, agent=agent, adapter_version=None, prompt_ids=[1],
+                        completion_ids=[2] * n_tokens, behaviour_logprobs=[-1.0] * n_tokens, reward=0.0, done=True,
+                        words=1)
+
+
+def _normalized(values: list[float], agents: list[str], **cfg) -> list[float]:
+    records = [_record(a) for a in agents]
+    adv = [torch.tensor([v]) for v in values]
+    zero = frozenset(i for i, a in enumerate(adv) if not bool(a.any()))
+    normalize_advantages(adv, records, list(range(len(adv))), zero, sorted(set(agents)), MARFTConfig(**cfg))
+    return [float(a[0]) for a in adv]
+
+
+def test_a_zero_advantage_stays_zero_while_the_others_are_normalized():
+    # the informative group's advantages do not average to 0 over the batch's actions (+0.5 / -0.1): before, the
+    # equal group's two actions were moved to -mean/std and pushed as if their returns had been below average
+    out = _normalized([0.0, 0.0, 0.5, -0.1], ["a"] * 4)
+    assert out[0] == 0.0 and out[1] == 0.0
+    assert out[2] == pytest.approx(1.0, abs=1e-6) and out[3] == pytest.approx(-1.0, abs=1e-6)
+    old = torch.tensor([0.0, 0.0, 0.5, -0.1])
+    assert ((old - old.mean()) / old.std(unbiased=False))[0] != 0.0  # what the statistics over all four gave
+
+
+def test_the_floor_keeps_small_differences_small_and_leaves_large_ones_as_they_were():
+    tiny = [0.01, -0.01, 0.02, -0.02]
+    assert _normalized(tiny, ["a"] * 4)[0] == pytest.approx(0.01 / 0.0158114, rel=1e-4)  # scaled up ~63x
+    assert _normalized(tiny, ["a"] * 4, advantage_std_floor=0.1) == pytest.approx([0.1, -0.1, 0.2, -0.2], abs=1e-6)
+    large = [0.5, -0.5, 0.25, -0.25]
+    assert _normalized(large, ["a"] * 4, advantage_std_floor=0.1) == pytest.approx(_normalized(large, ["a"] * 4))
+
+
+def test_per_agent_normalization_keeps_zeros_and_floors_each_agent_on_its_own():
+    out = _normalized([0.0, 0.3, -0.3, 0.01, -0.01, 0.0], ["a", "a", "a", "b", "b", "b"],
+                      credit_normalize="per_agent", advantage_std_floor=0.05)
+    assert out[0] == 0.0 and out[5] == 0.0
+    assert out[1] == pytest.approx(1.0, abs=1e-6) and out[3] == pytest.approx(0.2, abs=1e-6)
+
+
+def test_token_advantages_keep_zero_records_and_the_floor():
+    records = [_record("a", 3), _record("a", 2), _record("a", 2)]
+    adv = [torch.zeros(3), torch.tensor([0.02, 0.02]), torch.tensor([-0.02, -0.04])]
+    normalize_advantages(adv, records, [0, 1, 2], frozenset({0}), ["a"],
+                         MARFTConfig(granularity="token", advantage_std_floor=0.5))
+    assert torch.equal(adv[0], torch.zeros(3))
+    flat = torch.tensor([0.02, 0.02, -0.02, -0.04])
+    assert torch.allclose(torch.cat(adv[1:]), (flat - flat.mean()) / 0.5, atol=1e-6)
+
+
+def test_off_leaves_advantages_alone_and_the_floor_is_checked():
+    assert _normalized([0.0, 0.5, -0.1], ["a"] * 3, normalize_advantages=False) == pytest.approx([0.0, 0.5, -0.1])
+    with pytest.raises(ConfigError, match="advantage_std_floor"):
+        MARFTConfig(advantage_std_floor=-0.1)

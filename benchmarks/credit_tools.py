@@ -112,7 +112,9 @@ def checkpoint_gains(baseline: Any, candidate: Any, scenarios: list, *, seed: in
     out = {}
     for i, name in enumerate(CHECKPOINTS):
         by_id = {s.scenario_id: {**s.to_dict(), "checkpoints": s.checkpoints[i:i + 1]} for s in scenarios}
-        out[name] = compare_datasets(baseline, candidate, alone, scenarios=by_id, seed=seed).team.to_dict()
+        result = compare_datasets(baseline, candidate, alone, scenarios=by_id, seed=seed)
+        out[name] = {**result.team.to_dict(), "baseline": result.side_mean("baseline", "reward"),
+                     "candidate": result.side_mean("candidate", "reward")}
     return out
 
 
@@ -120,7 +122,8 @@ def where_from(result: Any, scenarios: list, *, seed: int = 0) -> dict[str, Any]
     """A comparison's gain by reward component, by checkpoint and by agent (its reward and tool accuracy)."""
     agents = {a: {m: ms[m].to_dict() for m in ("reward", "tool_accuracy") if m in ms}
               for a, ms in result.agents.items()}
-    return {"components": {k: v.to_dict() for k, v in result.components.items()},
+    return {"components": {k: {**v.to_dict(), "baseline": result.side_mean("baseline", k),
+                               "candidate": result.side_mean("candidate", k)} for k, v in result.components.items()},
             "checkpoints": checkpoint_gains(result.datasets["baseline"], result.datasets["candidate"], scenarios,
                                             seed=seed),
             "agents": agents}
@@ -225,9 +228,11 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 
 def _ci(d: dict | None) -> str:
+    """``+0.125 [+0.031, +0.219]``, and the two sides' levels (``0.12 -> 0.25``) where the run recorded them."""
     if not d or d.get("mean") is None:
         return "n/a"
-    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+    levels = f" ({d['baseline']:.2f} -> {d['candidate']:.2f})" if d.get("baseline") is not None else ""
+    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]{levels}"
 
 
 def table(results: dict) -> str:

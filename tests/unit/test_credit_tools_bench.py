@@ -53,6 +53,8 @@ def test_checkpoint_gains_score_each_checkpoint_alone():
     assert gains["handoff"]["mean"] == pytest.approx(4 / 6)
     assert gains["handoff"]["low"] > 0
     assert gains["tool"]["mean"] == pytest.approx(0.0)
+    assert (gains["handoff"]["baseline"], gains["handoff"]["candidate"]) == pytest.approx((2 / 6, 1.0))
+    assert gains["tool"]["baseline"] == gains["tool"]["candidate"] == pytest.approx(1 / 6)
     # summed, as the reward's goal_progress sees them, the two would be one number: half of the hand-off's gain
     both = compare_datasets(base, cand, CompositeReward.from_yaml({"weights": {"goal_progress": 1.0}}),
                             scenarios={s.scenario_id: s.to_dict() for s in SCENARIOS}, seed=0)
@@ -76,7 +78,7 @@ def test_where_from_and_the_table_name_components_checkpoints_and_agents():
     assert len(lines) == 3 and "researcher reward" in lines[0]
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[:5] == ["group", "8, advantage_std_floor=0.1", "2", "11.5 (4)", "+0.250 [+0.100, +0.400]"]
-    assert cells[5].startswith("+0.500") and cells[7].startswith("+1.000")
+    assert cells[5].startswith("+0.500 [") and cells[5].endswith("(0.00 -> 0.50)") and cells[7].startswith("+1.000") and cells[7].endswith("(0.00 -> 1.00)")
     assert len(cells) == len([c for c in lines[0].strip("|").split("|")])
 
 

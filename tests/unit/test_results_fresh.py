@@ -53,6 +53,9 @@ MEASURES: dict[str, list[str]] = {
                    "marft_lg/serving/replay.py", "marft_lg/examples/relay.py", "marft_lg/examples/math_team"],
     "credit_tools.json": ["benchmarks/credit_tools.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
                           "marft_lg/serving/replay.py", "marft_lg/graph/collect.py", "examples/supervisor_tools"],
+    # the tool-using team trained per setting and compared on held-out questions (credit_tools.py --out)
+    "tools_learn.json": ["benchmarks/credit_tools.py", "marft_lg/training", "marft_lg/graph/collect.py",
+                         "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/comparison.py", "examples/supervisor_tools"],
     "credit.json": ["benchmarks/credit.py", "marft_lg/training/credit.py", "marft_lg/graph/replays.py",
                     "marft_lg/serving/replay.py", "marft_lg/demo.py"],
     "demo.json": ["benchmarks/demo.py", "marft_lg/demo.py", "marft_lg/examples/math_team", "marft_lg/training",

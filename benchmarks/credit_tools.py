@@ -227,6 +227,11 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(value)
 
 
+def run_key(estimator: str, warm_start: int, overrides: dict | None, seed: int) -> tuple:
+    """What makes two runs the same run (`--append` skips a planned run whose key the file already holds)."""
+    return estimator, warm_start, json.dumps(overrides or {}, sort_keys=True), seed
+
+
 def _ci(d: dict | None) -> str:
     """``+0.125 [+0.031, +0.219]``, and the two sides' levels (``0.12 -> 0.25``) where the run recorded them."""
     if not d or d.get("mean") is None:
@@ -294,14 +299,13 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--append: {args.out} was measured with other settings")
         out["runs"] = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
     overrides = dict(parse_set(item) for item in args.set)
-    done = {(r["estimator"], r.get("warm_start", 0), json.dumps(r.get("overrides") or {}, sort_keys=True), r["seed"])
-            for r in out["runs"]}
+    done = {run_key(r["estimator"], r.get("warm_start", 0), r.get("overrides"), r["seed"]) for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             for estimator in args.estimators.split(","):
-                if (estimator, args.warm_start, json.dumps(overrides, sort_keys=True), seed) in done:
+                if run_key(estimator, args.warm_start, overrides, seed) in done:
                     continue
                 run = one_run(estimator, seed, args.online_minutes, args.heldout, work, per_iteration=args.per_iteration,
                               recursion_limit=limit, warm_start=args.warm_start, overrides=overrides)

@@ -89,3 +89,10 @@ def test_set_reads_yaml_values_and_refuses_unknown_keys():
         ct.parse_set("learning_rat=1e-4")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         ct.parse_set("learning_rate")
+
+
+def test_a_run_key_tells_settings_apart_and_ignores_their_order():
+    a = ct.run_key("group", 0, {"advantage_std_floor": 0.1, "learning_rate": 1e-4}, 0)
+    assert a == ct.run_key("group", 0, {"learning_rate": 1e-4, "advantage_std_floor": 0.1}, 0)
+    assert ct.run_key("group", 0, None, 0) == ct.run_key("group", 0, {}, 0)
+    assert len({a, ct.run_key("group", 0, None, 0), ct.run_key("group", 4, None, 0), ct.run_key("group", 0, None, 1)}) == 4

@@ -339,11 +339,12 @@ def _estimated_advantages(records: Sequence[ActionRecord], values: Sequence[torc
     for i, r in enumerate(records):
         episodes.setdefault(r.episode_id, []).append(i)
     if not cfg.use_critic:
-        ids = list(episodes)
-        totals = torch.tensor([sum(records[i].reward for i in episodes[e]) for e in ids])
-        groups = [scenario_key(e, records[episodes[e][0]].scenario_id) for e in ids]
-        for e, a in zip(ids, group_relative_advantages(totals, groups).tolist(), strict=True):
-            for i in episodes[e]:
+        compared = (_reward_to_go_groups(records, episodes) if cfg.credit == "reward_to_go"
+                    else _episode_return_groups(records, episodes))
+        members, returns, groups = zip(*compared, strict=True) if compared else ((), (), ())
+        for idx, a in zip(members, group_relative_advantages(torch.tensor(returns), list(groups)).tolist(),
+                          strict=True):
+            for i in idx:
                 adv[i] = torch.full((records[i].n_tokens,), a)
                 ret[i] = torch.full(values[i].shape, a)
         return adv, ret
@@ -353,6 +354,34 @@ def _estimated_advantages(records: Sequence[ActionRecord], values: Sequence[torc
         for k, i in enumerate(idx):
             adv[i], ret[i] = a[k], g[k]
     return adv, ret
+
+
+def _episode_return_groups(records: Sequence[ActionRecord],
+                           episodes: Mapping[str, list[int]]) -> list[tuple[list[int], float, str]]:
+    """(an episode's records, its return, its scenario group) per episode: every action of an episode shares the
+    episode's whole return, one entry per episode in its group's statistics (`credit: group`)."""
+    return [(idx, sum(records[i].reward for i in idx), scenario_key(e, records[idx[0]].scenario_id))
+            for e, idx in episodes.items()]
+
+
+def _reward_to_go_groups(records: Sequence[ActionRecord],
+                         episodes: Mapping[str, list[int]]) -> list[tuple[list[int], float, str]]:
+    """([record], its reward-to-go, its comparison group) per record (`credit: reward_to_go`): an action's return is
+    the rewards of it and of the actions after it in its episode's joint order (none it cannot have caused), compared
+    with the same agent's `k`-th action in the other episodes of its scenario group."""
+    out = []
+    for e, idx in episodes.items():
+        idx = sorted(idx, key=lambda i: records[i].order)
+        to_go, rest = [0.0] * len(idx), 0.0
+        for k in range(len(idx) - 1, -1, -1):
+            rest += records[idx[k]].reward
+            to_go[k] = rest
+        group, seen = scenario_key(e, records[idx[0]].scenario_id), defaultdict(int)
+        for i, g in zip(idx, to_go, strict=True):
+            agent = records[i].agent
+            out.append(([i], g, f"{group}\x00{agent}\x00{seen[agent]}"))
+            seen[agent] += 1
+    return out
 
 
 def reference_logprobs(records: Sequence[ActionRecord], idx: Sequence[int], bases: Mapping[str, BaseModel],

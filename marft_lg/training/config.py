@@ -21,7 +21,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "behaviour_logprobs": ("auto", "trace", "recompute"),
     "verify_logprobs": ("first", "off"),
     "on_data_mismatch": ("drop", "error"),
-    "credit": ("group", "counterfactual"),
+    "credit": ("group", "reward_to_go", "counterfactual"),
     "credit_normalize": ("joint", "per_agent"),
     "replay_tools": ("refuse", "rerun"),
     "offline_anchor": ("current", "behaviour"),
@@ -98,7 +98,9 @@ class MARFTConfig:
     # --- credit (docs/training.md "Who gets the credit") -------------------------------------------
     credit: str = "group"
     """`group`: one advantage per episode (GAE with a critic, else the return against its scenario group), shared by
-    its agents; `counterfactual`: each action against replays of its step with the upstream held (`training.credit`)."""
+    its agents; `reward_to_go` (critic-free): each action's own return from it on (its reward and the later actions')
+    against the same agent's in its scenario group, so no agent is credited for what came before it;
+    `counterfactual`: each action against replays of its step with the upstream held (`training.credit`)."""
     replays_per_action: int = 2
     """`credit: counterfactual`: replays of each replayed action (its siblings besides itself)."""
     replay_agents: list[str] | None = None
@@ -275,6 +277,9 @@ class MARFTConfig:
         if self.dynamic_sampling and self.group_size < 2:
             raise ConfigError("dynamic_sampling: true needs group_size >= 2 (it drops the scenario groups whose K "
                               "episodes all got the same return; a group of one never differs)", key="group_size")
+        if self.credit == "reward_to_go" and self.use_critic:
+            raise ConfigError("credit: reward_to_go is the critic-free baseline (use_critic: false); with a critic, "
+                              "GAE already gives each action the return from it on", key="credit")
         if not self.use_critic and self.group_size < 2:
             raise ConfigError("use_critic: false needs group_size >= 2 (the group-relative baseline "
                               "compares K rollouts of one scenario)", key="group_size")

@@ -1,4 +1,5 @@
-"""The math team's composite reward: exact correctness of the actor's answer + the \\boxed{} answer format.
+"""The math team's composite reward: exact correctness of the actor's answer + the \\boxed{} answer format + the
+problem's set-up written (each placed on the action that earned it).
 
 The answer is the actor's \\boxed{} content, else the last number it wrote. The untuned 135M actor
 almost never uses \\boxed{} (its greedy held-out format rate is 0), so a boxed-only check gives a reward
@@ -17,7 +18,10 @@ REWARD_CONFIG = {
         "format_compliance": {"agents": {"actor": r"\\boxed\{\s*-?\d+\s*\}"}},
         "goal_progress": {},
     },
-    "credit": "terminal",
+    # each component's share on the action that earned it (the set-up on the agent that first wrote it, the answer
+    # and its format on the actor): the episode's return is the same as on the last action, so the group baseline's
+    # advantages are too; per-agent figures and `credit: reward_to_go` need to know who earned what
+    "credit": "shaped",
     "answer_agents": ["actor"],
 }
 

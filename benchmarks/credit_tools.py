@@ -236,8 +236,10 @@ def _ci(d: dict | None) -> str:
     """``+0.125 [+0.031, +0.219]``, and the two sides' levels (``0.12 -> 0.25``) where the run recorded them."""
     if not d or d.get("mean") is None:
         return "n/a"
+    from marft_lg.evaluation.stats import format_ci
+
     levels = f" ({d['baseline']:.2f} -> {d['candidate']:.2f})" if d.get("baseline") is not None else ""
-    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]{levels}"
+    return f"{format_ci(d['mean'], d.get('low'), d.get('high'))}{levels}"
 
 
 def table(results: dict) -> str:

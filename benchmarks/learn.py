@@ -411,9 +411,9 @@ def _f(v: Any, spec: str = ".3f") -> str:
 
 
 def _ci_cell(ci: dict[str, Any] | None) -> str:
-    if not ci:
-        return "n/a"
-    return f"{_f(ci.get('mean'), '+.3f')} [{_f(ci.get('low'), '+.3f')}, {_f(ci.get('high'), '+.3f')}]"
+    from marft_lg.evaluation.stats import format_ci
+
+    return format_ci(ci.get("mean"), ci.get("low"), ci.get("high")) if ci else "n/a"
 
 
 def _worst(w: dict[str, Any]) -> str:

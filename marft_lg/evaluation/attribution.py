@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from marft_lg.evaluation.stats import PairedCI, bootstrap_ci
+from marft_lg.evaluation.stats import PairedCI, bootstrap_ci, format_ci
 from marft_lg.graph.replays import ReplayBudget, episode_returns, plan_replays, sibling_returns
 from marft_lg.trajectories.dataset import TrajectoryDataset
 from marft_lg.trajectories.scenarios import Scenario
@@ -115,7 +115,7 @@ def _ci(ci: PairedCI) -> str:
         return "-"
     if not ci.defined:
         return f"{ci.mean:+.3f} (n={ci.n})"
-    return f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}] (n={ci.n})"
+    return f"{format_ci(ci.mean, ci.low, ci.high)} (n={ci.n})"
 
 
 def _reference_text(reference: Any) -> str:

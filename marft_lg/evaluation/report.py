@@ -12,7 +12,7 @@ from marft_lg._durable import write_atomic
 from marft_lg.evaluation.agent_metrics import AGENT_METRICS, HIGHER_IS_BETTER
 from marft_lg.evaluation.comparison import ComparisonResult
 from marft_lg.evaluation.gate import GateDecision
-from marft_lg.evaluation.stats import PairedCI
+from marft_lg.evaluation.stats import PairedCI, format_ci
 
 
 def _f(v: Any, spec: str = "+.3f") -> str:
@@ -22,7 +22,7 @@ def _f(v: Any, spec: str = "+.3f") -> str:
 
 
 def _ci(ci: PairedCI) -> str:
-    return f"{_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}]"
+    return format_ci(ci.mean, ci.low, ci.high)
 
 
 def _rows(result: ComparisonResult) -> list[tuple[str, float, PairedCI]]:

@@ -38,6 +38,16 @@ class PairedCI:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
 
+def format_ci(mean: float | None, low: float | None, high: float | None) -> str:
+    """``+0.125 [+0.031, +0.219]``: a difference and its 95% interval as every report and table prints them (``n/a``
+    for a missing or undefined bound)."""
+    return f"{_signed(mean)} [{_signed(low)}, {_signed(high)}]"
+
+
+def _signed(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3f}"
+
+
 def paired_differences(baseline: Sequence[float], candidate: Sequence[float]) -> np.ndarray:
     """candidate[i] - baseline[i] as floats (NaN where either side is missing)."""
     b = np.asarray(baseline, dtype=float)

@@ -6,6 +6,7 @@ import pytest
 from marft_lg.evaluation.stats import (
     bootstrap_ci,
     detectable_effect,
+    format_ci,
     minimum_detectable_effect,
     paired_bootstrap,
     paired_differences,
@@ -107,3 +108,10 @@ def test_mde_is_undefined_without_two_pairs_or_without_spread():
         minimum_detectable_effect([1.0, 2.0], power=1.0)
     with pytest.raises(ValueError, match="alpha"):
         minimum_detectable_effect([1.0, 2.0], alpha=0.0)
+
+
+def test_format_ci_is_the_one_way_a_difference_and_its_interval_are_printed():
+    assert format_ci(0.125, 0.03125, -0.2) == "+0.125 [+0.031, -0.200]"
+    assert format_ci(0.1, float("nan"), None) == "+0.100 [n/a, n/a]"
+    ci = paired_bootstrap([0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], seed=0)
+    assert format_ci(ci.mean, ci.low, ci.high) == f"{ci.mean:+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]"

@@ -129,6 +129,11 @@ def where_from(result: Any, scenarios: list, *, seed: int = 0) -> dict[str, Any]
             "agents": agents}
 
 
+def online_budget_s(online_minutes: float, warm_start_minutes: float) -> float:
+    """Seconds left for on-policy training after the warm start, inside the run's budget (never below 0)."""
+    return max(0.0, 60 * (online_minutes - warm_start_minutes))
+
+
 def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work: Path, *, per_iteration: int = 4,
             recursion_limit: int | None = None, warm_start: int = 0, overrides: dict | None = None) -> dict:
     from marft_lg.evaluation.shadow import shadow_compare
@@ -171,8 +176,13 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
             warm = {"warm_start_questions": warm_start, "warm_start_episodes": len(episodes),
                     "kept_episodes": row["kept_episodes"], "warm_start_minutes": round((time.perf_counter() - w0) / 60, 2)}
             stream = stream[warm_start:]
-        left = online_minutes * 60 - 60 * warm.get("warm_start_minutes", 0.0)
-        trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=left)
+        left = online_budget_s(online_minutes, warm.get("warm_start_minutes", 0.0))
+        if left > 0:
+            trainer.fit_online(sampling, stream, 1000, scenarios_per_iteration=per_iteration, time_budget_s=left)
+        else:  # the warm start is what was trained: publish it so the comparison sees it
+            print(f"{run.name}: the warm start took all {online_minutes} minutes; no on-policy iteration",
+                  file=sys.stderr)
+            trainer.publish()
         trainer.close("FINISHED")
         tuned, not_updated = dict(team.versions()), []
         for role, version in tuned.items():  # a role no update reached has no new version: its candidate is untuned

@@ -96,3 +96,9 @@ def test_a_run_key_tells_settings_apart_and_ignores_their_order():
     assert a == ct.run_key("group", 0, {"learning_rate": 1e-4, "advantage_std_floor": 0.1}, 0)
     assert ct.run_key("group", 0, None, 0) == ct.run_key("group", 0, {}, 0)
     assert len({a, ct.run_key("group", 0, None, 0), ct.run_key("group", 4, None, 0), ct.run_key("group", 0, None, 1)}) == 4
+
+
+def test_the_online_budget_after_a_warm_start_is_what_is_left_and_never_negative():
+    assert ct.online_budget_s(12, 0.0) == 720.0
+    assert ct.online_budget_s(12, 2.5) == pytest.approx(570.0)
+    assert ct.online_budget_s(12, 13.0) == 0.0  # the warm start outlasted the budget: no on-policy iteration

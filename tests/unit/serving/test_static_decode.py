@@ -137,9 +137,12 @@ def test_a_cancelled_row_frees_its_slot_and_the_others_go_on(engines):
                                                                                   ignore_eos=True)]
 
     async def main():
-        task = asyncio.ensure_future(static.agenerate(reqs[:1], ["ad1"]))
+        decoding = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(static.agenerate(reqs[:1], ["ad1"], listeners=[
+            lambda ids, lps: loop.call_soon_threadsafe(decoding.set)]))
         other = asyncio.ensure_future(static.agenerate(reqs[1:], ["ad2"]))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(decoding.wait(), timeout=120)  # cancelled while its row decodes, not while queued
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -147,6 +150,9 @@ def test_a_cancelled_row_frees_its_slot_and_the_others_go_on(engines):
 
     cancelled = static.stats["cancelled"]
     out = asyncio.run(main())
+    deadline = time.monotonic() + 60  # the scheduler drops the row at its next step, which may follow `other`'s end
+    while static.stats["cancelled"] == cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert static.stats["cancelled"] == cancelled + 1
     _same(eager.generate(reqs[1:], ["ad2"]), out)
     again = [reqs[0].__class__(**{**reqs[0].to_dict(), "max_tokens": 12}), reqs[1]]

@@ -169,12 +169,11 @@ def test_token_ids_decode_and_logprobs_match_transformers(engine, zoo):
     """Three sampled requests sent at once (base, a fresh adapter, a perturbed one): token ids, text, labels and every
     log-prob as transformers computes them.
 
-    Two full-suite CI runs on a 2-core AVX2-only AMD EPYC host (2026-12-01/02) saw the base request's log-probs off by
-    1.27 and 1.34 in this concurrent batch, while the module alone passed there and nothing reproduced it on AVX-512
-    hosts (600 s of randomised staggered mixed batches, AVX2 kernels forced, two servers at once). When the batch
-    deviates, each deviating request is sent again alone: if it then matches, the deviation is vLLM's concurrent
-    batching on this host and the test is an expected failure that says so (the trainer's `verify_logprobs` leaves
-    such records out of an update, reported); if it deviates alone too, the test fails."""
+    In three full-suite runs (two workers; an AVX2 AMD and an AVX-512 Intel host) one token of the base request came
+    back off by 1.27-1.34 in this concurrent batch, and matched within 3e-5 sent alone; nothing smaller reproduced it
+    (docs/serving-vllm.md, Accuracy). When the batch deviates, each deviating request is sent again alone: if it then
+    matches, the deviation is vLLM's concurrent batching and the test is an expected failure that says so (the
+    trainer's `verify_logprobs` leaves such records out of an update, reported); if it deviates alone too, the test fails."""
     names = [None, "planner@v1", "writer@v1"]
     adapters = [None, "fresh", "perturbed"]
     reqs = [_req(agent=a, max_tokens=24, temperature=1.0, seed=7) for a in (None, "planner", "writer")]

@@ -76,6 +76,7 @@ MEASURES: dict[str, list[str]] = {
                    "marft_lg/serving/engine/hf.py", "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py",
                    "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
 }
+MEASURES["learn_credit.json"] = MEASURES["learn.json"]  # learn.py --out: the credit estimators, same demo runs
 
 
 def _git(*args: str) -> str:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import apscheduler.executors.base
 import apscheduler.schedulers.base
 import pytest
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
 from jobs_fakes import FakeStages, append_episodes, make_job
 
 from marft_lg.jobs import store as st
@@ -55,7 +56,6 @@ class Runner:
     def __call__(self):
         result = run_once(self.job, stages=FakeStages(self.job), now=self.clock.t, log=lambda m: None)
         self.results.append(result)
-        self.done.release()
         return result.status
 
     def wait(self, n_more: int = 1, timeout: float = 10.0) -> bool:
@@ -81,6 +81,9 @@ def schedulers():
 def start(job, clock, schedulers):
     runner = Runner(job, clock)
     sched = RetrainScheduler(job, runner=runner, log=lambda m: None)
+    # a run counts as done once APScheduler has closed its instance (max_instances 1): a clock moved on before that
+    # would find the next fire time's instance still "running" and skip it
+    sched.scheduler.add_listener(lambda event: runner.done.release(), EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
     schedulers.append(sched)
     sched.start()
     return sched, runner

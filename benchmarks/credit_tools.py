@@ -1,6 +1,6 @@
 """Credit estimators on a tool-using team at equal training time: examples/supervisor_tools (a supervisor that hands
 off by a forced tool call to two prebuilt ReAct workers, a researcher with `lookup` and a mathematician with
-add / multiply / divide), on-policy MARFT from untuned adapters with `credit: group` and with `credit:
+add / multiply / divide), on-policy MARFT from untuned adapters with `credit: group`, `credit: reward_to_go` and with `credit:
 counterfactual`, then the tuned team shadow-compared with the untuned one on held-out questions (greedy, paired).
 The reward (`REWARD`): the answer names the reference, plus partial credit for the right hand-off and the right
 tool (scenario checkpoints, `goal_progress`); tool errors and steps cost a little.
@@ -57,6 +57,9 @@ SETTINGS = {"learning_rate": 1e-3, "update_scheme": "simultaneous", "use_critic"
 # them (one replay per action, ~4 actions an episode), about group's rollouts per iteration.
 ESTIMATORS = {
     "group": {"credit": "group", "group_size": 4},
+    # each action's return from it on, against the same agent's in its group: the worker is not paid for the
+    # supervisor's hand-off (REWARD places each checkpoint on the action that met it)
+    "reward_to_go": {"credit": "reward_to_go", "group_size": 4},
     "counterfactual": {"credit": "counterfactual", "group_size": 2, "replays_per_action": 1, "replay_fraction": 0.5,
                        "replay_tools": "rerun"},
 }
@@ -66,9 +69,10 @@ CHECKPOINTS = ("handoff", "tool")  # what each question's two checkpoints ask, i
 # hand-off to the right worker, that worker's right tool), which an untuned team sometimes takes; tool errors and
 # steps cost a little. (With the example's own reward.yaml, answer or nothing, the untuned team almost never earned
 # anything and `group` training collapsed within 4 iterations to a supervisor that calls `finish` at once: doing
-# nothing cost less than trying.)
+# nothing cost less than trying.) Each checkpoint's share sits on the action that met it (`credit: shaped`), the
+# answer on the answering worker's last action: the same episode return, so `group` reads it as before.
 REWARD = {"weights": {"task_completion": 1.0, "goal_progress": 0.5, "tool_error_rate": -0.2, "step_count": -0.02},
-          "components": {"task_completion": {"match": "contains"}}, "credit": "terminal",
+          "components": {"task_completion": {"match": "contains"}}, "credit": "shaped",
           "answer_agents": ["researcher", "mathematician"]}
 FACTS = {"otel": "OpenTelemetry", "lora": "low-rank", "ppo": "clips"}
 ASK_FACT = ["What is {t}?", "Tell me about {t}.", "What does {t} mean?", "Explain {t} in one sentence.",

@@ -151,12 +151,16 @@ def main(argv: list[str] | None = None) -> dict:
             subprocess.run([sys.executable, "-m", "marft_lg.cli", "demo", "--seed", str(seed), "--run-dir",
                             str(run_dir)], check=True, cwd=ROOT)
             run_dirs.append(run_dir)
+    from marft_lg._provenance import machine
+
     runs = sorted((collect(Path(d)) for d in run_dirs), key=lambda r: r["seed"])
     commits = {(r["code"] or {}).get("commit") for r in runs}
     results = {
         "commit": _newest(commits),
         "seed_commits": {r["seed"]: (r["code"] or {}).get("commit") for r in runs},
         "dirty": any((r["code"] or {}).get("dirty") for r in runs),
+        # the host that ran the seeds (collected with --from-runs: the host that collected them)
+        "machine": {**machine(), "ran_here": args.from_runs is None},
         "benchmark": "demo", "budget": "full", "goal": "issue #46: promote on 5 of seeds 0-4, mean held-out gain >= "
                                                    "+0.30, strict accuracy at least doubled and the task_completion "
                                                    "gain's 95% CI above 0 on every seed, each run <= 15 min on 2 cores",

@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rollout_temperature": kw["rollout_temperature"]}
         run_child(spec)
         run = {"label": item["label"], "arm": item["arm"], "settings": item["settings"], **collect(run_dir),
-               "commit": out["commit"]}
+               "commit": out["commit"], "machine": machine()}  # --append mixes hosts: each run names its own
         out["runs"].append(run)
         out["aggregate"] = aggregate(out["runs"])
         write_atomic(args.out, json.dumps(out, indent=2, default=str) + "\n")

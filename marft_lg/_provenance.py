@@ -39,5 +39,17 @@ def machine() -> dict[str, Any]:
         load = round(os.getloadavg()[0], 2)
     except OSError:  # pragma: no cover - no load average on this OS
         load = None
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "load_avg_1m_at_start": load}
+    return {"cpus": os.cpu_count(), "cpu": _cpu_model(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_avg_1m_at_start": load}
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name and whether it has AVX-512: hosts of the same core count differ ~1.7x in speed, and a
+    time-budgeted run (the demo) trains for fewer iterations on the slower one."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or None
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    return f"{name or 'unknown'} ({'AVX-512' if 'avx512f' in flags.split() else 'no AVX-512'})"

@@ -102,3 +102,24 @@ def test_the_online_budget_after_a_warm_start_is_what_is_left_and_never_negative
     assert ct.online_budget_s(12, 0.0) == 720.0
     assert ct.online_budget_s(12, 2.5) == pytest.approx(570.0)
     assert ct.online_budget_s(12, 13.0) == 0.0  # the warm start outlasted the budget: no on-policy iteration
+
+
+def test_the_reward_puts_each_checkpoint_on_the_action_that_met_it():
+    # reward_to_go needs it: the worker's return must not hold the supervisor's hand-off
+    scenario = factory.scenario(scenario_id="q", reference="12",
+                                checkpoints=["tool:transfer_to_mathematician", "tool:add"])
+    actions = [{"agent": "supervisor", "completion": "", "tool_calls": [factory.tool("transfer_to_mathematician")]},
+               {"agent": "mathematician", "completion": "", "tool_calls": [factory.tool("add", "12")]},
+               {"agent": "mathematician", "completion": "It is 12."},
+               {"agent": "supervisor", "completion": "", "tool_calls": [factory.tool("finish")]}]
+    episode = factory.make_episode(actions, scenario, outcome="It is 12.")
+    scored = CompositeReward.from_yaml(ct.REWARD).score_episode(episode)
+    weights = ct.REWARD["weights"]
+    rewards = scored.action_rewards
+    assert rewards.sum() == pytest.approx(scored.reward)
+    step = weights["step_count"] * scored.components["step_count"] / len(actions)  # each step carries its own cost
+    # the hand-off's half of goal_progress on the supervisor's first action, the tool's half on the worker's call,
+    # the answer on the worker's answering action
+    assert rewards == pytest.approx([weights["goal_progress"] / 2 + step, weights["goal_progress"] / 2 + step,
+                                     weights["task_completion"] + step, step])
+    assert step < 0

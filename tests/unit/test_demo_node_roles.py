@@ -86,7 +86,7 @@ def test_the_warm_start_and_dynamic_sampling_flags_reach_the_run(tmp_path, monke
     assert seen["credit"] == {"dynamic_sampling": False}
 
 
-def test_the_demo_trains_with_dynamic_sampling_unless_told_not_to(tmp_path, monkeypatch):
+def test_the_demo_trains_with_its_settings_unless_told_otherwise(tmp_path, monkeypatch):
     """The trainer's config is the math team's settings, the demo's and the caller's, in that order."""
     from marft_lg.demo import DemoRun
 
@@ -100,10 +100,13 @@ def test_the_demo_trains_with_dynamic_sampling_unless_told_not_to(tmp_path, monk
         raise Stop
 
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", fake_trainer)
-    for credit in (None, {"dynamic_sampling": False}):
+    for credit in (None, {"dynamic_sampling": False}, {"credit": "group"}):
         run = DemoRun(BUDGETS["smoke"], tmp_path / f"run{len(configs)}", model="unused", seed=0,
                       trace_root=tmp_path / "traces", console=None, node_roles=None, credit=credit)
         run.dataset, run.n_traced = [], 2
         with pytest.raises(Stop):
             run.train_offline()
-    assert [c.dynamic_sampling for c in configs] == [True, False]
+    assert [c.dynamic_sampling for c in configs] == [True, False, True]
+    # reward-to-go credit is the demo's too (the math team places its reward on the actions that earned it); a
+    # caller's `credit` replaces it
+    assert [c.credit for c in configs] == ["reward_to_go", "reward_to_go", "group"]

@@ -169,7 +169,7 @@ def test_token_ids_decode_and_logprobs_match_transformers(engine, zoo):
     """Three sampled requests sent at once (base, a fresh adapter, a perturbed one): token ids, text, labels and every
     log-prob as transformers computes them.
 
-    In three full-suite runs (two workers; an AVX2 AMD and an AVX-512 Intel host) one token of the base request came
+    In 6 of 7 full-suite runs to 4ded7c7 (two workers; AVX2 AMD and AVX-512 Intel hosts) one token of the base request came
     back off by 1.27-1.34 in this concurrent batch, and matched within 3e-5 sent alone; nothing smaller reproduced it
     (docs/serving-vllm.md, Accuracy). When the batch deviates, each deviating request is sent again alone: if it then
     matches, the deviation is vLLM's concurrent batching and the test is an expected failure that says so (the

@@ -78,7 +78,7 @@ BUDGETS: dict[str, DemoBudget] = {
 # trained actions at a zero advantage against 24% without, learn.json); its held-out gain was ahead on seeds 0-2 on
 # 2026-11-28 and level within noise when re-run at one commit on 2026-11-29 (demo.json against learn.json's baseline).
 # Reward-to-go credit: each action's return counts only the rewards from it on (the math team places each component
-# on the action that earned it), so the reasoner is not credited for the actor's answer; over group on seeds 0 / 1,
+# on the action that earned it), so the actor is not paid for the reasoner's set-up; over group on seeds 0 / 1,
 # +0.324 / +0.195 against +0.188 / +0.109, the answer's own gain +0.172 / +0.094 against +0.047 / +0.016
 # (learn_credit.json at bdbaf5f).
 DEMO_SETTINGS: dict[str, Any] = {"dynamic_sampling": True, "credit": "reward_to_go"}

@@ -342,8 +342,8 @@ def _estimated_advantages(records: Sequence[ActionRecord], values: Sequence[torc
         compared = (_reward_to_go_groups(records, episodes) if cfg.credit == "reward_to_go"
                     else _episode_return_groups(records, episodes))
         members, returns, groups = zip(*compared, strict=True) if compared else ((), (), ())
-        for idx, a in zip(members, group_relative_advantages(torch.tensor(returns), list(groups)).tolist(),
-                          strict=True):
+        relative = group_relative_advantages(torch.tensor(returns), list(groups), scale=cfg.advantage_group_std)
+        for idx, a in zip(members, relative.tolist(), strict=True):
             for i in idx:
                 adv[i] = torch.full((records[i].n_tokens,), a)
                 ret[i] = torch.full(values[i].shape, a)

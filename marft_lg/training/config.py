@@ -128,6 +128,11 @@ class MARFTConfig:
     kl_ref_coef: float = 0.0
     """Penalty on KL to the reference (base model with adapters disabled); 0 disables (no extra pass)."""
     normalize_advantages: bool = True
+    advantage_group_std: bool = True
+    """Critic-free credit (`group`, `reward_to_go`): each return against its comparison group's mean is divided by the
+    group's std (GRPO). false: the difference itself (Dr. GRPO, Liu et al. 2025), so a group whose returns differ
+    only by a step cost does not push as hard as one that differs by a solved answer; `normalize_advantages` then
+    scales the whole batch, by at least `advantage_std_floor`."""
     advantage_std_floor: float = 0.0
     """`normalize_advantages` divides by the advantages' std or by this, whichever is larger (in the reward's units):
     a batch whose returns differ only by small amounts (a step cost, a formatting term) then trains little instead
@@ -243,7 +248,8 @@ class MARFTConfig:
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(self, name, float(value))
         check_int("dynamic_sampling_max_draws", self.dynamic_sampling_max_draws, low=0)
-        for name in ("use_critic", "normalize_advantages", "dynamic_sampling", "tensorboard", "plots"):
+        for name in ("use_critic", "normalize_advantages", "advantage_group_std", "dynamic_sampling", "tensorboard",
+                     "plots"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"expected true or false, got {getattr(self, name)!r}", key=name)
         if not isinstance(self.agent_learning_rates, dict):

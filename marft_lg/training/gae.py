@@ -93,8 +93,11 @@ def returns_equal(returns: Sequence[float]) -> bool:
     return top - bottom <= EQUAL_RETURNS_TOLERANCE * max(1.0, abs(top), abs(bottom))
 
 
-def group_relative_advantages(returns: torch.Tensor, groups: list[str], eps: float = 1e-6) -> torch.Tensor:
-    """Critic-free baseline (GRPO-like): each episode's return minus its scenario group's mean, over std.
+def group_relative_advantages(returns: torch.Tensor, groups: list[str], eps: float = 1e-6, *,
+                              scale: bool = True) -> torch.Tensor:
+    """Critic-free baseline (GRPO-like): each episode's return minus its scenario group's mean, over the group's std
+    (`scale`; without it the difference itself, Dr. GRPO, so a group whose returns differ by a step cost is not
+    scaled up to the size of a solved-or-not difference).
 
     A group of one gets advantage 0 (nothing to compare against), and so does a group whose returns are all equal
     (`returns_equal`: exactly 0, not the rounding error of the mean over a tiny std).
@@ -108,7 +111,7 @@ def group_relative_advantages(returns: torch.Tensor, groups: list[str], eps: flo
         r = returns[members]
         if returns_equal(r.tolist()):
             continue
-        out[members] = (r - r.mean()) / (r.std(unbiased=False) + eps)
+        out[members] = (r - r.mean()) / (r.std(unbiased=False) + eps) if scale else r - r.mean()
     return out.float()
 
 

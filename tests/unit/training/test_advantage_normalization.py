@@ -1,6 +1,7 @@
 """`normalize_advantages`: an action whose advantage is 0 (its group's returns all equal) stays 0 whatever the rest of
 the batch holds, and `advantage_std_floor` keeps returns that differ by a few hundredths from being scaled up to
-full-size advantages; per action and per token, jointly and per agent."""
+full-size advantages; per action and per token, jointly and per agent. `advantage_group_std: false` leaves each group's
+differences from its mean in the reward's units (Dr. GRPO) instead of dividing them by the group's std."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from marft_lg._config import ConfigError
 from marft_lg.training.batch import normalize_advantages
 from marft_lg.training.buffer import ActionRecord
 from marft_lg.training.config import MARFTConfig
+from marft_lg.training.gae import group_relative_advantages
 
 
 def _record(agent: str, n_tokens: int = 1) -> ActionRecord:
@@ -66,3 +68,33 @@ def test_off_leaves_advantages_alone_and_the_floor_is_checked():
     assert _normalized([0.0, 0.5, -0.1], ["a"] * 3, normalize_advantages=False) == pytest.approx([0.0, 0.5, -0.1])
     with pytest.raises(ConfigError, match="advantage_std_floor"):
         MARFTConfig(advantage_std_floor=-0.1)
+
+
+def test_without_the_group_std_a_step_cost_difference_stays_a_step_cost_difference():
+    # group "cost": four episodes that only differ by a step cost (0.02); group "solved": one solved, one not
+    returns = torch.tensor([0.24, 0.22, 0.24, 0.22, 1.0, 0.0])
+    groups = ["cost"] * 4 + ["solved"] * 2
+    grpo = group_relative_advantages(returns, groups)
+    assert float(grpo[0]) == pytest.approx(float(grpo[4]), rel=1e-3)  # the std puts both groups on one scale
+    drgrpo = group_relative_advantages(returns, groups, scale=False)
+    assert drgrpo.tolist() == pytest.approx([0.01, -0.01, 0.01, -0.01, 0.5, -0.5], abs=1e-6)
+    # through the batch: the floor then keeps the cost group's pushes a fiftieth of the solved group's
+    out = _normalized(drgrpo.tolist(), ["a"] * 6, advantage_std_floor=0.1)
+    assert out[0] / out[4] == pytest.approx(0.02, rel=1e-4)
+    with pytest.raises(ConfigError, match="advantage_group_std"):
+        MARFTConfig(advantage_group_std="no")
+
+
+def test_the_trainer_reads_the_setting_for_group_and_reward_to_go_credit():
+    from marft_lg.training.batch import compute_advantages
+
+    records = [ActionRecord(episode_id=f"e{k}", scenario_id="s", order=0, agent="a", adapter_version=None,
+                            prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[-1.0], reward=r, done=True, words=1)
+               for k, r in enumerate([0.24, 0.22])]
+    values = [torch.zeros(1), torch.zeros(1)]
+    for credit in ("group", "reward_to_go"):
+        scaled, _ = compute_advantages(records, values, MARFTConfig(use_critic=False, credit=credit))
+        plain, _ = compute_advantages(records, values, MARFTConfig(use_critic=False, credit=credit,
+                                                                   advantage_group_std=False))
+        assert float(scaled[0][0]) == pytest.approx(1.0, rel=1e-3)
+        assert float(plain[0][0]) == pytest.approx(0.01, abs=1e-6)

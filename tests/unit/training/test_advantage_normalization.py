@@ -15,10 +15,10 @@ from marft_lg.training.config import MARFTConfig
 from marft_lg.training.gae import group_relative_advantages
 
 
-def _record(agent: str, n_tokens: int = 1) -> ActionRecord:
-    return ActionRecord(episode_id="e", scenario_id="s", order=0, agent=agent, adapter_version=None, prompt_ids=[1],
-                        completion_ids=[2] * n_tokens, behaviour_logprobs=[-1.0] * n_tokens, reward=0.0, done=True,
-                        words=1)
+def _record(agent: str, n_tokens: int = 1, *, episode_id: str = "e", reward: float = 0.0) -> ActionRecord:
+    return ActionRecord(episode_id=episode_id, scenario_id="s", order=0, agent=agent, adapter_version=None,
+                        prompt_ids=[1], completion_ids=[2] * n_tokens, behaviour_logprobs=[-1.0] * n_tokens,
+                        reward=reward, done=True, words=1)
 
 
 def _normalized(values: list[float], agents: list[str], **cfg) -> list[float]:
@@ -88,9 +88,7 @@ def test_without_the_group_std_a_step_cost_difference_stays_a_step_cost_differen
 def test_the_trainer_reads_the_setting_for_group_and_reward_to_go_credit():
     from marft_lg.training.batch import compute_advantages
 
-    records = [ActionRecord(episode_id=f"e{k}", scenario_id="s", order=0, agent="a", adapter_version=None,
-                            prompt_ids=[1], completion_ids=[2], behaviour_logprobs=[-1.0], reward=r, done=True, words=1)
-               for k, r in enumerate([0.24, 0.22])]
+    records = [_record("a", episode_id=f"e{k}", reward=r) for k, r in enumerate([0.24, 0.22])]
     values = [torch.zeros(1), torch.zeros(1)]
     for credit in ("group", "reward_to_go"):
         scaled, _ = compute_advantages(records, values, MARFTConfig(use_critic=False, credit=credit))

@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from learn import _ci, _ci_cell, _components  # noqa: E402  (one reader of a demo run's component CIs)
 
 STAGES = [("served", "serve"), ("traced", "trace untuned"), ("mined", "mine"), ("offline", "offline MARFT"),
-          ("online", "on-policy MARFT"), ("compare", "shadow compare"), ("done", "gate + report")]
+          ("untuned_heldout", "untuned held-out"), ("online", "on-policy MARFT"), ("compare", "shadow compare"),
+          ("done", "gate + report")]
 
 
 def collect(run_dir: Path) -> dict:
@@ -41,7 +42,7 @@ def collect(run_dir: Path) -> dict:
     d = summary["heldout"]["difference"]
     return {
         "seed": summary["seed"], "run_dir": str(run_dir), "code": summary.get("code"),
-        "minutes": summary["minutes"], "stage_minutes": stage_min,
+        "minutes": summary["minutes"], "stage_minutes": stage_min, "online_budget": summary.get("online_budget"),
         "offline_iterations": sum(r.get("phase") == "offline" for r in rows), "online_iterations": len(online),
         "warm_start": next(({"kept_episodes": r.get("kept_episodes")} for r in rows if r.get("phase") == "warm_start"),
                            None),

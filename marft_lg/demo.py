@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DemoBudget:
-    """How much work each stage does; `minutes` is the rough wall time on 2 CPU cores.
+    """How much work each stage does and the wall time it has. `minutes` is the run's deadline, counted from when the
+    team is served (a first run converts the model before): the on-policy stage gets what the other stages leave of
+    it, the comparison's tuned side predicted by its untuned side's measured time (`DemoRun.online_budget`), and at
+    most `online_minutes`.
 
     The training problems are `n_traced` (run untuned and traced: the offline stage's data) followed
     by `n_stream` fresh ones for on-policy MARFT, `scenarios_per_iteration` new ones per iteration.
@@ -38,7 +41,7 @@ class DemoBudget:
     traces_per_problem: int  # untuned episodes per traced problem
     offline_passes: int
     online_iterations: int
-    online_minutes: float  # online MARFT stops at whichever comes first
+    online_minutes: float  # online MARFT stops at whichever comes first (of these and the deadline)
     scenarios_per_iteration: int  # fresh problems per on-policy iteration (none seen before)
     group_size: int  # K episodes per scenario per online iteration (group-relative baseline)
     max_tokens: int
@@ -63,7 +66,7 @@ class DemoBudget:
 # of 16 episodes takes 22-29 s of rollouts + 40-70 s of update (seed 1, 2026-11-28).
 BUDGETS: dict[str, DemoBudget] = {
     "full": DemoBudget("full", 15, n_traced=16, n_heldout=128, traces_per_problem=2, offline_passes=1,
-                       online_iterations=40, online_minutes=8.0, scenarios_per_iteration=4, group_size=4,
+                       online_iterations=40, online_minutes=12.0, scenarios_per_iteration=4, group_size=4,
                        max_tokens=32),
     "quick": DemoBudget("quick", 3, n_traced=4, n_heldout=8, traces_per_problem=2, offline_passes=1,
                         online_iterations=2, online_minutes=0.5, scenarios_per_iteration=2, group_size=2,
@@ -89,6 +92,9 @@ def marft_settings(credit: dict[str, Any] | None = None) -> dict[str, Any]:
     from marft_lg.examples.math_team.settings import MARFT_SETTINGS
 
     return {**MARFT_SETTINGS, **DEMO_SETTINGS, **(credit or {})}
+
+_REPORT_RESERVE_S = 15.0
+"""Seconds the deadline keeps for the gate, the report and its plots (under 2 s measured; the rest is margin)."""
 
 DEMO_GATE = {
     "min_team_reward_gain": 0.0,
@@ -167,7 +173,8 @@ def run_demo(budget: DemoBudget, run_dir: Path, *, model: str, seed: int = 0, tr
                   node_roles=node_roles, report_to=report_to, credit=credit, warm_start=warm_start, lora=lora,
                   rollout_temperature=rollout_temperature)
     try:
-        for stage in (run.serve, run.trace, run.mine, run.train_offline, run.train_online, run.compare, run.gate):
+        for stage in (run.serve, run.trace, run.mine, run.train_offline, run.run_untuned_heldout, run.train_online,
+                      run.compare, run.gate):
             stage()
         summary = run.report()
     finally:
@@ -276,6 +283,9 @@ class DemoRun:
         self.reward = self.math_team.reward.math_reward()
         self.team: Any = None
         self.apps: list[Any] = []
+        self.served_at: float | None = None  # when the team was up: the budget's deadline counts from here
+        self.online_plan: dict[str, float] = {}
+        self.untuned_heldout_s = 0.0
 
     def _app(self, temperature: float, trace_dir: Path) -> Any:
         """The math team's app (`math_team.graph.app_spec`) on the team, at `temperature`, traced into `trace_dir`."""
@@ -288,7 +298,7 @@ class DemoRun:
         """1: the team on one base model, its untuned adapters saved and promoted as `live`."""
         from marft_lg.serving.team_factory import TeamSpec
 
-        self.log.stage(f"1/8 serve the math team on {self.model}")
+        self.log.stage(f"1/9 serve the math team on {self.model}")
         self.problems.all.save(self.run_dir / "scenarios.jsonl")
         self.team = TeamSpec(model=self.model, agents=self.roles, registry=str(self.run_dir / "registry"),
                              versions=None, seed=self.seed, lora=self.lora).build_team()
@@ -296,6 +306,7 @@ class DemoRun:
         self.team.registry.promote(self.untuned, reason="demo: the untuned team is live")
         for r, v in self.untuned.items():
             self.team.load_version(r, v)
+        self.served_at = time.perf_counter()
         self.log.record("served", roles=self.roles, live=self.untuned)
         self.console.print(f"team {self.roles} on one base model; live = {self.untuned}")
         self.sampling = self._app(self.rollout_temperature, self.trace_dir)
@@ -303,7 +314,7 @@ class DemoRun:
     def trace(self) -> None:
         """2: the untuned team on the traced training problems, every episode traced."""
         traced = self.problems.traced
-        self.log.stage(f"2/8 run the untuned team on {len(traced)} training problems (traced to {self.trace_dir})")
+        self.log.stage(f"2/9 run the untuned team on {len(traced)} training problems (traced to {self.trace_dir})")
         jobs = [(s, k) for k in range(self.budget.traces_per_problem) for s in traced]
         self.n_traced = _run_episodes(self.sampling, jobs, seed=self.seed, console=self.console,
                                       concurrency=min(len(jobs), 32))
@@ -313,7 +324,7 @@ class DemoRun:
         """3: the traces as multi-agent trajectories, scored."""
         from marft_lg.trajectories.mining import mine
 
-        self.log.stage("3/8 mine the traces into multi-agent trajectories")
+        self.log.stage("3/9 mine the traces into multi-agent trajectories")
         self.dataset = mine([self.trace_dir], quarantine=self.run_dir / "quarantine.jsonl")
         self.dataset.to_parquet(self.run_dir / "trajectories")
         self.per_agent = self.dataset.actions["agent"].value_counts().to_dict()
@@ -329,7 +340,7 @@ class DemoRun:
         from marft_lg.training.config import MARFTConfig
         from marft_lg.training.trainer import MARFTTrainer
 
-        self.log.stage("4/8 offline MARFT from the traces")
+        self.log.stage("4/9 offline MARFT from the traces")
         b = self.budget
         cfg = MARFTConfig(**marft_settings(self.credit), group_size=b.group_size,
                           max_new_tokens=b.max_tokens, max_context=1024, seed=self.seed,
@@ -360,17 +371,60 @@ class DemoRun:
         self.console.print(f"warm start: kept {row['kept_episodes']} of {row['episodes']} traced episodes "
                            f"({row['keep']})", markup=False, highlight=False)
 
-    def train_online(self) -> None:
-        """5: on-policy MARFT on a stream of fresh problems; the tuned versions become `candidate`."""
+    def run_untuned_heldout(self) -> None:
+        """5: the comparison's untuned side (greedy, the held-out problems), run now: its time predicts the tuned
+        side's, so the on-policy stage can be given what is left of the deadline."""
+        from marft_lg.evaluation.shadow import BaselineOnce
+
+        heldout = self.problems.heldout
+        self.log.stage(f"5/9 the untuned team on the {len(heldout)} held-out problems (greedy: the comparison's "
+                       "untuned side, timed so the on-policy stage knows what the tuned side will take)")
+        self.greedy = self._app(0.0, self.trace_dir / "compare")
+        self.compare_runner = BaselineOnce(self.greedy, concurrency=min(2 * len(heldout), 48))
+        t0 = time.perf_counter()
+        ran = self.compare_runner.run_ahead("live", heldout, samples_per_scenario=1, seed=self.seed,
+                                            run_id=self.compare_run_id)
+        self.untuned_heldout_s = time.perf_counter() - t0
+        self.log.record("untuned_heldout", episodes=len(ran), failed=len(self.compare_runner.failures),
+                        seconds=round(self.untuned_heldout_s, 2))
+
+    @property
+    def compare_run_id(self) -> str:
+        return f"demo-{self.run_dir.name}"
+
+    def online_budget(self) -> dict[str, float]:
+        """The on-policy stage's seconds and how they were reached: the deadline (`budget.minutes` from when the
+        team was served) less the time spent since, the tuned side of the comparison (as long as the untuned side
+        took) and `_REPORT_RESERVE_S` for the gate and report; at most `online_minutes`, at least 0 (then one
+        iteration runs: `fit_online` always runs the first)."""
         b = self.budget
-        self.log.stage(f"5/8 on-policy MARFT, {b.scenarios_per_iteration} fresh problems per iteration (up to "
-                       f"{b.online_iterations} iterations / {b.online_minutes:g} min)")
+        spent = time.perf_counter() - (self.served_at if self.served_at is not None else self.log.t0)
+        left = b.minutes * 60 - spent - self.untuned_heldout_s - _REPORT_RESERVE_S
+        return {"deadline_s": b.minutes * 60, "spent_s": round(spent, 1),
+                "tuned_side_s": round(self.untuned_heldout_s, 1), "reserve_s": _REPORT_RESERVE_S,
+                "cap_s": b.online_minutes * 60, "online_s": round(max(0.0, min(b.online_minutes * 60, left)), 1)}
+
+    def train_online(self) -> None:
+        """6: on-policy MARFT on a stream of fresh problems, for what the deadline leaves; the tuned versions become
+        `candidate`."""
+        b = self.budget
+        plan = self.online_budget()
+        self.log.stage(f"6/9 on-policy MARFT, {b.scenarios_per_iteration} fresh problems per iteration (up to "
+                       f"{b.online_iterations} iterations / {plan['online_s'] / 60:.1f} min: what the "
+                       f"{b.minutes:g}-minute budget leaves)")
+        self.log.record("online_budget", **plan)
+        self.online_plan = plan
+        if plan["online_s"] <= 0:
+            self.console.print(f"the {b.minutes:g}-minute budget leaves no time for on-policy MARFT after "
+                               f"{plan['spent_s'] / 60:.1f} min of earlier stages and a comparison of "
+                               f"{2 * plan['tuned_side_s'] / 60:.1f} min: one iteration runs", markup=False,
+                               highlight=False)
         from marft_lg.training.checks import TrainingDataError
 
         try:
             rows = self.trainer.fit_online(self.sampling, self.problems.stream, b.online_iterations,
                                            scenarios_per_iteration=b.scenarios_per_iteration,
-                                           time_budget_s=b.online_minutes * 60)
+                                           time_budget_s=plan["online_s"])
         except TrainingDataError as exc:  # e.g. dynamic sampling found nothing informative: compare what there is
             self.console.print(f"on-policy MARFT trained nothing: {exc}", markup=False, highlight=False)
             rows = [r for r in self.trainer.metrics.rows() if r.get("phase") == "online"]
@@ -382,15 +436,15 @@ class DemoRun:
                         problems_seen=self.online_seen, candidate=self.tuned)
 
     def compare(self) -> None:
-        """6: untuned (`live`) vs tuned (`candidate`), greedy, on the held-out problems."""
+        """7: untuned (`live`) vs tuned (`candidate`), greedy, on the held-out problems; the untuned side's episodes
+        are stage 5's (the same ids, seeds and versions), so only the tuned side runs now."""
         from marft_lg.evaluation.shadow import shadow_compare
 
         heldout = self.problems.heldout
-        self.log.stage(f"6/8 shadow-compare untuned vs tuned on {len(heldout)} held-out problems")
-        greedy = self._app(0.0, self.trace_dir / "compare")
-        self.result = shadow_compare(greedy, "live", "candidate", heldout, self.reward, samples_per_scenario=1,
-                                     seed=self.seed, run_id=f"demo-{self.run_dir.name}",
-                                     concurrency=min(2 * len(heldout), 48))
+        self.log.stage(f"7/9 shadow-compare untuned vs tuned on {len(heldout)} held-out problems (the tuned side)")
+        self.result = shadow_compare(self.greedy, "live", "candidate", heldout, self.reward, samples_per_scenario=1,
+                                     seed=self.seed, run_id=self.compare_run_id,
+                                     concurrency=min(2 * len(heldout), 48), runner=self.compare_runner)
         self.log.record("compare", **self.result.to_dict())
         self.accuracy = _side_accuracy(self.result, heldout)
         self.log.record("accuracy", **self.accuracy)
@@ -400,7 +454,7 @@ class DemoRun:
         from marft_lg.evaluation.gate import PromotionGate
         from marft_lg.evaluation.promotion import promote
 
-        self.log.stage("7/8 promotion gate")
+        self.log.stage("8/9 promotion gate")
         gate = PromotionGate.from_dict(DEMO_GATE, source="marft_lg.demo.DEMO_GATE")
         self.decision = gate.evaluate(self.result, context={"baseline": self.untuned, "candidate": self.tuned})
         self.decision.write(self.run_dir / "decision.json")
@@ -414,7 +468,7 @@ class DemoRun:
         """8: summary.json, the report (Markdown + HTML + plots) and the closing lines; returns the summary."""
         from marft_lg.evaluation.report import log_comparison, print_summary, write_report
 
-        self.log.stage("8/8 report")
+        self.log.stage("9/9 report")
         write_report(self.result, self.run_dir / "compare", self.decision)
         if self.report_to:  # the comparison, a child run of the training run
             log_comparison(self.trainer.tracker.child("compare", self.run_dir / "compare"), self.result,
@@ -455,6 +509,7 @@ class DemoRun:
                         "accuracy": self.accuracy},
             "gate": {"promote": self.decision.promote, "reasons": self.decision.reasons},
             "versions": {"untuned": self.untuned, "tuned": self.tuned, "live": self.live_now},
+            "online_budget": self.online_plan, "untuned_heldout_s": round(self.untuned_heldout_s, 2),
             "minutes": round((time.perf_counter() - self.log.t0) / 60, 2), "code": self.code,
         }
 

@@ -152,39 +152,6 @@ def _registry_state(root: Path) -> dict[str, Any]:
             "versions": sorted(str(p.relative_to(root)) for p in root.glob("*/v*"))}
 
 
-class BaselineOnce:
-    """A `shadow_compare` runner: the replays run through the app (`GraphCollector`, as the trainer runs episodes),
-    but the baseline side, identical at every checkpoint (same ids, seeds, versions, greedy), only the first time."""
-
-    def __init__(self, app: Any, concurrency: int):
-        from marft_lg.graph.collect import GraphCollector
-
-        self.collector = GraphCollector(app, concurrency=concurrency)
-        self.baseline: Any = None
-        self.baseline_ids: set[str] = set()
-        self.baseline_failures: list[Any] = []
-        self.failures: list[Any] = []
-        """The episodes of the last call that raised (`EpisodeFailure`), the reused baseline's included: what
-        `shadow_compare` reads from a runner, as from `GraphCollector`."""
-
-    def run(self, jobs: list[Any]) -> Any:
-        from marft_lg.evaluation.shadow import SIDE_KEY
-        from marft_lg.trajectories.dataset import TrajectoryDataset
-
-        base_ids = {j.episode_id for j in jobs if (j.metadata or {}).get(SIDE_KEY) == "baseline"}
-        reuse = self.baseline is not None and base_ids == self.baseline_ids
-        todo = [j for j in jobs if not (reuse and j.episode_id in base_ids)]
-        ds = self.collector.run(todo)
-        ran = list(self.collector.failures)
-        if not reuse:
-            self.baseline, self.baseline_ids = ds.select(sorted(base_ids)), base_ids
-            self.baseline_failures = [f for f in ran if f.episode_id in base_ids]
-            self.failures = ran
-            return ds
-        self.failures = self.baseline_failures + ran
-        return TrajectoryDataset.concat([self.baseline, ds])
-
-
 def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False, progress: Any = None,
                  console: Any = None) -> dict[str, Any]:
     """The checkpoints of one finished demo run, each shadow-compared with the untuned team on its held-out problems.
@@ -192,7 +159,7 @@ def evaluate_run(run_dir: Path, every: int = 2, *, rerun_baseline: bool = False,
     Raises ValueError when the run is unfinished or its registry does not match its metrics (the last checkpoint's
     versions must be the run's tuned team), RuntimeError when the registry changed during the replays.
     """
-    from marft_lg.evaluation.shadow import shadow_compare
+    from marft_lg.evaluation.shadow import BaselineOnce, shadow_compare
     from marft_lg.serving.registry.store import AdapterRegistry
     from marft_lg.serving.team import Team
     from marft_lg.training.metrics import read_metrics

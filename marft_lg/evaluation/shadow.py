@@ -207,6 +207,47 @@ def _replay(app: Any, jobs: list[EpisodeJob], runner: Any, collect: Callable[[li
     return replayed, list(runner.failures)
 
 
+class BaselineOnce:
+    """A `shadow_compare` runner that runs the baseline side once: the replays run through the app (`GraphCollector`,
+    as the trainer runs episodes), and a later call whose baseline jobs are the same (ids and pinned versions) reuses
+    the first one's baseline episodes and runs only the candidate side. `run_ahead` runs the baseline side before
+    there is a candidate (the demo measures it before training, so the candidate side's time is known)."""
+
+    def __init__(self, app: Any, concurrency: int):
+        self.collector = GraphCollector(app, concurrency=concurrency)
+        self.app = app
+        self.baseline: TrajectoryDataset | None = None
+        self.baseline_jobs: dict[str, dict[str, str]] = {}
+        self.baseline_failures: list[EpisodeFailure] = []
+        self.failures: list[EpisodeFailure] = []
+        """The episodes of the last call that raised (`EpisodeFailure`), the reused baseline's included: what
+        `shadow_compare` reads from a runner, as from `GraphCollector`."""
+
+    def run_ahead(self, baseline: VersionSpec, scenarios: ScenarioSet | Iterable[Scenario], *,
+                  samples_per_scenario: int = 1, seed: int = 0, run_id: str) -> TrajectoryDataset:
+        """The baseline side of a later ``shadow_compare(app, baseline, ..., scenarios, samples_per_scenario=,
+        seed=, run_id=, runner=self)``, run now: the same episode ids, seeds and pinned versions."""
+        team = _team_of(self.app)
+        registry = team.registry if isinstance(team, ServedTeam) else None
+        base_map = resolve_versions(baseline, registry, team.agents() if team is not None else None)
+        jobs, side_of = _plan_replays(list(scenarios), samples_per_scenario, seed, run_id, base_map, base_map)
+        return self.run([j for j in jobs if side_of[j.episode_id] == "baseline"])
+
+    def run(self, jobs: list[EpisodeJob]) -> TrajectoryDataset:
+        base = {j.episode_id: dict(j.versions or {}) for j in jobs if (j.metadata or {}).get(SIDE_KEY) == "baseline"}
+        reuse = self.baseline is not None and base == self.baseline_jobs
+        todo = [j for j in jobs if not (reuse and j.episode_id in base)]
+        ds = self.collector.run(todo) if todo else TrajectoryDataset()
+        ran = list(self.collector.failures) if todo else []
+        if not reuse:
+            self.baseline, self.baseline_jobs = ds.select(sorted(base)), base
+            self.baseline_failures = [f for f in ran if f.episode_id in base]
+            self.failures = ran
+            return ds
+        self.failures = self.baseline_failures + ran
+        return TrajectoryDataset.concat([self.baseline, ds])
+
+
 # ---- mirrored live traffic ------------------------------------------------------------------
 
 _PAIR_KEYS = ("marft.mirror.pair_id", "mirror_pair_id", "pair_id")

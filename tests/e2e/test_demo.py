@@ -105,6 +105,15 @@ def test_report_numbers_match_the_logs(demo_run):
     assert summary["heldout"]["pairs"] == log["compare"]["n_pairs"] == summary["budget"]["n_heldout"]
     assert summary["heldout"]["difference"] == log["compare"]["team_reward"]
     assert summary["heldout"]["baseline_reward"] == pytest.approx(log["compare"]["baseline_reward_mean"])
+    # the comparison's untuned side ran before on-policy training, timed; the on-policy stage got what the deadline
+    # left after it and the tuned side (as long again), never more than the budget's cap
+    assert log["untuned_heldout"]["episodes"] == summary["budget"]["n_heldout"]
+    assert log["untuned_heldout"]["elapsed_s"] <= log["online_budget"]["elapsed_s"] <= log["online"]["elapsed_s"]
+    plan = summary["online_budget"]
+    assert plan == {k: v for k, v in log["online_budget"].items() if k not in ("event", "elapsed_s")}
+    assert plan["tuned_side_s"] == pytest.approx(log["untuned_heldout"]["seconds"], abs=0.1)
+    left = plan["deadline_s"] - plan["spent_s"] - plan["tuned_side_s"] - plan["reserve_s"]
+    assert plan["online_s"] == pytest.approx(max(0.0, min(plan["cap_s"], left)), abs=0.2)
     # traced problems only for the offline stage; on-policy drew fresh ones; both sides' accuracy and the MDE
     # cover every held-out pair
     assert summary["problems"]["traced"] == summary["budget"]["n_traced"]

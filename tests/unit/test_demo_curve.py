@@ -8,6 +8,7 @@ import math
 import pytest
 
 from marft_lg import demo_curve as dc
+from marft_lg.evaluation.shadow import BaselineOnce
 
 # two offline rows, then three online ones (iterations 2..4); iteration 3 trained only the actor
 ROWS = [
@@ -155,8 +156,8 @@ def _jobs(candidate: str) -> list:
 
 
 def test_baseline_once_replays_the_untuned_side_only_at_the_first_checkpoint(monkeypatch):
-    monkeypatch.setattr("marft_lg.graph.collect.GraphCollector", _FakeCollector)
-    runner = dc.BaselineOnce(app=None, concurrency=4)
+    monkeypatch.setattr("marft_lg.evaluation.shadow.GraphCollector", _FakeCollector)
+    runner = BaselineOnce(app=None, concurrency=4)
     first = runner.run(_jobs("v2"))
     assert sorted(first.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
     assert [str(f) for f in runner.failures] == ["b-s2-crash: RuntimeError: boom"]
@@ -166,12 +167,41 @@ def test_baseline_once_replays_the_untuned_side_only_at_the_first_checkpoint(mon
     assert [str(f) for f in runner.failures] == ["b-s2-crash: RuntimeError: boom"]  # still counts against it
 
 
+def test_baseline_once_reruns_the_baseline_when_its_pinned_versions_differ(monkeypatch):
+    monkeypatch.setattr("marft_lg.evaluation.shadow.GraphCollector", _FakeCollector)
+    runner = BaselineOnce(app=None, concurrency=4)
+    runner.run(_jobs("v2"))
+    moved = [j if j.metadata["marft.compare.side"] == "candidate" else type(j)(j.scenario, j.episode_id, j.seed,
+                                                                                {"actor": "v9"}, j.metadata)
+             for j in _jobs("v3")]
+    runner.run(moved)
+    assert runner.collector.calls[-1] == ["b-s1", "b-s2-crash", "cv3-s1", "cv3-s2"]
+
+
+def test_baseline_once_runs_the_baseline_side_ahead_of_the_comparison(monkeypatch):
+    """`run_ahead` plans the same episodes `shadow_compare` will (ids, seeds, versions): the comparison then runs only
+    the candidate side."""
+    from marft_lg.evaluation.shadow import _plan_replays
+    from marft_lg.trajectories.scenarios import Scenario
+
+    monkeypatch.setattr("marft_lg.evaluation.shadow.GraphCollector", _FakeCollector)
+    runner = BaselineOnce(app=None, concurrency=4)
+    scenarios = [Scenario("p1", {}), Scenario("p2", {})]
+    ahead = runner.run_ahead(UNTUNED, scenarios, samples_per_scenario=2, seed=7, run_id="r")
+    jobs, side_of = _plan_replays(scenarios, 2, 7, "r", UNTUNED, {**UNTUNED, "actor": "v5"})
+    baseline_ids = sorted(e for e, side in side_of.items() if side == "baseline")
+    assert sorted(ahead.episode_ids) == baseline_ids and len(baseline_ids) == 4
+    both = runner.run(jobs)
+    assert runner.collector.calls[-1] == [j.episode_id for j in jobs if side_of[j.episode_id] == "candidate"]
+    assert sorted(both.episode_ids) == sorted(side_of)
+
+
 def test_baseline_once_is_a_runner_shadow_compare_can_use(monkeypatch):
     """shadow_compare's replay step reads the runner's `failures` (its first run crashed on an `errors` field)."""
     from marft_lg.evaluation.shadow import _replay
 
-    monkeypatch.setattr("marft_lg.graph.collect.GraphCollector", _FakeCollector)
-    runner = dc.BaselineOnce(app=None, concurrency=4)
+    monkeypatch.setattr("marft_lg.evaluation.shadow.GraphCollector", _FakeCollector)
+    runner = BaselineOnce(app=None, concurrency=4)
     replayed, failed = _replay(None, _jobs("v2"), runner, None, 4, False)
     assert sorted(replayed.episode_ids) == ["b-s1", "b-s2-crash", "cv2-s1", "cv2-s2"]
     assert [f.episode_id for f in failed] == ["b-s2-crash"]

@@ -139,6 +139,7 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
             return [{"reward_mean": 0.5}]
 
         def fit_online(self, app, scenarios, iterations, *, scenarios_per_iteration, time_budget_s):
+            seen["time_budget_s"] = time_budget_s
             items = list(scenarios)
             seen["online"] = [[s.scenario_id for s in online_batch(items, it, scenarios_per_iteration)]
                               for it in range(iterations)]
@@ -148,7 +149,16 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
         seen["traced"] = sorted({s.scenario_id for s, _ in jobs})
         return len(jobs)
 
+    class FakeBaselineOnce:  # the untuned side run ahead (BaselineOnce's own tests: test_demo_curve.py)
+        def __init__(self, app, concurrency):
+            self.failures = []
+
+        def run_ahead(self, baseline, scenarios, **kw):
+            seen["ahead"] = (baseline, sorted(s.scenario_id for s in scenarios), kw)
+            return everything.select([e for e in everything.episode_ids if e.startswith("cmp-baseline-")])
+
     def fake_compare(app, baseline, candidate, scenarios, reward, **kw):
+        seen["compare_runner"] = kw.get("runner")
         by_id = {s.scenario_id: s.to_dict() for s in scenarios}
         side = {k: everything.select([e for e in everything.episode_ids if e.startswith(f"cmp-{k}-")])
                 for k in ("baseline", "candidate")}
@@ -164,6 +174,7 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
     monkeypatch.setattr("marft_lg.training.trainer.MARFTTrainer", FakeTrainer)
     monkeypatch.setattr("marft_lg.training.metrics.read_metrics", lambda path: [{"reward_mean": 0.5}] * 5)
     monkeypatch.setattr("marft_lg.evaluation.shadow.shadow_compare", fake_compare)
+    monkeypatch.setattr("marft_lg.evaluation.shadow.BaselineOnce", FakeBaselineOnce)
     monkeypatch.setattr("marft_lg.demo._run_episodes", fake_run_episodes)
     monkeypatch.setattr(_Team, "saved", [])
     buf = io.StringIO()
@@ -179,6 +190,15 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
     assert len(seen["online"]) == budget.online_iterations and len(flat) == len(set(flat)) == budget.n_stream
     assert not set(flat) & set(traced_ids)
     assert summary["problems"] == {"traced": 3, "stream": 8, "online_seen": 8, "heldout": 6}
+    # the comparison's untuned side ran ahead on the held-out problems, pinned to `live`, with the comparison's run id
+    # and seed, and the comparison reused it (its runner); on-policy got what the 1-minute deadline left
+    assert seen["ahead"] == ("live", sorted(s.scenario_id for s in heldout),
+                             {"samples_per_scenario": 1, "seed": 0, "run_id": "demo-run"})
+    assert isinstance(seen["compare_runner"], FakeBaselineOnce)
+    plan = summary["online_budget"]
+    assert seen["time_budget_s"] == plan["online_s"] and plan["deadline_s"] == 60 and plan["cap_s"] == 60
+    assert plan["online_s"] == pytest.approx(60 - plan["spent_s"] - plan["tuned_side_s"] - plan["reserve_s"], abs=0.2)
+    assert 0 < plan["online_s"] < 60
 
     # accuracy of each side, from the replayed answers
     acc = summary["heldout"]["accuracy"]

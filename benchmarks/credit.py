@@ -44,7 +44,7 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
     from marft_lg.training.metrics import read_metrics
 
     budget = replace(BUDGETS["full"], name=f"credit-{online_minutes:g}min", online_minutes=online_minutes,
-                     n_heldout=heldout, minutes=online_minutes + 3, **ESTIMATORS[estimator]["budget"])
+                     n_heldout=heldout, minutes=online_minutes + 3, deadline=False, **ESTIMATORS[estimator]["budget"])
     run_dir = work / f"{estimator}-s{seed}"
     load_before = os.getloadavg()[0]
     summary = run_demo(budget, run_dir, model="embedded:smollm2-135m-instruct", seed=seed, trace_root=work / "traces",

@@ -84,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "benchmarks") not in sys.path:  # credit_tools.py: the tool-using app's questions and reward
     sys.path.insert(0, str(ROOT / "benchmarks"))
 DEMO_FULL = DEMO_BUDGETS["full"]
+TRAINING_MINUTES = 8.0  # every arm's training wall time at full: the demo's on-policy minutes before its deadline
 RESULTS = ROOT / "benchmarks" / "results" / "unlabeled.json"
 APPS = ("math", "tools")
 LOOP_ARMS = ("production_loop", "production_loop_format")
@@ -109,8 +110,8 @@ TOOLS_NOTE = ("app tools: examples/supervisor_tools (a supervisor handing off by
 
 @dataclass(frozen=True)
 class Budget:
-    """How much work each arm does. `minutes`: the training wall time every arm gets (the demo's on-policy
-    minutes at full); on-policy arms stop at `online_iterations` or `minutes`, whichever comes first."""
+    """How much work each arm does. `minutes`: the training wall time every arm gets (`TRAINING_MINUTES` at full);
+    on-policy arms stop at `online_iterations` or `minutes`, whichever comes first."""
 
     name: str
     minutes: float
@@ -129,7 +130,7 @@ class Budget:
 
 
 TOOLS_BUDGETS = {  # credit_tools' shape: 2 questions per iteration, K 4, 48-token replies; the same training minutes
-    "full": Budget("full", minutes=DEMO_FULL.online_minutes, n_heldout=32, online_iterations=1000,
+    "full": Budget("full", minutes=TRAINING_MINUTES, n_heldout=32, online_iterations=1000,
                    scenarios_per_iteration=2, group_size=4, max_tokens=48, n_traffic=0, traffic_repeats=0,
                    judge_max_tokens=256),
     "smoke": Budget("smoke", minutes=0.1, n_heldout=2, online_iterations=1, scenarios_per_iteration=1,
@@ -139,8 +140,8 @@ TOOLS_RECURSION_LIMIT = 8  # credit_tools' default: a worker's ReAct loop ends a
 TOOLS_STREAM = 400  # questions generated for the training stream (2 per iteration: far more than 8 minutes use)
 
 BUDGETS = {
-    # the demo's full budget: its on-policy minutes, held-out set, iterations, problems per iteration, K, reply cap
-    "full": Budget("full", minutes=DEMO_FULL.online_minutes, n_heldout=DEMO_FULL.n_heldout,
+    # the demo's full budget: its held-out set, iterations, problems per iteration, K, reply cap; 8 training minutes
+    "full": Budget("full", minutes=TRAINING_MINUTES, n_heldout=DEMO_FULL.n_heldout,
                    online_iterations=DEMO_FULL.online_iterations,
                    scenarios_per_iteration=DEMO_FULL.scenarios_per_iteration, group_size=DEMO_FULL.group_size,
                    max_tokens=DEMO_FULL.max_tokens, n_traffic=32, traffic_repeats=4, judge_max_tokens=256),
@@ -747,7 +748,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--budget", default="full", choices=sorted(BUDGETS))
     ap.add_argument("--minutes", type=float, default=None, help="training minutes per arm (default: the budget's, "
-                    "the demo's on-policy minutes at full)")
+                    "8 at full)")
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model spec or a local HF dir")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")

@@ -45,6 +45,7 @@ class DemoBudget:
     scenarios_per_iteration: int  # fresh problems per on-policy iteration (none seen before)
     group_size: int  # K episodes per scenario per online iteration (group-relative baseline)
     max_tokens: int
+    deadline: bool = True  # False: on-policy gets `online_minutes` whatever the rest takes (equal-training-time runs)
 
     @property
     def n_stream(self) -> int:
@@ -395,12 +396,12 @@ class DemoRun:
     def online_budget(self) -> dict[str, float]:
         """The on-policy stage's seconds and how they were reached: the deadline (`budget.minutes` from when the
         team was served) less the time spent since, the tuned side of the comparison (as long as the untuned side
-        took) and `_REPORT_RESERVE_S` for the gate and report; at most `online_minutes`, at least 0 (then one
-        iteration runs: `fit_online` always runs the first)."""
+        took) and `_REPORT_RESERVE_S` for the gate and report; at most `online_minutes` (all of it with
+        `deadline` off), at least 0 (then one iteration runs: `fit_online` always runs the first)."""
         b = self.budget
         spent = time.perf_counter() - (self.served_at if self.served_at is not None else self.log.t0)
-        left = b.minutes * 60 - spent - self.untuned_heldout_s - _REPORT_RESERVE_S
-        return {"deadline_s": b.minutes * 60, "spent_s": round(spent, 1),
+        left = b.minutes * 60 - spent - self.untuned_heldout_s - _REPORT_RESERVE_S if b.deadline else float("inf")
+        return {"deadline_s": b.minutes * 60 if b.deadline else None, "spent_s": round(spent, 1),
                 "tuned_side_s": round(self.untuned_heldout_s, 1), "reserve_s": _REPORT_RESERVE_S,
                 "cap_s": b.online_minutes * 60, "online_s": round(max(0.0, min(b.online_minutes * 60, left)), 1)}
 
@@ -410,8 +411,8 @@ class DemoRun:
         b = self.budget
         plan = self.online_budget()
         self.log.stage(f"6/9 on-policy MARFT, {b.scenarios_per_iteration} fresh problems per iteration (up to "
-                       f"{b.online_iterations} iterations / {plan['online_s'] / 60:.1f} min: what the "
-                       f"{b.minutes:g}-minute budget leaves)")
+                       f"{b.online_iterations} iterations / {plan['online_s'] / 60:.1f} min"
+                       + (f": what the {b.minutes:g}-minute budget leaves)" if b.deadline else ")"))
         self.log.record("online_budget", **plan)
         self.online_plan = plan
         if plan["online_s"] <= 0:

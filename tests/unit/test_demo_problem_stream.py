@@ -237,3 +237,23 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
     tail = [line for line in out.splitlines() if line.strip()][-2:]
     assert tail[0].startswith("decision: REJECT: ") and tail[1].startswith("report: ")
     assert tail[1].endswith("beside it)") or "beside it)" in out[out.index("report: "):]
+
+
+@pytest.mark.parametrize(("deadline", "spent", "untuned_s", "online_s"), [
+    (True, 100.0, 200.0, 900 - 100 - 200 - 15),  # the deadline leaves less than the cap
+    (True, 10.0, 20.0, 720.0),  # a fast host: the cap
+    (True, 500.0, 400.0, 0.0),  # nothing left (one iteration still runs)
+    (False, 500.0, 400.0, 720.0),  # no deadline: the cap, whatever the rest took
+])
+def test_the_on_policy_stage_gets_what_the_deadline_leaves(monkeypatch, deadline, spent, untuned_s, online_s):
+    import dataclasses
+
+    from marft_lg import demo
+
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: 1000.0 + spent)
+    run = types.SimpleNamespace(budget=dataclasses.replace(BUDGETS["full"], deadline=deadline), served_at=1000.0,
+                                untuned_heldout_s=untuned_s, log=None)
+    plan = demo.DemoRun.online_budget(run)
+    assert plan["online_s"] == pytest.approx(online_s)
+    assert plan["cap_s"] == BUDGETS["full"].online_minutes * 60 == 720
+    assert plan["deadline_s"] == (900 if deadline else None) and plan["spent_s"] == spent

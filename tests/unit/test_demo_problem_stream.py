@@ -240,7 +240,7 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
 
 
 @pytest.mark.parametrize(("deadline", "spent", "untuned_s", "online_s"), [
-    (True, 100.0, 200.0, 900 - 100 - 200 - 15),  # the deadline leaves less than the cap
+    (True, 100.0, 200.0, 900 - 100 - 1.2 * 200 - 15),  # the deadline leaves less than the cap
     (True, 10.0, 20.0, 720.0),  # a fast host: the cap
     (True, 500.0, 400.0, 0.0),  # nothing left (one iteration still runs)
     (False, 500.0, 400.0, 720.0),  # no deadline: the cap, whatever the rest took
@@ -257,3 +257,4 @@ def test_the_on_policy_stage_gets_what_the_deadline_leaves(monkeypatch, deadline
     assert plan["online_s"] == pytest.approx(online_s)
     assert plan["cap_s"] == BUDGETS["full"].online_minutes * 60 == 720
     assert plan["deadline_s"] == (900 if deadline else None) and plan["spent_s"] == spent
+    assert plan["tuned_side_s"] == pytest.approx(1.2 * untuned_s)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class DemoBudget:
     """How much work each stage does and the wall time it has. `minutes` is the run's deadline, counted from when the
     team is served (a first run converts the model before): the on-policy stage gets what the other stages leave of
-    it, the comparison's tuned side predicted by its untuned side's measured time (`DemoRun.online_budget`), and at
+    it, the comparison stage predicted from its untuned side's measured time (`DemoRun.online_budget`), and at
     most `online_minutes`.
 
     The training problems are `n_traced` (run untuned and traced: the offline stage's data) followed
@@ -421,8 +421,8 @@ class DemoRun:
         self.online_plan = plan
         if plan["online_s"] <= 0:
             self.console.print(f"the {b.minutes:g}-minute budget leaves no time for on-policy MARFT after "
-                               f"{plan['spent_s'] / 60:.1f} min of earlier stages and a comparison of "
-                               f"{2 * plan['tuned_side_s'] / 60:.1f} min: one iteration runs", markup=False,
+                               f"{plan['spent_s'] / 60:.1f} min of earlier stages and a comparison stage of about "
+                               f"{plan['tuned_side_s'] / 60:.1f} min to come: one iteration runs", markup=False,
                                highlight=False)
         from marft_lg.training.checks import TrainingDataError
 
@@ -457,7 +457,7 @@ class DemoRun:
         self.log.record("accuracy", **self.accuracy)
 
     def gate(self) -> None:
-        """7: the promotion gate; `live` flips to the tuned team when it passes."""
+        """8: the promotion gate; `live` flips to the tuned team when it passes."""
         from marft_lg.evaluation.gate import PromotionGate
         from marft_lg.evaluation.promotion import promote
 
@@ -472,7 +472,7 @@ class DemoRun:
         self.log.record("gate", promote=self.decision.promote, reasons=self.decision.reasons, live=self.live_now)
 
     def report(self) -> dict[str, Any]:
-        """8: summary.json, the report (Markdown + HTML + plots) and the closing lines; returns the summary."""
+        """9: summary.json, the report (Markdown + HTML + plots) and the closing lines; returns the summary."""
         from marft_lg.evaluation.report import log_comparison, print_summary, write_report
 
         self.log.stage("9/9 report")
@@ -581,6 +581,14 @@ def _signed(value: Any) -> str:
     return "n/a" if value is None else f"{value:+.3f}"
 
 
+def _online_budget_lines(plan: dict[str, Any] | None) -> list[str]:
+    """The report's line on what the deadline gave the on-policy stage (none for a run without the plan)."""
+    if not plan:
+        return []
+    why = "what the deadline left" if plan.get("deadline_s") is not None else "no deadline"
+    return [f"  - on-policy MARFT given {plan['online_s'] / 60:.1f} min ({why}; at most {plan['cap_s'] / 60:g})"]
+
+
 def render_report(run_dir: Path, s: dict[str, Any]) -> Path:
     """`report.md` (and `report.html`) at the top of the run from its summary: what ran, the curves, before/after
     with CIs, the held-out curve when measured (`demo_curve`), the decision.
@@ -593,6 +601,7 @@ def render_report(run_dir: Path, s: dict[str, Any]) -> Path:
         "# marft_lg demo run", "",
         f"- budget **{s['budget']['name']}** (about {s['budget']['minutes']:g} min on 2 CPU cores), "
         f"seed {s['seed']}, took {s['minutes']} min",
+        *_online_budget_lines(s.get("online_budget")),
         f"- model `{s['model']}`",
         f"- traced {s['episodes_traced']} untuned episodes, mined {s['episodes_mined']}",
         f"  - actions per agent {s['actions_per_agent']}",

@@ -113,6 +113,8 @@ def test_report_numbers_match_the_logs(demo_run):
     assert plan == {k: v for k, v in log["online_budget"].items() if k not in ("event", "elapsed_s")}
     assert plan["tuned_side_s"] == pytest.approx(1.2 * log["untuned_heldout"]["seconds"], abs=0.1)
     assert log["compare"]["predicted_s"] == plan["tuned_side_s"] and log["compare"]["stage_s"] > 0
+    assert f"  - on-policy MARFT given {plan['online_s'] / 60:.1f} min (what the deadline left;" in (
+        run_dir / "report.md").read_text()
     left = plan["deadline_s"] - plan["spent_s"] - plan["tuned_side_s"] - plan["reserve_s"]
     assert plan["online_s"] == pytest.approx(max(0.0, min(plan["cap_s"], left)), abs=0.2)
     # traced problems only for the offline stage; on-policy drew fresh ones; both sides' accuracy and the MDE

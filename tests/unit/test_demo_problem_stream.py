@@ -199,6 +199,8 @@ def test_a_run_trains_on_the_stream_and_reports_accuracy_and_the_detectable_gain
     assert seen["time_budget_s"] == plan["online_s"] and plan["deadline_s"] == 60 and plan["cap_s"] == 60
     assert plan["online_s"] == pytest.approx(60 - plan["spent_s"] - plan["tuned_side_s"] - plan["reserve_s"], abs=0.2)
     assert 0 < plan["online_s"] < 60
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"  - on-policy MARFT given {plan['online_s'] / 60:.1f} min (what the deadline left; at most 1)\n" in report
 
     # accuracy of each side, from the replayed answers
     acc = summary["heldout"]["accuracy"]

@@ -67,7 +67,7 @@ MEASURES: dict[str, list[str]] = {
                        "marft_lg/trajectories/scenario_sets.py", "marft_lg/serving/engine/hf.py",
                        "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py",
                        "marft_lg/evaluation/shadow.py"],
-    # replays of a demo run's published versions on its held-out problems (the demo's comparison, stage 6)
+    # replays of a demo run's published versions on its held-out problems (the demo's comparison, stage 7)
     "time_to_gain.json": ["benchmarks/time_to_gain.py", "marft_lg/demo_curve.py", "marft_lg/demo.py", "marft_lg/examples/math_team",
                           "marft_lg/evaluation/shadow.py", "marft_lg/serving/engine/hf.py",
                           "marft_lg/serving/engine/scheduler.py", "marft_lg/serving/engine/sampling.py"],

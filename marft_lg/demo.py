@@ -94,6 +94,7 @@ def marft_settings(credit: dict[str, Any] | None = None) -> dict[str, Any]:
 
     return {**MARFT_SETTINGS, **DEMO_SETTINGS, **(credit or {})}
 
+
 _REPORT_RESERVE_S = 15.0
 """Seconds the deadline keeps for the gate, the report and its plots (under 2 s measured; the rest is margin)."""
 _TUNED_SIDE_FACTOR = 1.2
@@ -449,8 +450,7 @@ class DemoRun:
         self.log.stage(f"7/9 shadow-compare untuned vs tuned on {len(heldout)} held-out problems (the tuned side)")
         t0 = time.perf_counter()
         self.result = shadow_compare(self.greedy, "live", "candidate", heldout, self.reward, samples_per_scenario=1,
-                                     seed=self.seed, run_id=self.compare_run_id,
-                                     concurrency=min(2 * len(heldout), 48), runner=self.compare_runner)
+                                     seed=self.seed, run_id=self.compare_run_id, runner=self.compare_runner)
         self.log.record("compare", stage_s=round(time.perf_counter() - t0, 2),
                         predicted_s=self.online_plan.get("tuned_side_s"), **self.result.to_dict())
         self.accuracy = _side_accuracy(self.result, heldout)

@@ -54,6 +54,12 @@ def _team_of(app: Any) -> ChatEngine | None:
     return team if isinstance(team, ChatEngine) else None
 
 
+def _versions_on(team: ChatEngine | None, spec: VersionSpec) -> dict[str, str]:
+    """`resolve_versions` of `spec` through the team's registry (a served team's), for the team's roles."""
+    registry = team.registry if isinstance(team, ServedTeam) else None
+    return resolve_versions(spec, registry, team.agents() if team is not None else None)
+
+
 def agent_bases(team: ChatEngine | None, datasets: Iterable[TrajectoryDataset]) -> dict[str, Any]:
     """``{"agent_bases": {role: base model}, "frozen_agents": [...]}`` for a comparison's meta: the base each
     served role runs on, and the agents that acted in the episodes without being served by the team (frozen:
@@ -134,10 +140,9 @@ def shadow_compare(
     bind = getattr(reward, "bind_default_engine", None)
     if callable(bind) and team is not None:  # a judge given no endpoint asks the served base model (adapters off)
         bind(team)
-    registry = team.registry if isinstance(team, ServedTeam) else None
     roles = team.agents() if team is not None else None
-    base_map = resolve_versions(baseline, registry, roles)
-    cand_map = {**base_map, **resolve_versions(candidate, registry, roles)}
+    base_map = _versions_on(team, baseline)
+    cand_map = {**base_map, **_versions_on(team, candidate)}
     run_id = run_id or f"cmp-{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
     jobs, side_of = _plan_replays(scenario_list, samples_per_scenario, seed, run_id, base_map, cand_map)
@@ -227,9 +232,7 @@ class BaselineOnce:
                   samples_per_scenario: int = 1, seed: int = 0, run_id: str) -> TrajectoryDataset:
         """The baseline side of a later ``shadow_compare(app, baseline, ..., scenarios, samples_per_scenario=,
         seed=, run_id=, runner=self)``, run now: the same episode ids, seeds and pinned versions."""
-        team = _team_of(self.app)
-        registry = team.registry if isinstance(team, ServedTeam) else None
-        base_map = resolve_versions(baseline, registry, team.agents() if team is not None else None)
+        base_map = _versions_on(_team_of(self.app), baseline)
         jobs, side_of = _plan_replays(list(scenarios), samples_per_scenario, seed, run_id, base_map, base_map)
         return self.run([j for j in jobs if side_of[j.episode_id] == "baseline"])
 

@@ -24,7 +24,9 @@ the waste measured in train/metrics.jsonl: mean `equal_groups_share`, `zero_adva
 dynamic sampling's draws and skipped iterations) and `aggregate` per arm (promote count, mean gain, worst seed, seeds
 whose task_completion CI is above 0, seeds where the tuned team is significantly worse). `--append` keeps the runs
 already in the file (same budget and model) and runs only the missing ones; with `--replace` it runs the planned ones
-again too, moving each older run to `superseded` (kept, with the reason).
+again too, moving each older run to `superseded` (kept, with the reason). `--adopt RUN_DIR...` takes finished `marft-lg
+demo` runs (benchmarks/demo.py's) as the planned runs they are the same as (seed, budget and the settings run_demo
+resolves; any other is refused, saying how it differs), each with its own commit and host, instead of running them.
 """
 
 from __future__ import annotations
@@ -361,6 +363,57 @@ def collect(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _start_event(run_dir: Path) -> dict[str, Any]:
+    """A demo run's `start` event (what it ran with), or a ValueError naming the run directory."""
+    log = Path(run_dir) / "demo_log.jsonl"
+    if not log.is_file() or not (Path(run_dir) / "summary.json").is_file():
+        raise ValueError(f"--adopt: {run_dir} is not a finished demo run (no demo_log.jsonl or summary.json)")
+    for line in log.read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("event") == "start":
+            return row
+    raise ValueError(f"--adopt: {log} has no start event")
+
+
+def _ran_as(start: dict[str, Any], item: dict[str, Any], model: str) -> list[str]:
+    """How a demo run (its `start` event) differs from a planned run: [] when it is that run (same seed, model,
+    budget and the settings run_demo resolves: MARFT settings, warm start, LoRA, rollout temperature)."""
+    from marft_lg.demo import _examples, _lora_settings, _rollout_temperature, marft_settings
+
+    kw = item["kwargs"]
+    budget = dataclasses.asdict(kw["budget"])
+    lora = _lora_settings(kw["lora"])
+    want = {"seed": item["seed"], "model": model, "budget": budget,
+            "marft": marft_settings(kw["credit"]), "warm_start": kw["warm_start"],
+            "lora": None if lora is None else dataclasses.asdict(lora),
+            "rollout_temperature": _rollout_temperature(kw["rollout_temperature"],
+                                                        _examples().settings.ROLLOUT_TEMPERATURE)}
+    ran = {"seed": start.get("seed"), "model": start.get("model"),
+           "budget": {k: (start.get("budget") or {}).get(k) for k in budget},
+           "marft": marft_settings(start.get("credit") or None), "warm_start": start.get("warm_start"),
+           "lora": start.get("lora"), "rollout_temperature": start.get("rollout_temperature")}
+    return [f"{k} {ran[k]!r} (the plan's {want[k]!r})" for k in want if ran[k] != want[k]]
+
+
+def adopt(run_dirs: list[Path], items: list[dict[str, Any]], model: str) -> dict[tuple[str, int], Path]:
+    """Finished `marft-lg demo` runs (e.g. benchmarks/demo.py's) taken as planned runs they are the same as, so an
+    arm the demo's defaults already ran is not run again: ``{(label, seed): run_dir}``. A run that is no planned
+    run, or two runs for one, is a ValueError saying how it differs."""
+    out: dict[tuple[str, int], Path] = {}
+    for run_dir in run_dirs:
+        start = _start_event(run_dir)
+        diffs = {(i["label"], i["seed"]): _ran_as(start, i, model) for i in items}
+        match = [key for key, d in diffs.items() if not d]
+        if not match:
+            near = min(diffs.items(), key=lambda kv: len(kv[1]), default=None)
+            why = "" if near is None else f"; closest {near[0][0]} seed {near[0][1]}: it ran with " + ", ".join(near[1])
+            raise ValueError(f"--adopt: {run_dir} is none of the planned runs{why}")
+        if match[0] in out:
+            raise ValueError(f"--adopt: {run_dir} and {out[match[0]]} are both {match[0][0]} seed {match[0][1]}")
+        out[match[0]] = Path(run_dir)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the results
 
 
@@ -516,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replace", action="store_true",
                     help="with --append: run the planned runs the file already holds again; each older run moves to "
                          "`superseded` with the reason")
+    ap.add_argument("--adopt", nargs="+", type=Path, default=[], metavar="RUN_DIR",
+                    help="finished `marft-lg demo` runs to take as the planned runs they are the same as (same seed, "
+                         "budget and settings), instead of running those")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("--table", action="store_true", help="print the Markdown table of --out and exit")
     ap.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
@@ -531,11 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         items = plan(arms, parse_grid(args.grid), seeds, args.budget, args.runs_root)
+        adopted = adopt(args.adopt, items, args.model)
     except ValueError as exc:
         ap.error(str(exc))
     if args.dry_run:
         for item in items:
-            print(describe(item))
+            key = (item["label"], item["seed"])
+            print(describe(item) + (f" (adopted: {adopted[key]})" if key in adopted else ""))
         print(f"{len(items)} runs; results -> {args.out}")
         return 0
 
@@ -558,20 +616,30 @@ def main(argv: list[str] | None = None) -> int:
     elif args.replace:
         ap.error("--replace needs --append (the file whose runs it replaces)")
     done = {(r["label"], r["seed"]) for r in out["runs"]}
+    held = sorted(set(adopted) & done)
+    if held:
+        ap.error(f"--adopt: {args.out} already holds {held[0][0]} seed {held[0][1]}; add --replace to replace it")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for item in items:
-        if (item["label"], item["seed"]) in done:
+        key = (item["label"], item["seed"])
+        if key in done:
             continue
-        run_dir = item["run_dir"]
-        for owned in (run_dir, ROOT / "traces" / f"demo-{run_dir.name}"):  # a fresh run: nothing of an earlier one
-            shutil.rmtree(owned, ignore_errors=True)
-        kw = item["kwargs"]
-        spec = {"budget": dataclasses.asdict(kw["budget"]), "run_dir": str(run_dir), "model": args.model,
-                "seed": item["seed"], "credit": kw["credit"], "warm_start": kw["warm_start"], "lora": kw["lora"],
-                "rollout_temperature": kw["rollout_temperature"]}
-        run_child(spec)
-        run = {"label": item["label"], "arm": item["arm"], "settings": item["settings"], **collect(run_dir),
-               "commit": out["commit"], "machine": machine()}  # --append mixes hosts: each run names its own
+        if key in adopted:  # ran elsewhere: its own commit and host
+            figures = collect(adopted[key])
+            code = figures.get("code") or {}
+            run = {"label": item["label"], "arm": item["arm"], "settings": item["settings"], **figures,
+                   "commit": code.get("commit"), "machine": code.get("machine"), "adopted": True}
+        else:
+            run_dir = item["run_dir"]
+            for owned in (run_dir, ROOT / "traces" / f"demo-{run_dir.name}"):  # a fresh run: nothing of an earlier one
+                shutil.rmtree(owned, ignore_errors=True)
+            kw = item["kwargs"]
+            spec = {"budget": dataclasses.asdict(kw["budget"]), "run_dir": str(run_dir), "model": args.model,
+                    "seed": item["seed"], "credit": kw["credit"], "warm_start": kw["warm_start"], "lora": kw["lora"],
+                    "rollout_temperature": kw["rollout_temperature"]}
+            run_child(spec)
+            run = {"label": item["label"], "arm": item["arm"], "settings": item["settings"], **collect(run_dir),
+                   "commit": out["commit"], "machine": machine()}  # --append mixes hosts: each run names its own
         out["runs"].append(run)
         out["aggregate"] = aggregate(out["runs"])
         write_atomic(args.out, json.dumps(out, indent=2, default=str) + "\n")

@@ -401,3 +401,62 @@ def test_main_runs_the_missing_runs_and_append_resumes(tmp_path, monkeypatch, ca
     with pytest.raises(SystemExit):  # nothing to replace in a new file
         learn.main([*argv, "--seeds", "0", "--replace"])
     assert "--replace needs --append" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------- --adopt
+
+
+def demo_cli_run(root: Path, seed: int, **start_over) -> Path:
+    """A finished run as `marft-lg demo --seed N` (benchmarks/demo.py) leaves it: its start event says what it ran
+    with (no credit overrides, no warm start, the team's LoRA, the math team's rollout temperature)."""
+    from marft_lg.examples.math_team.settings import ROLLOUT_TEMPERATURE
+
+    run = fake_run(root, seed, run=root / f"demo-bench-seed{seed}", dynamic=True)
+    start = {"event": "start", "elapsed_s": 0.0, "budget": BUDGETS["full"].to_dict(), "model": learn.MODEL,
+             "seed": seed, "credit": {}, "warm_start": None, "lora": None, "rollout_temperature": ROLLOUT_TEMPERATURE,
+             **start_over}
+    rows = [json.loads(x) for x in (run / "demo_log.jsonl").read_text().splitlines()]
+    (run / "demo_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [start, *rows[1:]]))
+    return run
+
+
+def test_adopt_takes_a_demo_run_as_the_arm_it_is(tmp_path):
+    items = learn.plan(["baseline", "dynamic_sampling"], [{}], [0, 1], "full", tmp_path / "runs")
+    run = demo_cli_run(tmp_path, 1)
+    assert learn.adopt([run], items, learn.MODEL) == {("dynamic_sampling", 1): run}  # the demo's default is on
+    with pytest.raises(ValueError, match=r"none of the planned runs; closest dynamic_sampling seed 1: it ran with "
+                                         r"rollout_temperature 0\.6"):
+        learn.adopt([demo_cli_run(tmp_path / "cold", 1, rollout_temperature=0.6)], items, learn.MODEL)
+    with pytest.raises(ValueError, match="closest baseline seed 0: it ran with marft"):  # dynamic sampling off
+        learn.adopt([demo_cli_run(tmp_path / "off", 0, credit={"dynamic_sampling": False, "kl_cut": 0.5})],
+                    items, learn.MODEL)
+    with pytest.raises(ValueError, match="are both dynamic_sampling seed 1"):
+        learn.adopt([run, demo_cli_run(tmp_path / "again", 1)], items, learn.MODEL)
+    with pytest.raises(ValueError, match="not a finished demo run"):
+        learn.adopt([tmp_path / "nothing"], items, learn.MODEL)
+
+
+def test_main_adopts_instead_of_running(tmp_path, monkeypatch, capsys):
+    out, children = tmp_path / "learn.json", []
+
+    def child(spec):
+        children.append(spec)
+        fake_run(tmp_path, spec["seed"], run=Path(spec["run_dir"]))
+
+    monkeypatch.setattr(learn, "run_child", child)
+    monkeypatch.setattr(learn, "ROOT", tmp_path)
+    adopted = demo_cli_run(tmp_path / "bench", 0)
+    argv = ["--arms", "baseline,dynamic_sampling", "--seeds", "0", "--out", str(out), "--runs-root",
+            str(tmp_path / "runs")]
+    assert learn.main([*argv, "--adopt", str(adopted)]) == 0
+    assert [c["credit"] for c in children] == [{"dynamic_sampling": False}]  # only the baseline ran
+    runs = {r["label"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["dynamic_sampling"]["run_dir"] == str(adopted) and runs["dynamic_sampling"]["adopted"] is True
+    assert runs["dynamic_sampling"]["commit"] == "a" * 40 and runs["dynamic_sampling"]["machine"] == {"cpus": 2}
+    assert "adopted" not in runs["baseline"] and adopted.is_dir()  # an adopted run's files are left where they are
+    with pytest.raises(SystemExit):  # the file holds it: replacing it is said
+        learn.main([*argv, "--append", "--adopt", str(adopted)])
+    assert "already holds dynamic_sampling seed 0; add --replace" in capsys.readouterr().err
+    children.clear()
+    assert learn.main([*argv, "--append", "--replace", "--adopt", str(adopted)]) == 0
+    assert len(children) == 1 and len(json.loads(out.read_text())["superseded"]) == 2

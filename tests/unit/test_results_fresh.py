@@ -77,7 +77,6 @@ MEASURES: dict[str, list[str]] = {
                    "marft_lg/evaluation/shadow.py", "marft_lg/evaluation/gate.py"],
 }
 MEASURES["learn_credit.json"] = MEASURES["learn.json"]  # learn.py --out: the credit estimators, same demo runs
-MEASURES["demo_deadline.json"] = MEASURES["demo.json"]  # demo.py --out: the demo under its deadline, seeds 0-1
 
 
 def _git(*args: str) -> str:

@@ -62,9 +62,9 @@ class DemoBudget:
         return {**asdict(self), "n_stream": self.n_stream, "n_train": self.n_train}
 
 
-# With a fixed 8 on-policy minutes the full budget took 16.1-18.4 min on 2 quiet cores (demo.json, b4b9d1a), over
-# its 15; with the deadline, 13.9-14.9 (demo_deadline.json, d3d4123: 4-5 on-policy iterations of 16 episodes,
-# 22-79 s of rollouts + 44-63 s of update each).
+# With a fixed 8 on-policy minutes the full budget took 16.1-18.4 min on 2 quiet cores (b4b9d1a), over its 15;
+# with the deadline, 13.9-15.05 (demo.json at 51e968e and before: 4-7 on-policy iterations of 16 episodes,
+# 18-79 s of rollouts + 39-63 s of update each).
 BUDGETS: dict[str, DemoBudget] = {
     "full": DemoBudget("full", 15, n_traced=16, n_heldout=128, traces_per_problem=2, offline_passes=1,
                        online_iterations=40, online_minutes=12.0, scenarios_per_iteration=4, group_size=4,
@@ -98,8 +98,8 @@ def marft_settings(credit: dict[str, Any] | None = None) -> dict[str, Any]:
 _REPORT_RESERVE_S = 15.0
 """Seconds the deadline keeps for the gate, the report and its plots (under 2 s measured; the rest is margin)."""
 _TUNED_SIDE_FACTOR = 1.2
-"""The comparison stage's time predicted from its untuned side's: measured 0.92x-1.42x of it (3 full runs of d3d4123's code,
-the same answer lengths on both sides; the stage also measures drift and runs the statistics)."""
+"""The comparison stage's time predicted from its untuned side's: measured 0.92x-1.42x of it (5 full runs, d3d4123 to
+51e968e, the same answer lengths on both sides; the stage also measures drift and runs the statistics)."""
 
 DEMO_GATE = {
     "min_team_reward_gain": 0.0,
@@ -357,7 +357,11 @@ class DemoRun:
             self._warm_start()
         replays = {"replay_app": self.sampling} if cfg.credit == "counterfactual" else {}  # the traced episodes again
         rows = self.trainer.fit_offline(self.dataset, self.problems.traced, **replays)
-        self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows])
+        # the trainer changed the served adapters in place, under the untuned version's name: published now, the
+        # comparison's untuned side (next) is served `live`'s own weights from the registry, not the trained ones
+        published = self.trainer.publish()
+        self.log.record("offline", iterations=len(rows), reward_mean=[r["reward_mean"] for r in rows],
+                        published=published)
 
     def _warm_start(self) -> None:
         """The traced episodes' best teach each agent first (`training.warm_start`); nothing kept is logged, not

@@ -57,12 +57,14 @@ def version_iterations(manifests: Mapping[str, Mapping[str, Mapping[str, Any]]],
     """({role: {version: metrics-row iteration that published it}}, how it was told).
 
     `manifests` is {role: {version: manifest}}; versions up to the untuned one are not training's. The trainer
-    writes `metrics.iteration` = the iteration count after the update, i.e. row iteration + 1 ("manifest"); when a
-    role's manifests lack it, its n-th published version is the n-th online row that trained it ("order").
-    Raises ValueError when the two disagree with the rows (a version past the last online row, a reward mismatch).
+    writes `metrics.iteration` = the iteration count after the update, i.e. row iteration + 1 ("manifest"): a
+    version the offline stage published (before on-policy training) maps to its offline row, so it is the team from
+    the first on-policy iteration on; when a role's manifests lack it, its n-th published version is the n-th
+    online row that trained it ("order"). Raises ValueError when the two disagree with the rows (a version past the
+    last row, a reward mismatch).
     """
     online = online_rows(rows)
-    by_iter = {int(r["iteration"]): r for r in online}
+    by_iter = {int(r["iteration"]): r for r in rows}
     out: dict[str, dict[str, int]] = {}
     methods = set()
     for role, versions in manifests.items():
@@ -76,7 +78,8 @@ def version_iterations(manifests: Mapping[str, Mapping[str, Mapping[str, Any]]],
                 it = int(i) - 1
                 row = by_iter.get(it)
                 if row is None:
-                    raise ValueError(f"{role}/{v}: manifest iteration {i} -> metrics row {it}, which is no online row")
+                    raise ValueError(f"{role}/{v}: manifest iteration {i} -> metrics row {it}, which the run's "
+                                     "metrics do not hold")
                 want, got = row.get("reward_mean"), (versions[v].get("metrics") or {}).get("reward_mean")
                 if want is not None and got is not None and not math.isclose(float(want), float(got), abs_tol=1e-9):
                     raise ValueError(f"{role}/{v}: manifest reward_mean {got} but metrics row {it} has {want}")

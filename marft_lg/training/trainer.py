@@ -291,6 +291,10 @@ class MARFTTrainer:
         if self.cfg.credit == "counterfactual" and not callable(getattr(collector, "run", None)):
             raise TypeError(f"credit: counterfactual replays episodes through the collector's run(jobs); "
                             f"{type(collector).__name__} has none")
+        # a warm start's or offline update's changes are made in place, under the served version's name: give them
+        # their own version first, so every span names weights the registry holds and the old version (`live`, the
+        # untuned team) is served from its files again, not as the weights the trainer changed
+        self.publish()
         rows = []
         start_iter = self.online_done
         deadline = time.perf_counter() + time_budget_s if time_budget_s is not None else None

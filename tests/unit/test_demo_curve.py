@@ -74,8 +74,22 @@ def test_version_iterations_refuse_a_reward_that_is_not_the_rows():
 def test_version_iterations_refuse_a_version_past_the_online_rows():
     manifests = _manifests()
     manifests["actor"]["v5"] = _manifest(9.0, 0.5)
-    with pytest.raises(ValueError, match="no online row"):
+    with pytest.raises(ValueError, match="metrics row 8, which the run's metrics do not hold"):
         dc.version_iterations(manifests, ROWS, UNTUNED)
+
+
+def test_a_version_the_offline_stage_published_is_the_team_from_the_first_online_iteration_on():
+    """The demo publishes the offline stage's changes before the comparison's untuned side runs (manifest iteration
+    2: the count after offline row 1); the on-policy versions follow it."""
+    manifests = {"reasoner": {"v1": _manifest(None), "v2": {"run_id": "demo", "metrics": {"iteration": 2.0}},
+                              "v3": _manifest(3.0, 0.25)},
+                 "actor": {"v1": _manifest(None), "v2": {"run_id": "demo", "metrics": {"iteration": 2.0}},
+                           "v3": _manifest(4.0, 0.5)}}
+    published, how = dc.version_iterations(manifests, ROWS, UNTUNED)
+    assert how == "manifest" and published == {"reasoner": {"v2": 1, "v3": 2}, "actor": {"v2": 1, "v3": 3}}
+    assert dc.versions_at(0, published, UNTUNED) == UNTUNED
+    assert dc.versions_at(2, published, UNTUNED) == {"reasoner": "v3", "actor": "v2"}
+    assert dc.versions_at(4, published, UNTUNED) == {"reasoner": "v3", "actor": "v3"}
 
 
 def test_versions_at_take_the_newest_published_else_untuned():

@@ -12,6 +12,11 @@
    like the math team's (reasoner prompt ~100 tokens, actor prompt ~90 + the reasoner's answer,
    completions 3-48 tokens); plus the whole update of one math-team-sized iteration (2 agents x 16
    actions, 2 PPO epochs, no critic) with its post-update checks.
+4. Batches whose rows share a prompt prefix, shaped like real ones: the math team's (reasoner and actor, 16
+   actions each, their system prompt and worked examples 165 / 193 tokens shared, as in the demo's records) and
+   a tool-using worker's (8 actions, 1,200 shared tokens of instructions and tool schemas): one PPO update and
+   one no-grad log-prob pass (what the record check and the post-update check run), their micro-batches and
+   time; `--baseline REV` runs the same case with REV's trainer (a temporary git worktree) the same hour.
 Each case runs in a fresh process so peak RSS is its own. Results: benchmarks/results/training.json.
 """
 
@@ -218,6 +223,121 @@ def case_throughput(model, per_role, prompt_len, completion_len, repeats, mixed=
             "speedup_vs_one_batch_per_agent": min(one_batch_s) / ppo}
 
 
+SHARED_SHAPES = {
+    # role: (shared prefix, own prompt tokens, completion tokens, actions); the math team's from the demo's records
+    "math_team": {"reasoner": (165, (10, 26), (20, 33), 16), "actor": (193, (30, 61), (10, 25), 16)},
+    "tool_worker": {"worker": (1200, (50, 250), (10, 60), 8)},
+}
+
+
+def _shared_records(tokenizer, shape: str, seed: int = 0) -> list:
+    """Random tokens laid out like `SHARED_SHAPES[shape]`: per role one prefix every action starts with."""
+    import numpy as np
+
+    from marft_lg.training.buffer import ActionRecord
+
+    rng = np.random.default_rng(seed)
+    vocab = len(tokenizer)
+    out = []
+    for order, (role, (prefix, own, comp, n)) in enumerate(SHARED_SHAPES[shape].items()):
+        head = rng.integers(0, vocab, prefix).tolist()
+        for e in range(n):
+            p, c = int(rng.integers(*own)), int(rng.integers(*comp))
+            ids = rng.integers(0, vocab, p + c).tolist()
+            out.append(ActionRecord(episode_id=f"e{e}", scenario_id=f"s{e // 4}", order=order, agent=role,
+                                    adapter_version="v0", prompt_ids=head + ids[:p], completion_ids=ids[p:],
+                                    behaviour_logprobs=None, reward=float(rng.random() < 0.3), done=True,
+                                    words=max(1, c // 2)))
+    return out
+
+
+def case_shared_prefix(model, shape, repeats, micro_batch_tokens=1024):
+    """One PPO update and one no-grad log-prob pass over a batch whose rows share their role's prompt prefix."""
+    import torch
+
+    from marft_lg.training.batch import (
+        BaseModel,
+        build_batch,
+        completion_logprobs,
+        index_batches,
+        inference_batches,
+    )
+    from marft_lg.training.buffer import RolloutBuffer
+    from marft_lg.training.config import MARFTConfig
+    from marft_lg.training.policy import LocalPolicy, adapter_parameters, only_adapter_trainable
+    from marft_lg.training.ppo import ppo_update
+
+    torch.set_num_threads(2)
+    roles = list(SHARED_SHAPES[shape])
+    pol = LocalPolicy(model, roles)
+    names = {r: pol.adapter_name(r) for r in roles}
+    pad = pol.tokenizer.pad_token_id
+    cfg = MARFTConfig(update_scheme="simultaneous", use_critic=False, group_size=4, kl_cut=None, learning_rate=1e-5,
+                      micro_batch_tokens=micro_batch_tokens)
+    batch = build_batch(RolloutBuffer(_shared_records(pol.tokenizer, shape)), {"": BaseModel(pol.model, pad)}, cfg,
+                        agents=roles, adapter_for=lambda r: names[r.agent], critic=None)
+    opts = {r: torch.optim.Adam(adapter_parameters(pol.model, names[r]), lr=1e-5) for r in roles}
+    by_role = {r: [i for i, x in enumerate(batch.records) if x.agent == r] for r in roles}
+
+    def update() -> None:
+        ppo_update(pol.model, batch, cfg, agents=roles, adapter_names=names, optimizers=opts, pad_id=pad,
+                   generator=torch.Generator().manual_seed(0))
+
+    def logprob_pass() -> None:
+        for r, idx in by_role.items():
+            with only_adapter_trainable(pol.model, names[r]):
+                completion_logprobs(pol.model, batch.records, idx, cfg, pad)
+
+    update()  # Adam state and lazy inits outside the timing
+    times: dict[str, list[float]] = {"update": [], "logprob_pass": []}
+    for _ in range(repeats):
+        for key, fn in (("update", update), ("logprob_pass", logprob_pass)):
+            t = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t)
+    tokens = sum(r.n_tokens for r in batch.records)
+    return {"shape": shape, "actions": len(batch.records), "tokens": tokens,
+            "sequence_tokens": sum(len(r.prompt_ids) + r.n_tokens for r in batch.records),
+            "micro_batch_tokens": micro_batch_tokens,
+            "micro_batches": {r: len(index_batches(batch.records, idx, micro_batch_tokens)) for r, idx in by_role.items()},
+            "logprob_batches": {r: len(inference_batches(batch.records, idx, cfg, 8)) for r, idx in by_role.items()},
+            "update_s": min(times["update"]), "logprob_pass_s": min(times["logprob_pass"]),
+            "update_tokens_per_s": tokens / min(times["update"]), "repeats": repeats}
+
+
+def _shared_prefix_cases(quick: bool, baseline: str | None) -> dict:
+    """`case_shared_prefix` per shape with this code and, given `baseline`, with that revision's trainer."""
+    repeats = 1 if quick else 3
+    out: dict = {}
+    for shape in SHARED_SHAPES:
+        out[shape] = {"now": _sub("shared_prefix", shape=shape, repeats=repeats)}
+        if baseline:
+            out[shape]["baseline"] = _at_revision(baseline, "shared_prefix", shape=shape, repeats=repeats)
+            out[shape]["update_speedup"] = out[shape]["baseline"]["update_s"] / out[shape]["now"]["update_s"]
+            out[shape]["logprob_pass_speedup"] = (out[shape]["baseline"]["logprob_pass_s"]
+                                                  / out[shape]["now"]["logprob_pass_s"])
+    if baseline:
+        out["baseline_commit"] = subprocess.run(["git", "rev-parse", baseline], cwd=ROOT, capture_output=True,
+                                                text=True, check=True).stdout.strip()
+    return out
+
+
+def _at_revision(rev: str, case: str, **kw) -> dict:
+    """`case` run by this script against the marft_lg of git revision `rev` (a temporary detached worktree)."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="marft-bench-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tmp), rev], cwd=ROOT, check=True)
+    try:
+        script = tmp / "benchmarks" / "_training_now.py"
+        shutil.copy(__file__, script)
+        return run_case(script, case, **kw)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tmp)], cwd=ROOT, check=False)
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
 def _sub(case: str, **kw) -> dict:
     return run_case(__file__, case, **kw)
 
@@ -240,13 +360,16 @@ def main() -> None:
     ap.add_argument("--case")
     ap.add_argument("--kw")
     ap.add_argument("--only", default="", help="comma-separated result keys to re-measure (ppo_step_rss, throughput_mixed, "
-                    "throughput, logprob_memory); the others are kept from --out")
+                    "throughput, logprob_memory, shared_prefix); the others are kept from --out")
+    ap.add_argument("--baseline", default=None, metavar="REV",
+                    help="also run the shared-prefix cases with git revision REV's trainer (a temporary worktree)")
     args = ap.parse_args()
     from marft_lg.serving.engine.models import resolve_model
 
     model = str(resolve_model(args.model))
     if args.case:
-        fn = {"ppo_step": case_ppo_step, "logprob_memory": case_logprob_memory, "throughput": case_throughput}[args.case]
+        fn = {"ppo_step": case_ppo_step, "logprob_memory": case_logprob_memory, "throughput": case_throughput,
+              "shared_prefix": case_shared_prefix}[args.case]
         print(json.dumps(fn(model, **json.loads(args.kw))))
         return
     q = args.quick
@@ -270,7 +393,7 @@ def main() -> None:
         out.write_text(json.dumps(results, indent=2))
 
     with Progress() as prog:
-        task = prog.add_task("training benchmarks", total=6)
+        task = prog.add_task("training benchmarks", total=7)
         if wanted("ppo_step_rss"):
             step = {"per_role": 4, "micro_batch_tokens": 2 * (shape["prompt_len"] + shape["completion_len"]), **shape}
             one = _sub("ppo_step", n_agents=1, **step)
@@ -301,6 +424,9 @@ def main() -> None:
             results["logprob_memory"] = {**lp_shape, "chunked": chunked, "naive": naive,
                                          "growth_ratio_chunked_vs_naive": chunked["growth_mb"] / max(naive["growth_mb"], 1e-9)}
         prog.advance(task, 6 - prog.tasks[0].completed)
+        if wanted("shared_prefix"):
+            results["shared_prefix"] = _shared_prefix_cases(q, args.baseline)
+        prog.advance(task)
         results["complete"] = True
         save()
     print(json.dumps(results, indent=2))

@@ -34,6 +34,7 @@ from marft_lg.training.config import MARFTConfig
 from marft_lg.training.critic import ValueHead, critic_features
 from marft_lg.training.gae import group_relative_advantages
 from marft_lg.training.policy import only_adapter_trainable, token_logprobs
+from marft_lg.training.shared_prefix import common_length, row_positions
 from marft_lg.training.units import unit_for
 from marft_lg.trajectories.dataset import scenario_key
 
@@ -118,24 +119,31 @@ class Critic:
 
 # ---- micro-batching -----------------------------------------------------------------------------
 
-def _length(r: ActionRecord) -> int:
-    return len(r.prompt_ids) + r.n_tokens
+def _tokens(r: ActionRecord) -> list[int]:
+    return r.prompt_ids + r.completion_ids
 
 
-def _micro_batch_indices(lengths: Sequence[int], max_tokens: int | None, groups: int,
+def _micro_batch_indices(seqs: Sequence[Sequence[int]], max_tokens: int | None, groups: int,
                          max_rows: int | None) -> list[list[int]]:
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     n_groups = max(1, min(groups, len(order)))
     bounds = [round(i * len(order) / n_groups) for i in range(n_groups + 1)]
     out: list[list[int]] = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         cur: list[int] = []
+        common = 0  # leading tokens every row of `cur` shares (its first row is its shortest)
         for i in order[lo:hi]:
-            too_wide = max_tokens is not None and bool(cur) and lengths[i] * (len(cur) + 1) > max_tokens
-            too_many = max_rows is not None and len(cur) >= max_rows
-            if too_wide or too_many:
-                out.append(cur)
-                cur = []
+            if cur:
+                first = seqs[cur[0]]
+                shared = common_length(first, seqs[i], common)
+                cost = row_positions(shared, len(first), len(seqs[i]), len(cur) + 1)
+                if (max_tokens is not None and cost > max_tokens) or (max_rows is not None and len(cur) >= max_rows):
+                    out.append(cur)
+                    cur = []
+                else:
+                    common = shared
+            if not cur:
+                common = len(seqs[i])
             cur.append(i)
         if cur:
             out.append(cur)
@@ -144,28 +152,31 @@ def _micro_batch_indices(lengths: Sequence[int], max_tokens: int | None, groups:
 
 def micro_batches(records: list[ActionRecord], max_tokens: int | None, *, groups: int = 1,
                   max_rows: int | None = None) -> list[list[ActionRecord]]:
-    """Length-sorted micro-batches of `records`: at least `groups` of them, each at most `max_tokens`
-    padded tokens (rows x longest row) and `max_rows` rows; an action longer than `max_tokens` is a
-    micro-batch of its own.
+    """Length-sorted micro-batches of `records`: at least `groups` of them, each at most `max_tokens` padded
+    positions beyond the prompt prefix its rows share and at most `max_rows` rows; an action longer than
+    `max_tokens` is a micro-batch of its own.
 
-    Sorting by length first puts rows of similar length together, so little padding is computed.
-    The order is deterministic (stable sort by length).
+    Sorting by length first puts rows of similar length together, so little padding is computed. The prompt
+    prefix the rows share runs once per micro-batch (`shared_prefix`) and is not counted: no split makes it
+    smaller (as with an action longer than the budget), and counted per row it left an agent with a long system
+    prompt (few-shot turns, tool schemas) one row per micro-batch, that prompt recomputed for every row. The
+    order is deterministic (stable sort by length).
     """
-    parts = _micro_batch_indices([_length(r) for r in records], max_tokens, groups, max_rows)
+    parts = _micro_batch_indices([_tokens(r) for r in records], max_tokens, groups, max_rows)
     return [[records[i] for i in part] for part in parts]
 
 
 def index_batches(batch_records: Sequence[ActionRecord], idx: Sequence[int], max_tokens: int | None, *,
                   groups: int = 1, max_rows: int | None = None) -> list[list[int]]:
     """`micro_batches` over the records at `idx`, as lists of those indices."""
-    parts = _micro_batch_indices([_length(batch_records[i]) for i in idx], max_tokens, groups, max_rows)
+    parts = _micro_batch_indices([_tokens(batch_records[i]) for i in idx], max_tokens, groups, max_rows)
     return [[idx[j] for j in part] for part in parts]
 
 
 def inference_batches(records: Sequence[ActionRecord], idx: Sequence[int], cfg: MARFTConfig,
                       batch_size: int) -> list[list[int]]:
     """Batches for the no-gradient passes: length-sorted, at most `batch_size` rows and
-    `inference_batch_tokens` padded tokens."""
+    `inference_batch_tokens` padded positions beyond their shared prompt prefix."""
     return index_batches(records, idx, cfg.inference_batch_tokens, max_rows=batch_size)
 
 

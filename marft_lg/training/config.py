@@ -166,13 +166,14 @@ class MARFTConfig:
     gradient_cp_steps); `micro_batch_tokens` may split further. Losses are scaled so the gradient
     is the same however the minibatch is split."""
     micro_batch_tokens: int | None = 1024
-    """Most padded tokens (rows x longest row) one forward+backward of the policy holds: an agent's
-    minibatch runs in length-sorted micro-batches of at most this size with a backward after each,
-    so peak activation memory is set by this, not by the batch size or the number of agents. An
-    action longer than this is a micro-batch of its own; null: split only by `grad_accum_steps`."""
+    """Most padded positions one forward+backward of the policy computes beyond the prompt prefix its rows share
+    (that prefix runs once, whatever its length, as one long action would): an agent's minibatch runs in
+    length-sorted micro-batches of at most this size with a backward after each, so peak activation memory is set
+    by this and the longest prompt, not by the batch size or the number of agents. An action longer than this is a
+    micro-batch of its own; null: split only by `grad_accum_steps`."""
     inference_batch_tokens: int | None = 4096
-    """Most padded tokens per batch in the no-gradient passes (behaviour/reference log-probs, critic
-    features, post-update check); those batches are length-sorted too."""
+    """Most padded positions per batch in the no-gradient passes (behaviour/reference log-probs, critic features,
+    post-update check), counted as for `micro_batch_tokens`; those batches are length-sorted too."""
     max_grad_norm: float = 0.5
     value_head_hidden: int = 64
     seed: int = 0

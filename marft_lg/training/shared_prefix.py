@@ -9,24 +9,48 @@ gradients equal the plain batched forward up to float rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+MIN_SHARED = 16
+"""A common prefix shorter than this is not worth its separate forward."""
 
-def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, min_tokens: int = 16) -> int:
-    """Leading positions identical and unmasked in every row (right-padded batch), or 0 when under `min_tokens`.
 
-    At least one token of each row stays outside the prefix, so every row has its own rest.
-    """
-    if input_ids.shape[0] < 2:
+def usable_prefix(common: int, shortest: int, rows: int, *, min_tokens: int = MIN_SHARED) -> int:
+    """The prefix computed once for `rows` rows whose first `common` tokens are the same, the shortest `shortest`
+    long: 0 for one row or under `min_tokens`; at least one token of each row stays its own."""
+    if rows < 2:
         return 0
-    same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
-    n = int(same.long().cumprod(dim=0).sum())
-    n = min(n, int(attention_mask.sum(dim=1).min()) - 1)
+    n = min(common, shortest - 1)
     return n if n >= min_tokens else 0
 
 
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, min_tokens: int = MIN_SHARED) -> int:
+    """Leading positions identical and unmasked in every row of a right-padded batch, as `usable_prefix` counts them."""
+    same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
+    common = int(same.long().cumprod(dim=0).sum())
+    return usable_prefix(common, int(attention_mask.sum(dim=1).min()), input_ids.shape[0], min_tokens=min_tokens)
+
+
+def common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens `a` and `b` share, counting at most `limit`."""
+    n = 0
+    for x, y in zip(a[:limit], b[:limit], strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def row_positions(common: int, shortest: int, longest: int, rows: int) -> int:
+    """Positions `body_hidden_states` runs for `rows` right-padded rows (`shortest` .. `longest` tokens, the first
+    `common` the same in all) beyond the prefix it computes once: each row's rest, padded to the longest."""
+    return rows * (longest - usable_prefix(common, shortest, rows))
+
+
 def body_hidden_states(body: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                       min_tokens: int = 16) -> torch.Tensor:
+                       min_tokens: int = MIN_SHARED) -> torch.Tensor:
     """Last-layer hidden states `[B, T, H]` of a right-padded batch; a shared prefix is computed once."""
     from transformers import DynamicCache
 

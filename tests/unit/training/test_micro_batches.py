@@ -23,10 +23,12 @@ from marft_lg.training.ppo import ppo_update
 ROLES = ["reasoner", "actor"]
 
 
-def _record(i: int, prompt: int, completion: int, agent: str = "a") -> ActionRecord:
+def _record(i: int, prompt: int, completion: int, agent: str = "a", shared: int = 0) -> ActionRecord:
+    """A record whose tokens are its own (`i` first), after a prefix of `shared` tokens common to all."""
+    own = [1000 + i] + [1] * (prompt - 1)
     return ActionRecord(episode_id=f"e{i}", scenario_id="s", order=0, agent=agent, adapter_version=None,
-                        prompt_ids=[1] * prompt, completion_ids=[2] * completion, behaviour_logprobs=[0.0] * completion,
-                        reward=0.0, done=True, words=1)
+                        prompt_ids=[7] * shared + own, completion_ids=[2] * completion,
+                        behaviour_logprobs=[0.0] * completion, reward=0.0, done=True, words=1)
 
 
 def test_micro_batches_are_sorted_bounded_and_cover_every_record_once():
@@ -45,6 +47,22 @@ def test_micro_batches_are_sorted_bounded_and_cover_every_record_once():
     assert padded < 1.15 * sum(lengths)
     assert [len(mb) for mb in micro_batches(recs[:7], None, groups=3)] == [2, 3, 2]
     assert [len(mb) for mb in micro_batches(recs[:5], None, max_rows=2)] == [2, 2, 1]
+
+
+def test_a_shared_prompt_prefix_runs_once_and_is_not_counted_per_row():
+    """Rows of one agent start with the same system prompt (few-shot turns, tool schemas), which the forward
+    computes once: the budget bounds what the rows add beyond it, so a long shared prefix no longer leaves one
+    row per micro-batch, and the update still computes every row."""
+    rng = np.random.default_rng(1)
+    recs = [_record(i, int(rng.integers(20, 60)), int(rng.integers(1, 30)), shared=1200) for i in range(16)]
+    out = micro_batches(recs, 512)
+    assert sorted(id(r) for mb in out for r in mb) == sorted(id(r) for r in recs)
+    assert 2 <= len(out) <= 4  # padded counting (rows x longest > 1,200) would give 16 micro-batches of one row
+    for mb in out:
+        longest = max(len(r.prompt_ids) + r.n_tokens for r in mb)
+        assert len(mb) * (longest - 1200) <= 512
+    # rows sharing fewer than 16 leading tokens are counted whole, rows x longest (60 tokens each)
+    assert [len(mb) for mb in micro_batches([_record(i, 40, 10, shared=10) for i in range(8)], 200)] == [3, 3, 2]
 
 
 def test_config_validates_and_loads_micro_batch_fields(tmp_path):

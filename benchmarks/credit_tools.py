@@ -22,7 +22,9 @@ rollouts, updates, replays and the warm start; `minutes_to_significance` is meas
 
 Each run also says where its gain came from: per reward component (`components`: the answer, the checkpoints, tool
 errors, steps), per checkpoint (`checkpoints`: the right hand-off and the right tool, each scored alone) and per agent
-(`agents`: the reward each agent earned and its tool accuracy), each a paired 95% CI over the held-out questions.
+(`agents`: the reward each agent earned and its tool accuracy), each a paired 95% CI over the held-out questions,
+and where its time went (`rollout_s_by_iteration`, `update_s_by_iteration`). `--append` keeps the runs already in
+`--out`; `--append --replace` runs the planned ones again, the older ones moving to `superseded`.
 `--warm-start N` first runs the untuned team K times on N training questions and fine-tunes each agent on its own
 actions in the best episode of each question (`training.warm_start`), inside the same time budget.
 
@@ -222,6 +224,8 @@ def one_run(estimator: str, seed: int, online_minutes: float, heldout: int, work
         "baseline_reward": result.side_mean("baseline", "reward"),
         "candidate_reward": result.side_mean("candidate", "reward"),
         "train_reward_by_iteration": [r.get("reward_mean") for r in rows],
+        "rollout_s_by_iteration": [round(float(r.get("rollout_s") or 0), 1) for r in rows],
+        "update_s_by_iteration": [round(float(r.get("update_s") or r.get("time_s") or 0), 1) for r in rows],
         "roles_not_updated": not_updated,
         "wall_minutes": round((time.perf_counter() - t0) / 60, 2),
         "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -239,6 +243,19 @@ def parse_set(item: str) -> tuple[str, Any]:
     if not sep or key.strip() not in MARFTConfig.__dataclass_fields__:
         raise SystemExit(f"--set {item!r}: expected KEY=VALUE with KEY a MARFTConfig field")
     return key.strip(), yaml.safe_load(value)
+
+
+def carry_over(before: dict, planned: set[tuple], *, replace: bool, commit: str) -> tuple[list[dict], list[dict]]:
+    """(runs kept, superseded runs) of a results file `before` that `--append` extends: each run keeps its own
+    commit; with `replace`, the runs whose key is `planned` move to `superseded`, saying why, to be run again."""
+    runs = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
+    superseded = list(before.get("superseded", []))
+    if replace:
+        again = [r for r in runs if run_key(r["estimator"], r.get("warm_start", 0), r.get("overrides"),
+                                            r["seed"]) in planned]
+        runs = [r for r in runs if r not in again]
+        superseded += [{**r, "superseded_reason": f"run again at {commit[:7]} (--replace)"} for r in again]
+    return runs, superseded
 
 
 def run_key(estimator: str, warm_start: int, overrides: dict | None, seed: int) -> tuple:
@@ -290,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", type=Path, default=None, help="print the Markdown table of this results file and exit")
     ap.add_argument("--append", action="store_true",
                     help="keep the runs already in --out (same settings) and run only the missing estimator x seed")
+    ap.add_argument("--replace", action="store_true",
+                    help="with --append: run the planned runs again as well, each older one moving to `superseded`")
     args = ap.parse_args(argv)
     if args.table is not None:
         print(table(json.loads(args.table.read_text())))
@@ -308,18 +327,22 @@ def main(argv: list[str] | None = None) -> int:
                         "reward": REWARD,
                         "app": "examples/supervisor_tools, generated questions with checkpoints (hand-off, tool)"},
            "runs": []}
+    overrides = dict(parse_set(item) for item in args.set)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    planned = {run_key(e, args.warm_start, overrides, s) for s in seeds for e in args.estimators.split(",")}
+    if args.replace and not args.append:
+        ap.error("--replace goes with --append (it replaces runs the file already holds)")
     if args.append and args.out.exists():
         before = json.loads(args.out.read_text())
         if {k: v for k, v in before["settings"].items() if k != "estimators"} != {
                 k: v for k, v in json.loads(json.dumps(out["settings"])).items() if k != "estimators"}:
             ap.error(f"--append: {args.out} was measured with other settings")
-        out["runs"] = [{**r, "commit": r.get("commit", before["commit"])} for r in before["runs"]]
-    overrides = dict(parse_set(item) for item in args.set)
+        out["runs"], out["superseded"] = carry_over(before, planned, replace=args.replace, commit=out["commit"])
     done = {run_key(r["estimator"], r.get("warm_start", 0), r.get("overrides"), r["seed"]) for r in out["runs"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)  # before an hour of runs, not after the first
     work = Path(tempfile.mkdtemp(prefix="marft-credit-tools-"))
     try:
-        for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
+        for seed in seeds:
             for estimator in args.estimators.split(","):
                 if run_key(estimator, args.warm_start, overrides, seed) in done:
                     continue

@@ -123,3 +123,17 @@ def test_the_reward_puts_each_checkpoint_on_the_action_that_met_it():
     assert rewards == pytest.approx([weights["goal_progress"] / 2 + step, weights["goal_progress"] / 2 + step,
                                      weights["task_completion"] + step, step])
     assert step < 0
+
+
+def test_append_replace_moves_the_planned_runs_to_superseded_and_keeps_the_rest():
+    run = {"estimator": "reward_to_go", "warm_start": 0, "overrides": {}, "seed": 0}
+    other = {**run, "overrides": {"advantage_group_std": False}}
+    before = {"commit": "aaaaaaa1", "runs": [run, {**other, "commit": "bbbbbbb2"}],
+              "superseded": [{**run, "seed": 9, "superseded_reason": "older"}]}
+    planned = {ct.run_key("reward_to_go", 0, {}, 0), ct.run_key("reward_to_go", 0, {}, 1)}
+    kept, gone = ct.carry_over(before, planned, replace=False, commit="ccccccc3")
+    assert [r["commit"] for r in kept] == ["aaaaaaa1", "bbbbbbb2"] and gone == before["superseded"]
+    kept, gone = ct.carry_over(before, planned, replace=True, commit="ccccccc3")
+    assert kept == [{**other, "commit": "bbbbbbb2"}]
+    assert gone[0]["seed"] == 9 and gone[1] == {**run, "commit": "aaaaaaa1",
+                                                 "superseded_reason": "run again at ccccccc (--replace)"}
